@@ -1,0 +1,6 @@
+"""Fixtures live in tests/fixtures/, one module per resource; this file only registers them."""
+
+pytest_plugins = [
+    "tests.fixtures.store",
+    "tests.fixtures.sglang_server",
+]
