@@ -1,0 +1,32 @@
+"""Dashboard settings: defaults, overridden by ``DRAFTSCOPE_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///./var/draftscope.db"
+
+
+class Settings(BaseSettings):
+    """Where the store lives, where the dashboard listens, and how ingest is guarded."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTSCOPE_", extra="ignore")
+
+    database_url: str = DEFAULT_DATABASE_URL  # any SQLAlchemy URL; PostgreSQL via postgresql+psycopg://
+    host: str = "127.0.0.1"
+    port: int = 8177
+    ingest_token: str | None = None  # when set, POST /api/v1/batches needs "Authorization: Bearer <token>"
+    max_batch_bytes: int = 16 * 1024 * 1024
+
+    @field_validator("max_batch_bytes")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("DRAFTSCOPE_MAX_BATCH_BYTES must be a positive number of bytes")
+        return value
+
+    @field_validator("ingest_token")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value or None
