@@ -1,2 +1,92 @@
-def main():
-    print("hi")
+"""The ``draftscope`` command line: serve the dashboard, migrate the store."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Optional
+
+import typer
+
+from draftscope import db
+from draftscope.settings import Settings
+
+app = typer.Typer(help="draftscope: see what an EAGLE-3 draft model receives inside SGLang.",
+                  no_args_is_help=True, add_completion=False)
+db_app = typer.Typer(help="Create, migrate and inspect the store database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+DbOption = Annotated[Optional[str], typer.Option(
+    "--db", help="Database URL (default: DRAFTSCOPE_DATABASE_URL or sqlite:///./var/draftscope.db).")]
+
+
+def _settings(db_url: str | None, **overrides: object) -> Settings:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**given, **({"database_url": db_url} if db_url else {}))
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Address to bind (default: DRAFTSCOPE_HOST or 127.0.0.1). A non-loopback address needs DRAFTSCOPE_INGEST_TOKEN.")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default: DRAFTSCOPE_PORT or 8177).")] = None,
+    db_url: DbOption = None,
+    upgrade: Annotated[bool, typer.Option("--upgrade", help="Create or migrate the database to the current schema first.")] = False,
+) -> None:
+    """Run the dashboard and the ingest API."""
+    settings = _settings(db_url, host=host, port=port)
+    if not is_loopback(settings.host) and settings.ingest_token is None:
+        typer.echo(f"Refusing to listen on {settings.host}: a non-loopback address would let anyone "
+                   "on the network write to the store. Set DRAFTSCOPE_INGEST_TOKEN=<secret> (the "
+                   "tracer sends it as a Bearer token), or bind 127.0.0.1.", err=True)
+        raise typer.Exit(2)
+    if upgrade:
+        db.upgrade(settings.database_url)
+    state = db.schema_state(settings.database_url)
+    if not state.ok:
+        typer.echo(state.problem(), err=True)
+        raise typer.Exit(2)
+
+    import uvicorn
+
+    from draftscope.web import create_app
+
+    typer.echo(f"draftscope: http://{settings.host}:{settings.port}/  "
+               f"(store: {db.display_url(settings.database_url)})")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db_url: DbOption = None) -> None:
+    """Create the database if needed and migrate it to the current schema."""
+    url = _settings(db_url).database_url
+    db.upgrade(url)
+    typer.echo(f"{db.display_url(url)} is at revision {db.current_revision(url)} (head).")
+
+
+@db_app.command("current")
+def db_current(db_url: DbOption = None) -> None:
+    """Show the database's schema revision and the head; exit 2 when it is behind."""
+    state = db.schema_state(_settings(db_url).database_url)
+    typer.echo(f"{db.display_url(state.url)}: revision {state.current or 'none'} (head {state.head})")
+    if not state.ok:
+        typer.echo(state.problem(), err=True)
+        raise typer.Exit(2)
+
+
+# Further commands register here, e.g. `draftscope doctor` from draftscope.doctor:
+#     from draftscope.doctor import doctor
+#     app.command("doctor")(doctor)
+
+
+def main() -> None:
+    """Console-script entry point (``draftscope``)."""
+    app()

@@ -1,0 +1,63 @@
+"""JSON API: batch ingest (``POST /api/v1/batches``) and run listing."""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from draftscope import queries
+from draftscope.ingest import IngestError
+
+router = APIRouter(prefix="/api/v1")
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+@router.post("/batches")
+async def post_batch(request: Request) -> Response:
+    """Store one tracer batch (see ``draftscope_tracer/wire.py``); all of it or nothing."""
+    settings = request.app.state.settings
+    if settings.ingest_token is not None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(),
+                                                                   settings.ingest_token.encode()):
+            return error(401, "Ingest needs 'Authorization: Bearer <token>' with the token the "
+                              "dashboard was started with (DRAFTSCOPE_INGEST_TOKEN); give the "
+                              "tracer the same token.")
+    body = await _read_limited(request, settings.max_batch_bytes)
+    if body is None:
+        return error(413, f"Batch is larger than {settings.max_batch_bytes} bytes "
+                          "(DRAFTSCOPE_MAX_BATCH_BYTES). Flush smaller batches from the tracer "
+                          "or raise the limit.")
+    try:
+        result = await run_in_threadpool(request.app.state.writer.write, body)
+    except IngestError as exc:
+        return error(exc.status, exc.message)
+    return JSONResponse({"status": result.status, "batch_id": result.batch_id,
+                         "run_id": result.run_id, "rows": result.rows})
+
+
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.get("/runs")
+def get_runs(request: Request) -> list[dict]:
+    """Runs, newest first, with record counts."""
+    with request.app.state.engine.connect() as conn:
+        return queries.list_runs(conn)

@@ -1,0 +1,134 @@
+"""Engine creation and schema migration (Alembic, configured in code) for the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import draftscope.migrations
+
+MIGRATIONS_DIR = Path(draftscope.migrations.__file__).parent
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for ``url``; SQLite files get WAL, a busy timeout and enforced foreign keys.
+
+    Connections opened with ``execution_options(draftscope_write=True)`` begin SQLite
+    transactions with ``BEGIN IMMEDIATE``.
+    """
+    sa_url = sa.make_url(url)
+    if sa_url.get_backend_name() != "sqlite":
+        return sa.create_engine(url, json_serializer=_json_dumps, pool_pre_ping=True)
+    if sa_url.database and sa_url.database != ":memory:":
+        Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, json_serializer=_json_dumps, connect_args={"timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA cache_size=-65536")  # 64 MiB: index pages stay in memory under ingest
+        cur.close()
+        dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+
+    @sa.event.listens_for(engine, "begin")
+    def _sqlite_begin(conn: sa.Connection) -> None:
+        # Writers take the write lock up front, so a busy database waits instead of failing
+        # when a read transaction would later need to become a write transaction.
+        immediate = conn.get_execution_options().get("draftscope_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic configuration for ``url``, with the migrations shipped in ``draftscope.migrations``."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision``."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` (``"base"``: drop everything)."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this version of draftscope."""
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None, f"no Alembic revisions under {MIGRATIONS_DIR}"
+    return head
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at ``url`` is at; None when it has never been migrated."""
+    if _missing_sqlite_file(url):
+        return None
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    sa_url = sa.make_url(url)
+    return (sa_url.get_backend_name() == "sqlite" and bool(sa_url.database)
+            and sa_url.database != ":memory:" and not Path(sa_url.database).exists())
+
+
+def display_url(url: str) -> str:
+    """``url`` with any password hidden, for messages."""
+    return sa.make_url(url).render_as_string(hide_password=True)
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """Where a database stands against the migrations shipped with this draftscope."""
+
+    url: str
+    current: str | None
+    head: str
+
+    @property
+    def ok(self) -> bool:
+        return self.current == self.head
+
+    def problem(self) -> str:
+        """What is wrong and the command that fixes it ('' when the database is at head)."""
+        if self.ok:
+            return ""
+        where = display_url(self.url)
+        fix = f"Run: draftscope db upgrade --db '{where}'   (or start with: draftscope serve --upgrade)"
+        if self.current is None:
+            return (f"Database {where} has no draftscope schema (missing or never migrated; "
+                    f"head is {self.head}).\n{fix}")
+        return (f"Database {where} is at revision {self.current}, but this draftscope needs "
+                f"revision {self.head}.\n{fix}")
+
+
+def schema_state(url: str) -> SchemaState:
+    """Compare the database at ``url`` with the head revision."""
+    return SchemaState(url=url, current=current_revision(url), head=head_revision())

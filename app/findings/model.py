@@ -1,0 +1,51 @@
+"""A Finding (one diagnosis) and the Observation of a run that runtime rules read."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    """One diagnosis: a stable rule id (see docs/findings.md), the root cause in one line, the fix."""
+
+    rule_id: str
+    severity: str  # error | warning | info
+    message: str
+    fix: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    first_step: int | None = None
+    source: str = "static"  # static | runtime
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Observation:
+    """What the tracer saw in one run, condensed for the runtime rules.
+
+    ``facts`` is ``RunRecord.facts`` (tracer/wire.py). Widths are the distinct widths seen per
+    sample point and phase; ``aux_l2_mean`` is the mean row L2 norm of ``target.aux[i]``.
+    """
+
+    facts: dict[str, Any] = field(default_factory=dict)
+    draft_input_widths: dict[str, list[int]] = field(default_factory=dict)  # phase -> widths
+    aux_widths: dict[int, int] = field(default_factory=dict)  # aux index -> width
+    aux_l2_mean: dict[int, float] = field(default_factory=dict)
+    fc_out_samples: int = 0
+    draft_logits_nonfinite: int = 0
+    draft_logits_samples: int = 0
+    verify_steps: int = 0
+    accepted_drafts: int = 0
+    proposed_drafts: int = 0
+    heartbeats: dict[str, int] = field(default_factory=dict)  # latest cumulative count per hook
+    max_seq_pos: int | None = None
+    max_seq_pos_at: tuple[str, int] | None = None  # (rid, step_index) of the furthest verify step
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else None

@@ -1,0 +1,165 @@
+"""Runtime rules: what the tracer saw in a run (facts, widths, acceptance, heartbeats)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftscope.findings.model import Finding, Observation
+from draftscope.spec.draft import DraftFeatureSpec
+
+EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
+COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
+MIN_PROPOSED = 20  # proposals needed before judging acceptance
+TARGET_PHASES = ("prefill", "draft_extend")  # draft.input right after a target forward
+
+
+def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Finding]:
+    """Findings for one run; ``spec`` (the draft read from disk) sharpens them when available."""
+    facts = obs.facts or {}
+    target, draft = facts.get("target") or {}, facts.get("draft") or {}
+    found: list[Finding] = []
+    algorithm = facts.get("algorithm")
+    eagle3_draft = draft.get("architecture") in EAGLE3_DRAFT_CLASSES or spec is not None
+    if algorithm and algorithm != "EAGLE3" and eagle3_draft:
+        found.append(_f("eagle-algorithm-with-eagle3-draft", "error",
+                        f"the server runs --speculative-algorithm {algorithm} with an EAGLE-3 draft: "
+                        "no aux capture, the target's lm_head, d2t ignored",
+                        "launch with --speculative-algorithm EAGLE3",
+                        {"algorithm": algorithm, "lm_head_shared_with_target":
+                         draft.get("lm_head_shared_with_target")}))
+    else:
+        found += _widths(spec, obs, target, draft)
+    found += _weights(obs, draft)
+    found += _vocab(target, draft)
+    found += _positions(spec, obs, draft)
+    found += _hooks(obs)
+    if obs.proposed_drafts >= MIN_PROPOSED and (obs.acceptance_rate or 0) < COLLAPSE_RATE \
+            and not any(f.severity == "error" for f in found):
+        found.append(_f("acceptance-collapse-quality", "warning",
+                        f"acceptance collapsed ({obs.accepted_drafts}/{obs.proposed_drafts} drafts "
+                        f"accepted, {obs.acceptance_rate:.1%}) while every plumbing check passed: a "
+                        "draft-quality or data-distribution problem, not a wiring one",
+                        "compare the served prompts, chat template and sampling with the draft's "
+                        "training data; retrain or pick a draft trained for this traffic",
+                        {"accepted": obs.accepted_drafts, "proposed": obs.proposed_drafts,
+                         "verify_steps": obs.verify_steps}))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(found, key=lambda f: order[f.severity])
+
+
+def _f(rule_id: str, severity: str, message: str, fix: str, evidence: dict[str, Any],
+       first_step: int | None = None) -> Finding:
+    return Finding(rule_id, severity, message, fix, evidence, first_step, source="runtime")
+
+
+def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft: dict) -> list[Finding]:
+    found = []
+    hidden = target.get("hidden_size") or (spec.target_hidden_size if spec else None)
+    embed = draft.get("embed_width") or (spec.hidden_size if spec else None)
+    expected = draft.get("fc_in_features") or (spec.expected_fc_in_width if spec else None)
+    k = spec.k if spec else (expected // hidden if expected and hidden else None)
+    seen = sorted({w for phase in TARGET_PHASES for w in obs.draft_input_widths.get(phase, [])})
+    ev = {"draft_input_widths": obs.draft_input_widths, "expected_width": expected,
+          "embed_width": embed, "target_hidden": hidden,
+          "capture_aux_hidden_states": target.get("capture_aux_hidden_states"),
+          "layers_to_capture": target.get("layers_to_capture")}
+    layers = target.get("layers_to_capture")
+    n = target.get("num_layers")
+    captured = [i for i in range(n) if i in layers] if layers is not None and n else None
+    if expected and embed and expected != embed and embed in seen:
+        why = ("the target captures no aux states (capture_aux_hidden_states is false)"
+               if target.get("capture_aux_hidden_states") is False
+               else "the draft receives the target's final hidden state instead of the aux states")
+        found.append(_f("fc-bypassed", "error",
+                        f"the draft received {embed}-wide features (its embed width) instead of "
+                        f"{expected}: {why}, so fc is silently skipped",
+                        "enable aux capture: use_aux_hidden_state true in eagle_config, "
+                        "--speculative-algorithm EAGLE3, a target class with set_eagle3_layers_to_capture",
+                        ev))
+    elif captured is not None and k and len(captured) < k:
+        found.append(_f("aux-count-short", "error",
+                        f"the target captures {len(captured)} aux states (input of layers {captured}"
+                        f"{', ' + str(sorted(set(layers) - set(captured))) + ' do not exist' if set(layers) - set(captured) else ''}"
+                        f") but the draft's fc expects {k}",
+                        "use eagle_config ids SGLang can capture (<= L-2, distinct, inside eagle_config)",
+                        {**ev, "captured": captured}))
+    elif expected and any(w not in (expected, embed) for w in seen):
+        bad = [w for w in seen if w not in (expected, embed)]
+        rule = "aux-count-short" if hidden and all(w % hidden == 0 and w < expected for w in bad) else "aux-width-mismatch"
+        found.append(_f(rule, "error",
+                        f"the draft received {bad[0]}-wide features after a target forward; its fc "
+                        f"expects {expected}",
+                        "make the captured aux layers match the draft's eagle_config ids", ev))
+    if captured is not None and spec is not None and spec.aux_layers_physical is not None \
+            and not found and [i - 1 for i in captured] != spec.aux_layers_physical:
+        found.append(_f("captured-layers-differ", "error",
+                        f"the target captures the output of layers {[i - 1 for i in captured]} but "
+                        f"the draft was trained on {spec.aux_layers_physical}",
+                        "write eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's output-of "
+                        f"convention: {spec.aux_layers_physical}", {**ev, "captured": captured}))
+    return found
+
+
+def _weights(obs: Observation, draft: dict) -> list[Finding]:
+    weights = draft.get("weights") or {}
+    missing, nonfinite = weights.get("not_in_checkpoint") or [], weights.get("nonfinite") or []
+    mismatched, unused = weights.get("mismatched") or [], weights.get("checkpoint_keys_unused") or []
+    found = []
+    if missing or nonfinite or mismatched or obs.draft_logits_nonfinite:
+        example = (missing or nonfinite or mismatched or ["draft logits"])[0]
+        found.append(_f("draft-weights-not-loaded", "error",
+                        f"the live draft has parameters the checkpoint did not fill (e.g. {example}; "
+                        f"{len(missing)} missing, {len(mismatched)} differing, {len(nonfinite)} "
+                        f"non-finite, {obs.draft_logits_nonfinite} non-finite logits): it proposes garbage",
+                        "rename the checkpoint keys to the names SGLang's load_weights expects "
+                        "(fc.weight, midlayer.*, norm.weight, lm_head.weight)",
+                        {"not_in_checkpoint": missing[:50], "mismatched": mismatched[:50],
+                         "nonfinite": nonfinite[:50], "checkpoint_keys_unused": unused[:50],
+                         "draft_logits_nonfinite": obs.draft_logits_nonfinite}))
+    elif unused:
+        found.append(_f("checkpoint-keys-ignored", "warning",
+                        f"{len(unused)} checkpoint keys were consumed by no parameter (e.g. {unused[0]})",
+                        "rename or drop those keys", {"checkpoint_keys_unused": unused[:50]}))
+    return found
+
+
+def _vocab(target: dict, draft: dict) -> list[Finding]:
+    found = []
+    hot = draft.get("hot_token_id") or {}
+    if hot.get("present") and hot.get("in_target_vocab") is False:
+        found.append(_f("d2t-not-offsets", "error",
+                        f"the draft->target id map reaches id {hot.get('max_id')} but the target "
+                        f"vocabulary has {target.get('vocab_size')} ids: d2t holds absolute ids, not offsets",
+                        "store offsets: d2t = selected_target_ids - arange(draft_vocab_size)",
+                        {"hot_token_id": hot, "target_vocab": target.get("vocab_size")}))
+    rows, cfg = draft.get("lm_head_rows"), draft.get("config_draft_vocab_size")
+    if rows and cfg and rows != cfg and not draft.get("lm_head_shared_with_target"):
+        found.append(_f("draft-vocab-lm-head-mismatch", "error",
+                        f"the draft's lm_head has {rows} rows but draft_vocab_size is {cfg}",
+                        "make draft_vocab_size, lm_head.weight rows and d2t length equal",
+                        {"lm_head_rows": rows, "config_draft_vocab_size": cfg}))
+    return found
+
+
+def _positions(spec: DraftFeatureSpec | None, obs: Observation, draft: dict) -> list[Finding]:
+    limit = draft.get("max_position_embeddings") or (spec.max_position_embeddings if spec else None)
+    if limit and obs.max_seq_pos is not None and obs.max_seq_pos > limit:
+        rid, step = obs.max_seq_pos_at or (None, None)
+        return [_f("position-beyond-draft-max", "warning",
+                   f"requests reached position {obs.max_seq_pos}, beyond the draft's "
+                   f"max_position_embeddings {limit}: acceptance past it is unreliable",
+                   "use a draft trained for this context length, or cap the context length",
+                   {"max_seq_pos": obs.max_seq_pos, "draft_max_position_embeddings": limit, "rid": rid},
+                   first_step=step)]
+    return []
+
+
+def _hooks(obs: Observation) -> list[Finding]:
+    starved = sorted(h for h, n in obs.heartbeats.items() if not n)
+    if obs.verify_steps and starved:
+        return [_f("hooks-starved", "warning",
+                   f"tracer hooks {starved} never fired during {obs.verify_steps} verify steps: their "
+                   "points are missing (CUDA-graph replay or a code path that bypasses the hook)",
+                   "run with --disable-cuda-graph to confirm, or read the points the tracer's "
+                   "worker hooks see", {"heartbeats": obs.heartbeats, "verify_steps": obs.verify_steps})]
+    return []

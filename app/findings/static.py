@@ -1,0 +1,243 @@
+"""Static rules: the draft checkpoint, the target config and SGLang's expected behaviour.
+
+Each rule returns its findings; a root cause suppresses the consequences it explains, so every
+problem is reported once, in one line naming the cause.
+"""
+
+from __future__ import annotations
+
+from draftscope.findings.model import Finding
+from draftscope.spec.draft import DraftFeatureSpec
+from draftscope.spec.sglang import SGLangExpectations
+from draftscope.spec.target import TargetSpec
+
+
+def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
+                    exp: SGLangExpectations) -> list[Finding]:
+    """Every static finding for this draft, target and SGLang expectation, errors first."""
+    found: list[Finding] = []
+    if not exp.draft_class_supported:
+        found += _unsupported_draft(spec)
+    elif exp.algorithm != "EAGLE3":
+        found += _eagle_algorithm(spec, exp)
+    else:
+        found += _capture(spec, target, exp)
+    found += _weights(spec, exp) if exp.draft_class_supported else []
+    found += _vocab(spec, target, exp)
+    found += _positions(spec, target)
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(found, key=lambda f: order[f.severity])
+
+
+def _unsupported_draft(spec: DraftFeatureSpec) -> list[Finding]:
+    if spec.source_format == "speculators":
+        return [Finding("draft-arch-unsupported", "error",
+                        "architecture Eagle3Speculator is vLLM speculators' format; SGLang 0.5.23 "
+                        "has no model class for it and will not load this draft",
+                        "convert it to SGLang's layout: architectures [\"LlamaForCausalLMEagle3\"], "
+                        "transformer_layer_config fields at the top level, the aux ids inside "
+                        "eagle_config (SpecForge's convention), weights renamed layers.0.* -> midlayer.*",
+                        {"architecture": spec.architecture, "sglang_source": "models/llama_eagle3.py::EntryClass"})]
+    return [Finding("draft-arch-unsupported", "error",
+                    f"architecture {spec.architecture} makes SGLang build a full target model, not "
+                    "an EAGLE-3 draft head (fc + midlayer), so the draft weights do not fit",
+                    "set \"architectures\": [\"LlamaForCausalLMEagle3\"] in the draft's config.json",
+                    {"architecture": spec.architecture, "source_format": spec.source_format,
+                     "sglang_source": "models/llama_eagle3.py::EntryClass"})]
+
+
+def _eagle_algorithm(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
+    return [Finding("eagle-algorithm-with-eagle3-draft", "error",
+                    f"--speculative-algorithm {exp.algorithm} with an EAGLE-3 draft: SGLang captures "
+                    f"no aux states (the draft gets {spec.target_hidden_size}-wide final hidden "
+                    f"states, so its fc {spec.fc_in_features}->{spec.hidden_size} never runs), "
+                    "swaps in the target's lm_head and ignores d2t",
+                    "launch with --speculative-algorithm EAGLE3",
+                    {"algorithm": exp.algorithm, "draft_architecture": spec.architecture,
+                     "sglang_source": [exp.sources["aux_config"], exp.sources["lm_head"],
+                                       exp.sources["d2t"]]})]
+
+
+def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
+    src = [exp.sources[k] for k in ("aux_config", "capture", "capture_loop", "fc_width", "fc_skip")
+           if k in exp.sources]
+    ev = {"aux_layer_ids": spec.aux_layer_ids, "ids_location": spec.aux_ids_location,
+          "trained_physical": spec.aux_layers_physical, "layers_to_capture": exp.layers_to_capture,
+          "captured_physical": exp.captured_physical, "aux_count": exp.aux_count, "k": spec.k,
+          "draft_input_width": exp.draft_input_width, "fc_in_features": exp.fc_in_features,
+          "target_layers": target.num_layers, "sglang_source": src}
+    if not exp.aux_capture:
+        if spec.fc_in_features and spec.fc_in_features != spec.hidden_size:
+            return [Finding("fc-bypassed", "error",
+                            f"{exp.capture_reason}: SGLang captures no aux states, the draft gets "
+                            f"{exp.draft_input_width}-wide final hidden states (== its embed width) "
+                            f"and silently skips fc ({spec.fc_in_features}->{spec.hidden_size})",
+                            "remove \"use_aux_hidden_state\": false from eagle_config (EAGLE-3 "
+                            "drafts are trained on aux states)", ev)]
+        return []
+    if exp.shift_rule is None:
+        return [Finding("capture-semantics-unknown", "info",
+                        f"draftscope does not know how {target.architecture} captures aux states in "
+                        "SGLang 0.5.23; layer and width checks were skipped",
+                        "check at runtime: attach the tracer and read target.layers_to_capture",
+                        {"target_architecture": target.architecture})]
+    if spec.fc_in_features and spec.fc_in_features != exp.fc_in_features:
+        return [Finding("aux-width-mismatch", "error",
+                        f"the checkpoint's fc takes {spec.fc_in_features} inputs but SGLang builds "
+                        f"fc for {exp.fc_in_features} (target_hidden_size {spec.target_hidden_size} "
+                        "x the number of eagle_config ids): loading fails",
+                        "list one eagle_config id per trained aux layer (or set "
+                        "num_aux_hidden_states) so that the product is the fc width", ev)]
+    short = exp.aux_count is not None and exp.aux_count < spec.k
+    crash = (f"; {exp.aux_count} aux states ({exp.draft_input_width} wide) reach an fc built for "
+             f"{exp.fc_in_features}, so the first request crashes" if exp.fc_shape_error else "")
+    differ = (spec.aux_layers_physical is not None
+              and exp.captured_physical != spec.aux_layers_physical)
+    if spec.aux_ids_location == "top_level" and (short or differ):
+        return [Finding("aux-ids-not-read", "error",
+                        f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top "
+                        "level; SGLang reads it only from eagle_config and captures its default "
+                        f"[2, L//2, L-3] = input of layers {exp.captured_layers} instead"
+                        f"{crash or ' (silently the wrong features)'}",
+                        "move eagle_aux_hidden_state_layer_ids into \"eagle_config\" in the draft's "
+                        "config.json", ev)]
+    if short and exp.dropped_layers:
+        last = target.num_layers - 1
+        return [Finding("aux-count-short", "error",
+                        f"aux id {last} is the target's last layer: SGLang captures the input of "
+                        f"layer id+1 and layer {target.num_layers} does not exist, so only "
+                        f"{exp.aux_count} of {spec.k} aux states are captured{crash}",
+                        f"SGLang cannot capture the output of the last decoder layer; use a draft "
+                        f"trained on layers <= {last - 1} (retrain with those ids)", ev)]
+    if short:
+        return [Finding("aux-count-short", "error",
+                        f"SGLang captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
+                        f"but the draft was trained on {spec.k}{crash}",
+                        "give eagle_config distinct ids, one per trained aux layer", ev)]
+    found = []
+    if differ:
+        found.append(Finding("captured-layers-differ", "error",
+                             f"SGLang captures the output of layers {exp.captured_physical} but the "
+                             f"draft was trained on {spec.aux_layers_physical} ({spec.aux_convention}"
+                             f" ids {spec.aux_layer_ids}, {spec.aux_convention_reason})",
+                             "write eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's "
+                             f"convention (output-of, 0-based): {spec.aux_layers_physical}", ev))
+    if exp.fc_shape_error:
+        found.append(Finding("aux-width-mismatch", "error",
+                             f"the draft will receive {exp.draft_input_width}-wide aux features but "
+                             f"SGLang builds fc for {exp.fc_in_features}: the first request crashes",
+                             "make num_aux_hidden_states / the eagle_config ids match the trained "
+                             "fc width", ev))
+    return found
+
+
+def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
+    src = exp.sources.get("load_weights")
+    ignored = exp.keys_ignored
+    if exp.params_missing:
+        lm_only = exp.params_missing == ["lm_head.weight"]
+        if lm_only:
+            return [Finding("draft-weights-not-loaded", "error",
+                            f"the checkpoint has no lm_head.weight while draft_vocab_size is "
+                            f"{spec.draft_vocab_size}: SGLang keeps a randomly initialised draft "
+                            "head (acceptance ~0, no error)",
+                            "ship lm_head.weight, or remove draft_vocab_size so SGLang takes the "
+                            "target's head", {"params_missing": exp.params_missing,
+                                              "sglang_source": [src, exp.sources["lm_head"]]})]
+        prefix = spec.key_style[len("prefixed:"):] if spec.key_style.startswith("prefixed:") else None
+        cause = (f"its keys sit under '{prefix}', a prefix SGLang's load_weights does not strip"
+                 if prefix else f"{len(ignored)} checkpoint keys match no parameter name")
+        return [Finding("draft-weights-not-loaded", "error",
+                        f"{len(exp.params_missing)} draft parameters get no checkpoint tensor "
+                        f"(e.g. {exp.params_missing[0]}): {cause}, so they stay uninitialised "
+                        "and the draft proposes garbage",
+                        (f"rename the keys without the '{prefix}' prefix" if prefix else
+                         "rename the keys to fc.weight, midlayer.* (or layers.0.*), norm.weight, "
+                         "lm_head.weight"),
+                        {"params_missing": exp.params_missing, "keys_ignored": ignored[:50],
+                         "key_style": spec.key_style, "sglang_source": src})]
+    if ignored:
+        return [Finding("checkpoint-keys-ignored", "warning",
+                        f"SGLang's load_weights silently skips {len(ignored)} checkpoint keys "
+                        f"(e.g. {ignored[0]})",
+                        "rename or drop those keys; if they are trained weights (fc_norm, "
+                        "input_norm) set the config flag that creates their parameters",
+                        {"keys_ignored": ignored[:50], "sglang_source": src})]
+    return []
+
+
+def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
+    vm, found = spec.vocab_map, []
+    v_t, v_d = target.vocab_size, spec.draft_vocab_size
+    src = exp.sources.get("d2t")
+    sev = "error" if exp.d2t_used else "warning"
+    if spec.target_vocab_size is not None and spec.target_vocab_size != v_t:
+        found.append(Finding("target-vocab-mismatch", "error",
+                             f"the draft was built for a {spec.target_vocab_size}-token vocabulary, "
+                             f"the target has {v_t}: a different tokenizer or model family",
+                             "use the draft trained for this target (same tokenizer)",
+                             {"draft_vocab_size_of_target": spec.target_vocab_size, "target_vocab": v_t}))
+    if vm.d2t_present and (vm.looks_absolute or vm.target_ids_in_range is False
+                           or vm.target_ids_unique is False):
+        what = ("d2t holds absolute target ids, not offsets" if vm.looks_absolute
+                else "d2t offsets map draft ids outside the target vocabulary or onto the same id")
+        found.append(Finding("d2t-not-offsets", sev,
+                             f"{what}: SGLang maps draft id i to i + d2t[i] (max "
+                             f"{vm.target_id_max}, vocab {v_t}), so drafts land on wrong tokens and "
+                             "an id >= vocab crashes the server",
+                             "store offsets: d2t = selected_target_ids - arange(draft_vocab_size)",
+                             {"target_id_min": vm.target_id_min, "target_id_max": vm.target_id_max,
+                              "unique": vm.target_ids_unique, "looks_absolute": vm.looks_absolute,
+                              "sglang_source": src}))
+    elif vm.d2t_present and vm.d2t_all_zero and v_d is not None and v_d < v_t:
+        found.append(Finding("d2t-identity-slice", "warning",
+                             f"d2t is all zeros while the draft vocabulary ({v_d}) is smaller than "
+                             f"the target's ({v_t}): the draft can only propose target ids 0..{v_d - 1}",
+                             "export the real d2t from training's vocab mapping",
+                             {"draft_vocab": v_d, "target_vocab": v_t}))
+    if not vm.d2t_present and exp.algorithm == "EAGLE3" and v_d is not None and v_d < v_t:
+        found.append(Finding("d2t-missing", "error",
+                             f"draft_vocab_size {v_d} < target vocab {v_t} but the checkpoint has no "
+                             "d2t: SGLang uses draft ids as target ids",
+                             "add the d2t tensor from training's vocab mapping", {"sglang_source": src}))
+    d2t_bad = any(f.rule_id == "d2t-not-offsets" for f in found)
+    if vm.t2d_present and not d2t_bad and (
+            vm.t2d_size != v_t or (v_d is not None and vm.t2d_sum != v_d) or vm.t2d_matches_d2t is False):
+        found.append(Finding("t2d-inconsistent", "warning",
+                             f"t2d (size {vm.t2d_size}, {vm.t2d_sum} set) does not agree with the "
+                             f"target vocab {v_t}, draft_vocab_size {v_d} or d2t; SGLang ignores "
+                             "t2d, but the vocab mapping it came from is suspect",
+                             "regenerate t2d and d2t together from the same vocab mapping",
+                             {"t2d_size": vm.t2d_size, "t2d_sum": vm.t2d_sum,
+                              "matches_d2t": vm.t2d_matches_d2t,
+                              "sglang_source": "models/llama_eagle3.py::LlamaForCausalLMEagle3.load_weights (t2d skipped)"}))
+    sizes = {"lm_head rows": spec.lm_head_rows, "draft_vocab_size": v_d,
+                                      "d2t size": vm.d2t_size}
+    known = {k: v for k, v in sizes.items() if v is not None}
+    if exp.lm_head_source == "draft" and len(set(known.values())) > 1:
+        found.append(Finding("draft-vocab-lm-head-mismatch", "error",
+                             "the draft's vocabulary sizes disagree ("
+                             + ", ".join(f"{k} {v}" for k, v in known.items())
+                             + "): SGLang builds lm_head with draft_vocab_size rows, so loading or "
+                             "id mapping breaks",
+                             "make draft_vocab_size, lm_head.weight rows and d2t length equal",
+                             {**known, "sglang_source": exp.sources["lm_head"]}))
+    return found
+
+
+def _positions(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
+    found = []
+    d_max, t_max = spec.max_position_embeddings, target.max_position_embeddings
+    if d_max and t_max and d_max < t_max:
+        found.append(Finding("draft-max-position-short", "info",
+                             f"the draft's max_position_embeddings is {d_max}, the target serves up "
+                             f"to {t_max}: acceptance falls (or the rope cache overflows) beyond {d_max}",
+                             "use a draft trained for long context, or cap the context length",
+                             {"draft_max_position_embeddings": d_max, "target_max_position_embeddings": t_max}))
+    d_theta, t_theta = spec.rope.get("theta"), target.rope.get("theta")
+    if d_theta and t_theta and float(d_theta) != float(t_theta):
+        found.append(Finding("rope-differs-from-target", "info",
+                             f"the draft's rope_theta ({d_theta}) differs from the target's ({t_theta})",
+                             "check the training config: drafts usually share the target's rope",
+                             {"draft_rope": spec.rope, "target_rope": target.rope}))
+    return found

@@ -1,0 +1,192 @@
+"""Store one wire batch: validate it, then write all of it in one transaction, or nothing.
+
+Rows come from ``draftscope_tracer.wire.batch_rows`` (the same mapping the tracer's direct SQLite
+sink uses) and go in with Core ``executemany``; runs and requests are upserts.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pydantic
+import pydantic_core
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from draftscope import models
+from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch
+from draftscope_tracer import wire
+
+MAX_ERRORS_SHOWN = 5
+_RUNS = models.Run.__table__
+_REQUESTS = models.Request.__table__
+_BATCHES = models.IngestBatch.__table__
+_RUN_FIELDS = [c.name for c in _RUNS.columns if c.name != "id"]
+_REQUEST_FIELDS = [c for c in wire.TABLE_COLUMNS["requests"] if c not in ("run_id", "rid")]
+
+
+def _insert_many(conn: sa.Connection, table: str, rows: list[dict[str, Any]]) -> None:
+    """INSERT ``rows`` (as ``batch_rows`` made them) with one DBAPI ``executemany``.
+
+    This skips SQLAlchemy's per-row parameter processing, the bulk of the cost at tens of
+    thousands of rows per second, so JSON columns are serialised here.
+    """
+    columns = wire.TABLE_COLUMNS[table]
+    for column in wire.JSON_COLUMNS.intersection(columns):
+        for row in rows:
+            if row[column] is not None:
+                row[column] = orjson.dumps(row[column]).decode()
+    mark = "?" if conn.dialect.name == "sqlite" else "%s"  # positional DBAPI parameters
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
+    conn.exec_driver_sql(sql, list(map(operator.itemgetter(*columns), rows)))
+
+
+class IngestError(Exception):
+    """A batch that cannot be stored; ``status`` is the HTTP status, the message says what to do."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str  # "stored" | "duplicate"
+    batch_id: str
+    run_id: str
+    rows: dict[str, int]
+
+
+def parse_batch(body: bytes) -> Batch:
+    """Validate ``body`` against the wire schema, or raise IngestError (400 or 422)."""
+    try:
+        batch = Batch.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        raise _explain(exc, body) from None
+    if batch.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise _unsupported_version(batch.schema_version)
+    return batch
+
+
+def _explain(exc: pydantic.ValidationError, body: bytes) -> IngestError:
+    errors = exc.errors(include_url=False, include_input=False)
+    if errors[0]["type"] == "json_invalid":
+        return IngestError(400, f"Request body is not valid JSON: {errors[0]['msg']}. "
+                                "Send one JSON object per batch (see draftscope_tracer/wire.py).")
+    parsed = pydantic_core.from_json(body, allow_inf_nan=True)
+    if isinstance(parsed, dict) and "schema_version" in parsed \
+            and parsed["schema_version"] not in SUPPORTED_SCHEMA_VERSIONS:
+        return _unsupported_version(parsed["schema_version"])
+    shown = "; ".join(f"{_path(e['loc'])}: {e['msg']}" for e in errors[:MAX_ERRORS_SHOWN])
+    more = f" (and {len(errors) - MAX_ERRORS_SHOWN} more)" if len(errors) > MAX_ERRORS_SHOWN else ""
+    return IngestError(422, f"Batch does not match the wire schema: {shown}{more}. "
+                            "Nothing was stored; fix the named fields (see draftscope_tracer/wire.py).")
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(batch)"
+
+
+def _unsupported_version(version: Any) -> IngestError:
+    supported = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
+    return IngestError(422, f"Unsupported schema_version {version!r}; this draftscope accepts "
+                            f"schema_version {supported}. Upgrade the dashboard or the tracer so "
+                            "that they match.")
+
+
+class BatchWriter:
+    """Writes batches into one store; on SQLite one writer at a time (``BEGIN IMMEDIATE``)."""
+
+    def __init__(self, engine: sa.Engine):
+        self.engine = engine
+        dialects = {"sqlite": sqlite, "postgresql": postgresql}
+        if engine.dialect.name not in dialects:
+            raise ValueError(f"draftscope stores into SQLite or PostgreSQL, not {engine.dialect.name}")
+        self._insert = dialects[engine.dialect.name].insert
+        self._lock = threading.Lock() if engine.dialect.name == "sqlite" else None
+
+    def write(self, body: bytes) -> IngestResult:
+        """Validate and store one batch body; raises IngestError with nothing stored."""
+        batch = parse_batch(body)
+        if self._lock is None:
+            return self._store(batch)
+        with self._lock:
+            return self._store(batch)
+
+    def _store(self, batch: Batch) -> IngestResult:
+        records = {key: [vars(r) for r in getattr(batch, key)] for key in wire.RECORD_TABLES}
+        rows = wire.batch_rows({"run_id": batch.run_id, **records})
+        counts = {table: len(table_rows) for table, table_rows in rows.items()}
+        with self.engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
+            if batch.run is not None:
+                self._upsert_run(conn, batch.run_id, vars(batch.run))
+            elif conn.execute(sa.select(_RUNS.c.id).where(_RUNS.c.id == batch.run_id)).first() is None:
+                if self._is_duplicate(conn, batch.batch_id):
+                    return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
+                raise IngestError(404, f"Unknown run_id {batch.run_id!r}: no run with that id is "
+                                       "stored. Send the run record first (a batch with \"run\" set).")
+            if not self._claim_batch(conn, batch, counts):
+                conn.rollback()
+                return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
+            self._upsert_requests(conn, rows.pop("requests"))
+            try:
+                for table, table_rows in rows.items():
+                    if table_rows:
+                        _insert_many(conn, table, table_rows)
+            except sa.exc.IntegrityError as exc:
+                raise IngestError(409, "Batch conflicts with stored data (a verify step "
+                                       "(rid, step_index) sent twice?): "
+                                       f"{exc.orig}. Nothing was stored.") from None
+        return IngestResult("stored", batch.batch_id, batch.run_id, counts)
+
+    def _is_duplicate(self, conn: sa.Connection, batch_id: str) -> bool:
+        query = sa.select(_BATCHES.c.batch_id).where(_BATCHES.c.batch_id == batch_id)
+        return conn.execute(query).first() is not None
+
+    def _claim_batch(self, conn: sa.Connection, batch: Batch, counts: dict[str, int]) -> bool:
+        """Record the batch id; False when it was already stored."""
+        stmt = self._insert(_BATCHES).values(
+            batch_id=batch.batch_id, run_id=batch.run_id, sent_at=batch.sent_at,
+            received_at=time.time(), request_rows=counts["requests"],
+            step_rows=counts["verify_steps"], sample_rows=counts["tensor_samples"],
+            health_rows=counts["tracer_health"], finding_rows=counts["findings"],
+        ).on_conflict_do_nothing(index_elements=["batch_id"]).returning(_BATCHES.c.batch_id)
+        return conn.execute(stmt).first() is not None
+
+    def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
+        """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key."""
+        inserted = conn.execute(self._insert(_RUNS).values(id=run_id, **record)
+                                .on_conflict_do_nothing(index_elements=["id"]).returning(_RUNS.c.id))
+        if inserted.first() is not None:
+            return
+        stored = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id).with_for_update()).one()
+        changes = {k: v for k, v in record.items() if v is not None}
+        if record.get("facts") is not None:
+            changes["facts"] = {**(stored.facts or {}), **record["facts"]}
+        if changes:
+            conn.execute(_RUNS.update().where(_RUNS.c.id == run_id).values(**changes))
+
+    def _upsert_requests(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        """Upsert by (run_id, rid); a later non-null field overwrites, within the batch too."""
+        if not rows:
+            return
+        merged: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            prior = merged.get(row["rid"])
+            merged[row["rid"]] = row if prior is None else \
+                {k: (v if v is not None else prior[k]) for k, v in row.items()}
+        stmt = self._insert(_REQUESTS)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "rid"],
+            set_={c: sa.func.coalesce(stmt.excluded[c], _REQUESTS.c[c]) for c in _REQUEST_FIELDS},
+        )
+        conn.execute(stmt, list(merged.values()))

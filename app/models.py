@@ -1,0 +1,184 @@
+"""Store tables: one per record kind of ``draftscope_tracer.wire``, same table and column names.
+
+``runs.id`` is the wire ``run_id``; record tables have an integer primary key and a foreign key to
+their run. ``ingest_batches`` remembers every batch id so that a batch sent twice is stored once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_type=sa.JSON, nullable=nullable)
+
+
+def _str(nullable: bool = True, **kw: Any) -> Any:
+    return Field(default=None, sa_type=sa.String, nullable=nullable, **kw)
+
+
+def _run_fk() -> Any:
+    return Field(sa_type=sa.String, nullable=False, foreign_key="runs.id", ondelete="CASCADE")
+
+
+class Run(SQLModel, table=True):
+    """One tracer attach session (or one imported bundle); the wire ``RunRecord`` plus its id."""
+
+    __tablename__ = "runs"
+    __table_args__ = (sa.Index("ix_runs_started_at", "started_at"),)
+
+    id: str = Field(sa_type=sa.String, primary_key=True)
+    engine: str = _str(nullable=False)
+    engine_version: str = _str(nullable=False)
+    source: str = _str(nullable=False)
+    status: str = _str(nullable=False)
+    started_at: float = Field(nullable=False)
+    ended_at: float | None = None
+    host: str | None = _str()
+    pid: int | None = None
+    algorithm: str | None = _str()
+    target_path: str | None = _str()
+    target_arch: str | None = _str()
+    target_config_hash: str | None = _str()
+    draft_path: str | None = _str()
+    draft_arch: str | None = _str()
+    draft_config_hash: str | None = _str()
+    server_args: dict | None = _json()
+    tracer_config: dict | None = _json()
+    facts: dict | None = _json()
+
+
+class Request(SQLModel, table=True):
+    """One request of a run, upserted by (run_id, rid)."""
+
+    __tablename__ = "requests"
+    __table_args__ = (sa.Index("uq_requests_run_rid", "run_id", "rid", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = _run_fk()
+    rid: str = _str(nullable=False)
+    sampled: bool | None = None
+    prompt_len: int | None = None
+    output_len: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = _str()
+    spec_verify_ct: int | None = None
+    spec_accepted_drafts: int | None = None
+    spec_proposed_drafts: int | None = None
+    traced_verify_ct: int | None = None
+    traced_accepted_drafts: int | None = None
+    traced_proposed_drafts: int | None = None
+
+
+class VerifyStep(SQLModel, table=True):
+    """One verify step of one sampled request."""
+
+    __tablename__ = "verify_steps"
+    __table_args__ = (
+        sa.Index("uq_verify_steps_run_rid_step", "run_id", "rid", "step_index", unique=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = _run_fk()
+    rid: str = _str(nullable=False)
+    step_index: int = Field(nullable=False)
+    at: float = Field(nullable=False)
+    seq_pos: int | None = None
+    drafted_tokens: list = _json(nullable=False)
+    accept_len: int = Field(nullable=False)
+    accept_flags: list = _json(nullable=False)
+    bonus_token: int | None = None
+    draft_topk: list | None = _json()
+    target_topk: list | None = _json()
+
+
+class TensorSample(SQLModel, table=True):
+    """Summary statistics of one tensor at one named sample point."""
+
+    __tablename__ = "tensor_samples"
+    __table_args__ = (
+        sa.Index("ix_tensor_samples_run_rid_step", "run_id", "rid", "step_index"),
+        sa.Index("ix_tensor_samples_run_point", "run_id", "point"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = _run_fk()
+    point: str = _str(nullable=False)
+    phase: str = _str(nullable=False)
+    at: float = Field(nullable=False)
+    rid: str | None = _str()
+    step_index: int | None = None
+    shape: list = _json(nullable=False)
+    dtype: str = _str(nullable=False)
+    width: int = Field(nullable=False)
+    rows: int = Field(nullable=False)
+    l2_mean: float | None = None
+    l2_max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    nan_count: int | None = None
+    inf_count: int | None = None
+    raw_b64: str | None = Field(default=None, sa_type=sa.Text)
+    raw_shape: list | None = _json()
+
+
+class TracerHealth(SQLModel, table=True):
+    """A cumulative snapshot of the tracer's own health."""
+
+    __tablename__ = "tracer_health"
+    __table_args__ = (sa.Index("ix_tracer_health_run_at", "run_id", "at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = _run_fk()
+    at: float = Field(nullable=False)
+    drops: dict = _json(nullable=False)
+    errors: dict = _json(nullable=False)
+    heartbeats: dict = _json(nullable=False)
+    disabled_probes: list = _json(nullable=False)
+    queue_depth: int | None = None
+
+
+class Finding(SQLModel, table=True):
+    """A diagnosis with a stable rule id."""
+
+    __tablename__ = "findings"
+    __table_args__ = (sa.Index("ix_findings_run_id", "run_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = _run_fk()
+    rule_id: str = _str(nullable=False)
+    severity: str = _str(nullable=False)
+    message: str = Field(sa_type=sa.Text, nullable=False)
+    fix: str | None = Field(default=None, sa_type=sa.Text)
+    evidence: dict | None = _json()
+    source: str | None = _str()
+    rid: str | None = _str()
+    first_step: int | None = None
+    at: float | None = None
+
+
+class IngestBatch(SQLModel, table=True):
+    """A batch already stored: its id makes ingest idempotent."""
+
+    __tablename__ = "ingest_batches"
+    __table_args__ = (sa.Index("ix_ingest_batches_run_id", "run_id"),)
+
+    batch_id: str = Field(sa_type=sa.String, primary_key=True)
+    run_id: str = _run_fk()
+    sent_at: float | None = None
+    received_at: float = Field(nullable=False)
+    request_rows: int = Field(nullable=False)
+    step_rows: int = Field(nullable=False)
+    sample_rows: int = Field(nullable=False)
+    health_rows: int = Field(nullable=False)
+    finding_rows: int = Field(nullable=False)
+
+
+RECORD_MODELS: dict[str, type[SQLModel]] = {
+    m.__tablename__: m for m in (Request, VerifyStep, TensorSample, TracerHealth, Finding)
+}

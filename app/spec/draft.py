@@ -1,0 +1,217 @@
+"""Read a draft checkpoint directory into a normalised DraftFeatureSpec (what the draft expects)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftscope.spec.checkpoint import Checkpoint, read_checkpoint
+from draftscope.spec.config_file import load_config, rope_of
+from draftscope.spec.errors import SpecError
+from draftscope.spec.vocab_map import VocabMapCheck, check_vocab_map
+
+# architecture -> source format
+FORMATS = {
+    "LlamaForCausalLMEagle3": "specforge",  # SGLang / SpecForge
+    "Eagle3DeepseekV2ForCausalLM": "eagle3-mla",  # MLA draft for DeepSeek / Kimi targets
+    "Eagle3Speculator": "speculators",  # vLLM speculators
+    "LlamaForCausalLM": "eagle",  # SafeAILab EAGLE-3 training config (recognised by its fc.weight)
+}
+# Layer-index conventions for the same physical tensor "output of decoder layer j (0-based)":
+#   output_of: id j (SpecForge, SGLang explicit ids); input_to: id j+1 (EAGLE, speculators, vLLM);
+#   boundary: id j+1 where id N means after the last block (gpt-oss Eagle3-v3).
+FORMAT_CONVENTION = {"specforge": "output_of", "eagle3-mla": "output_of",
+                     "speculators": "input_to", "eagle": "input_to"}
+
+
+@dataclass
+class DraftFeatureSpec:
+    """What an EAGLE-3 draft was trained to receive and how its checkpoint is laid out."""
+
+    path: str
+    source_format: str  # specforge | eagle3-mla | speculators | eagle
+    architecture: str
+    config: dict[str, Any]
+    # aux hidden states
+    aux_layer_ids: list[int] | None  # as written
+    aux_ids_location: str  # eagle_config | top_level | none
+    aux_convention: str  # output_of | input_to | boundary
+    aux_convention_reason: str
+    aux_layers_physical: list[int] | None  # "output of decoder layer j", 0-based; None: needs target
+    use_aux_hidden_state: bool
+    k: int  # number of aux states the fc was trained on
+    target_hidden_size: int
+    expected_fc_in_width: int  # k * target hidden
+    fc_in_features: int | None  # from the checkpoint's fc weight
+    # draft model
+    hidden_size: int
+    num_layers: int
+    is_mla: bool
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    norm_before_residual: bool | None  # None: the key is absent (engine defaults differ)
+    max_position_embeddings: int | None
+    rope: dict[str, Any]
+    # vocabulary
+    target_vocab_size: int | None  # the target vocab the draft config declares
+    draft_vocab_size: int | None
+    tie_word_embeddings: bool
+    lm_head_rows: int | None
+    vocab_map: VocabMapCheck
+    # checkpoint layout
+    key_style: str  # midlayer | layers.0 | prefixed:<prefix> | unknown
+    keys: dict[str, list[int]] = field(default_factory=dict)  # name -> shape
+    verifier: dict[str, Any] | None = None  # speculators verifier {name_or_path, architectures}
+    training: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_draft(directory: str | Path, target_layers: int | None = None, allow_bin: bool = False,
+               training_config: str | Path | None = None) -> DraftFeatureSpec:
+    """Read ``directory`` (config.json + weights). ``target_layers`` (the target's decoder layer
+    count) resolves default aux layers and the boundary convention; without it those stay None."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SpecError(directory, "is not a directory. Pass the draft checkpoint directory "
+                        "(the one given to --speculative-draft-model-path).")
+    config = load_config(directory / "config.json")
+    ckpt = read_checkpoint(directory, allow_bin=allow_bin)
+    fmt, arch = _detect_format(directory / "config.json", config, ckpt)
+    body = config.get("transformer_layer_config") if fmt == "speculators" else config
+    if not isinstance(body, dict) or body.get("hidden_size") is None:
+        raise SpecError(directory / "config.json", "has no hidden_size"
+                        f"{' in transformer_layer_config' if fmt == 'speculators' else ''}; "
+                        "it is not a complete draft config.")
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids, location = _aux_ids(config, eagle_config)
+    hidden = int(body["hidden_size"])
+    target_hidden = int(config.get("target_hidden_size") or body.get("target_hidden_size") or hidden)
+    fc_key = _find_key(ckpt, "fc.weight")
+    fc_in = ckpt.shape(fc_key)[1] if fc_key and len(ckpt.shape(fc_key)) == 2 else None
+    k = _aux_count(config, ids, fc_in, target_hidden)
+    convention, reason = _convention(fmt, ids, target_layers)
+    target_vocab = body.get("vocab_size")
+    d2t_key, t2d_key = _find_key(ckpt, "d2t"), _find_key(ckpt, "t2d")
+    vocab_map = check_vocab_map(ckpt.values(d2t_key) if d2t_key else None,
+                                ckpt.values(t2d_key) if t2d_key else None,
+                                int(target_vocab) if target_vocab is not None else None)
+    lm_key = _find_key(ckpt, "lm_head.weight")
+    spec = DraftFeatureSpec(
+        path=str(directory), source_format=fmt, architecture=arch, config=config,
+        aux_layer_ids=ids, aux_ids_location=location, aux_convention=convention,
+        aux_convention_reason=reason,
+        aux_layers_physical=physical_layers(ids, convention, target_layers),
+        use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
+        k=k, target_hidden_size=target_hidden, expected_fc_in_width=k * target_hidden,
+        fc_in_features=fc_in, hidden_size=hidden,
+        num_layers=int(body.get("num_hidden_layers") or 1),
+        is_mla=fmt == "eagle3-mla" or body.get("kv_lora_rank") is not None,
+        norm_before_fc=bool(eagle_config.get("norm_before_fc", config.get("norm_before_fc", False))),
+        fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
+        norm_output=bool(config.get("norm_output", False)),
+        norm_before_residual=config.get("norm_before_residual"),
+        max_position_embeddings=body.get("max_position_embeddings"), rope=rope_of(body),
+        target_vocab_size=int(target_vocab) if target_vocab is not None else None,
+        draft_vocab_size=config.get("draft_vocab_size"),
+        tie_word_embeddings=bool(body.get("tie_word_embeddings", False)),
+        lm_head_rows=ckpt.shape(lm_key)[0] if lm_key else None, vocab_map=vocab_map,
+        key_style=_key_style(ckpt, fc_key),
+        keys={name: list(ckpt.shape(name)) for name in ckpt.names()},
+        verifier=(config.get("speculators_config") or {}).get("verifier"),
+        training=_read_training(training_config) if training_config else None)
+    return spec
+
+
+def physical_layers(ids: list[int] | None, convention: str,
+                    target_layers: int | None) -> list[int] | None:
+    """The trained aux layers as "output of decoder layer j" (0-based)."""
+    if ids is None:
+        if target_layers is None:
+            return None
+        n = target_layers
+        # Every format's default is the same three tensors: SpecForge writes [1, N//2-1, N-4]
+        # (output-of), EAGLE and speculators write [2, N//2, N-3] (input-to).
+        return [1, n // 2 - 1, n - 4]
+    return list(ids) if convention == "output_of" else [i - 1 for i in ids]
+
+
+def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
+    archs = config.get("architectures") or []
+    if config.get("speculators_model_type") == "eagle3" and "Eagle3Speculator" not in archs:
+        archs = ["Eagle3Speculator", *archs]
+    for arch in archs:
+        if arch in FORMATS and (arch != "LlamaForCausalLM" or _find_key(ckpt, "fc.weight")):
+            return FORMATS[arch], arch
+    raise SpecError(config_path, f"declares architectures {archs or 'none'}, which is not an "
+                    "EAGLE-3 draft draftscope knows (LlamaForCausalLMEagle3, "
+                    "Eagle3DeepseekV2ForCausalLM, Eagle3Speculator, or an EAGLE LlamaForCausalLM "
+                    "draft with an fc weight). Check that this is the draft, not the target.")
+
+
+def _aux_ids(config: dict, eagle_config: dict) -> tuple[list[int] | None, str]:
+    key = "eagle_aux_hidden_state_layer_ids"
+    if eagle_config.get(key) is not None:
+        return [int(i) for i in eagle_config[key]], "eagle_config"
+    if config.get(key) is not None:
+        return [int(i) for i in config[key]], "top_level"
+    return None, "none"
+
+
+def _aux_count(config: dict, ids: list[int] | None, fc_in: int | None, target_hidden: int) -> int:
+    if fc_in and fc_in % target_hidden == 0:
+        return fc_in // target_hidden
+    if config.get("num_aux_hidden_states"):
+        return int(config["num_aux_hidden_states"])
+    return len(ids) if ids else 3
+
+
+def _convention(fmt: str, ids: list[int] | None, target_layers: int | None) -> tuple[str, str]:
+    if ids and target_layers is not None and max(ids) >= target_layers:
+        return "boundary", f"id {max(ids)} >= the target's {target_layers} layers: boundary indices"
+    if fmt == "speculators" and ids and ids[0] == 1:
+        return "output_of", "speculators ids starting at 1 were lifted from a SpecForge eagle_config"
+    if fmt == "eagle3-mla" and ids and ids[0] != 1:
+        return "input_to", "MLA drafts whose first id is not 1 count input-to (sglang PR #25454)"
+    return FORMAT_CONVENTION[fmt], f"the {fmt} format's convention"
+
+
+def _find_key(ckpt: Checkpoint, suffix: str) -> str | None:
+    """The checkpoint key equal to ``suffix`` or ending in ``.suffix`` (shortest wins)."""
+    hits = [n for n in ckpt.names() if n == suffix or n.endswith("." + suffix)]
+    return min(hits, key=len) if hits else None
+
+
+def _key_style(ckpt: Checkpoint, fc_key: str | None) -> str:
+    names = ckpt.names()
+    if any(n.startswith("midlayer.") for n in names):
+        return "midlayer"
+    if any(n.startswith("layers.0.") for n in names):
+        return "layers.0"
+    if fc_key and fc_key != "fc.weight":
+        return "prefixed:" + fc_key[: -len("fc.weight")]
+    return "unknown"
+
+
+def _read_training(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(path, f"cannot be read ({exc.strerror or exc}).") from exc
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml and json raise different types
+        raise SpecError(path, f"is not a valid training config ({exc}).") from exc
+    if not isinstance(data, dict):
+        raise SpecError(path, "is not a mapping of training settings.")
+    return data

@@ -1,0 +1,269 @@
+"""What SGLang 0.5.23 will do with a draft + target pair, derived from its source.
+
+Every expectation names the SGLang function it encodes (paths relative to ``sglang/srt/``), so a
+rule built on it can cite its source and a test can re-check it against the installed package.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftscope.spec.draft import DraftFeatureSpec
+from draftscope.spec.target import TargetSpec
+
+SGLANG_VERSION = "0.5.23"
+
+SRC = {
+    "aux_config": "model_executor/model_runner_components/spec_aux_hidden_state.py::"
+                  "_resolve_eagle_aux_hidden_state",
+    "capture_guard": "model_executor/model_runner_components/attention_backend_setup.py::"
+                     "configure_aux_hidden_state_capture",
+    "capture_plus1": "models/llama.py::LlamaForCausalLM.set_eagle3_layers_to_capture",
+    "capture_first1": "models/deepseek_v2.py::DeepseekV2ForCausalLM.set_eagle3_layers_to_capture",
+    "capture_loop": "models/llama.py::LlamaModel.forward (i in self.layers_to_capture)",
+    "fc_width": "models/llama_eagle3.py::LlamaModel.__init__ (fc = Linear(hidden_size_in * "
+                "num_aux_hidden_states, hidden_size))",
+    "fc_skip": "models/llama_eagle3.py::LlamaModel.forward (fc only if hidden_states.shape[-1] "
+               "!= embeds.shape[-1])",
+    "load_weights": "models/llama_eagle3.py::LlamaForCausalLMEagle3.load_weights",
+    "load_weights_mla": "models/kimi_k25_eagle3.py::Eagle3DeepseekV2ForCausalLM.load_weights",
+    "lm_head": "models/llama_eagle3.py::LlamaForCausalLMEagle3.__init__ (load_lm_head_from_target "
+               "when draft_vocab_size is None)",
+    "init_lm_head": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_lm_head",
+    "token_map": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_token_map",
+    "hot_token_id": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_lm_head (self.hot_token_id = "
+                    "self.draft_runner.model.hot_token_id)",
+}
+
+# Target classes with set_eagle3_layers_to_capture and how they shift explicit ids:
+# "plus1": every id + 1; "first1": + 1 only when the first id == 1 (sglang PR #25454).
+CAPTURE_SHIFT = {
+    "LlamaForCausalLM": "plus1", "MistralForCausalLM": "plus1", "Phi3ForCausalLM": "plus1",
+    "InternLM3ForCausalLM": "plus1", "Qwen2ForCausalLM": "plus1", "Qwen2MoeForCausalLM": "plus1",
+    "Qwen3ForCausalLM": "plus1", "Qwen3MoeForCausalLM": "plus1", "GptOssForCausalLM": "plus1",
+    "Glm4MoeForCausalLM": "plus1", "MiniMaxM2ForCausalLM": "plus1",
+    "Qwen2_5_VLForConditionalGeneration": "plus1", "Qwen3VLForConditionalGeneration": "plus1",
+    "DeepseekV2ForCausalLM": "first1", "DeepseekV3ForCausalLM": "first1",
+    "DeepseekV32ForCausalLM": "first1", "Glm4MoeLiteForCausalLM": "first1",
+    "KimiK25ForConditionalGeneration": "first1",  # delegates to its DeepseekV3 language_model
+}
+EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
+LEGACY_NAME_MAP = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
+                   "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
+           (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
+SHARDS = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
+
+
+@dataclass
+class SGLangExpectations:
+    """What SGLang will capture, feed, load and ignore for this pair."""
+
+    algorithm: str
+    draft_class_supported: bool
+    aux_capture: bool
+    capture_reason: str
+    ids_passed: list[int] | None  # argument of set_eagle3_layers_to_capture
+    shift_rule: str | None  # plus1 | first1 | None (target class unknown to draftscope)
+    layers_to_capture: list[int] | None  # the target's live attribute (capture = input of layer i)
+    captured_layers: list[int] | None  # the ones that exist, in capture (layer) order
+    dropped_layers: list[int]  # requested but beyond the last layer: silently never captured
+    captured_physical: list[int] | None  # as "output of layer j"
+    aux_count: int | None
+    draft_input_width: int | None  # spec_info.hidden_states width at draft prefill / extend
+    fc_in_features: int  # the fc SGLang builds
+    fc_runs: bool | None
+    fc_shape_error: bool | None  # fc runs on a width it was not built for: crash at request 1
+    lm_head_source: str  # draft | target | draft_embed (tied)
+    d2t_used: bool
+    keys_loaded: dict[str, str] = field(default_factory=dict)  # checkpoint key -> parameter
+    keys_renamed: dict[str, str] = field(default_factory=dict)  # legacy key -> new name
+    keys_ignored: list[str] = field(default_factory=list)
+    params_missing: list[str] = field(default_factory=list)  # required params no key fills
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def parse_server_args(text: str | None) -> dict[str, Any]:
+    """``"--speculative-algorithm EAGLE --tp 2"`` -> ``{"speculative_algorithm": "EAGLE", "tp": "2"}``;
+    a flag without a value maps to True."""
+    args: dict[str, Any] = {}
+    tokens = shlex.split(text or "")
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            key, _, value = tok[2:].partition("=")
+            key = key.replace("-", "_")
+            if value:
+                args[key] = value
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                args[key] = tokens[i + 1]
+                i += 1
+            else:
+                args[key] = True
+        i += 1
+    return args
+
+
+def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
+                  server_args: dict[str, Any] | None = None) -> SGLangExpectations:
+    """SGLang's behaviour for ``spec`` drafting for ``target`` under ``server_args``."""
+    server_args = server_args or {}
+    algorithm = str(server_args.get("speculative_algorithm") or "EAGLE3").upper()
+    config = spec.config
+    eagle_config = config.get("eagle_config")
+    sources = {"aux_config": SRC["aux_config"], "fc_width": SRC["fc_width"], "fc_skip": SRC["fc_skip"]}
+
+    # spec_aux_hidden_state.py: use_aux defaults to True; ids only from eagle_config (a missing or
+    # non-dict eagle_config raises inside the try and leaves ids None).
+    capture, ids, reason = False, None, ""
+    if algorithm != "EAGLE3":
+        reason = f"--speculative-algorithm {algorithm} resolves no aux capture (only EAGLE3 does)"
+    elif isinstance(eagle_config, dict) and not eagle_config.get("use_aux_hidden_state", True):
+        reason = "eagle_config.use_aux_hidden_state is false"
+    else:
+        capture = True
+        if isinstance(eagle_config, dict) and "eagle_aux_hidden_state_layer_ids" in eagle_config:
+            ids = list(eagle_config["eagle_aux_hidden_state_layer_ids"])
+            reason = "explicit ids from eagle_config"
+        else:
+            reason = ("eagle_aux_hidden_state_layer_ids is not inside eagle_config; SGLang uses its "
+                      "default [2, L//2, L-3]")
+
+    shift = CAPTURE_SHIFT.get(target.architecture)
+    layers = captured = physical = None
+    dropped: list[int] = []
+    if capture and shift is not None:
+        sources["capture"] = SRC["capture_plus1" if shift == "plus1" else "capture_first1"]
+        sources["capture_loop"] = SRC["capture_loop"]
+        n = target.num_layers
+        if ids is None:
+            layers = [2, n // 2, n - 3]
+        elif shift == "plus1" or (ids and ids[0] == 1):
+            layers = [i + 1 for i in ids]
+        else:
+            layers = list(ids)
+        # LlamaModel.forward loops over layers and captures where ``i in layers_to_capture``: order
+        # is layer order, duplicates collapse, an index >= L is never reached.
+        captured = [i for i in range(n) if i in layers]
+        dropped = sorted({i for i in layers if i >= n or i < 0})
+        physical = [i - 1 for i in captured]
+
+    # llama_eagle3.py LlamaModel.__init__: num_aux from num_aux_hidden_states, else eagle_config ids.
+    num_aux = config.get("num_aux_hidden_states")
+    if num_aux is None:
+        cfg_ids = (eagle_config or {}).get("eagle_aux_hidden_state_layer_ids") \
+            if isinstance(eagle_config, dict) else None
+        num_aux = len(cfg_ids) if cfg_ids else 3
+    fc_in = spec.target_hidden_size * int(num_aux)
+    if capture and captured is not None:
+        aux_count, width = len(captured), len(captured) * target.hidden_size
+    elif capture:
+        aux_count, width = None, None
+    else:
+        aux_count, width = 0, target.hidden_size
+    fc_runs = None if width is None else width != spec.hidden_size
+    fc_error = None if width is None else (fc_runs and width != fc_in)
+
+    tied = spec.tie_word_embeddings
+    if algorithm != "EAGLE3":
+        lm_head, d2t_used = "target", False
+        sources["lm_head"], sources["d2t"] = SRC["init_lm_head"], SRC["token_map"]
+    else:
+        lm_head = "draft_embed" if tied else ("target" if spec.draft_vocab_size is None else "draft")
+        d2t_used = spec.vocab_map.d2t_present
+        sources["lm_head"], sources["d2t"] = SRC["lm_head"], SRC["hot_token_id"]
+
+    exp = SGLangExpectations(
+        algorithm=algorithm, draft_class_supported=spec.architecture in EAGLE3_DRAFT_CLASSES,
+        aux_capture=capture, capture_reason=reason, ids_passed=ids, shift_rule=shift,
+        layers_to_capture=layers, captured_layers=captured, dropped_layers=dropped,
+        captured_physical=physical, aux_count=aux_count, draft_input_width=width,
+        fc_in_features=fc_in, fc_runs=fc_runs, fc_shape_error=fc_error, lm_head_source=lm_head,
+        d2t_used=d2t_used, sources=sources)
+    _simulate_load(spec, exp, needs_lm_head=lm_head == "draft", num_aux=int(num_aux))
+    return exp
+
+
+def _llama_eagle3_params(spec: DraftFeatureSpec, num_aux: int, with_lm_head: bool) -> set[str]:
+    """Parameter names of LlamaForCausalLMEagle3 that matter (embed is replaced by the target's)."""
+    params = {"model.fc.weight", "model.norm.weight"}
+    if spec.config.get("bias"):
+        params.add("model.fc.bias")
+    if spec.norm_before_fc:
+        params.add("model.input_norm.weight")
+    if spec.fc_norm:
+        params |= {f"model.fc_norm.{i}.weight" for i in range(num_aux)}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        params |= {p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight",
+                   p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight",
+                   p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
+                   p + "hidden_norm.weight"}
+    if with_lm_head:
+        params.add("lm_head.weight")
+    return params
+
+
+def _simulate_load(spec: DraftFeatureSpec, exp: SGLangExpectations, needs_lm_head: bool,
+                   num_aux: int) -> None:
+    """Replay the draft class's load_weights over the checkpoint key names."""
+    if spec.architecture == "Eagle3DeepseekV2ForCausalLM":
+        exp.sources["load_weights"] = SRC["load_weights_mla"]
+        for key in spec.keys:
+            if key.split(".")[-1] in ("d2t", "t2d"):
+                continue
+            name = re.sub(r"^layers\.0\.", "midlayer.", key)
+            name = name if name.startswith("lm_head.") else f"model.{name}"
+            known = ("model.midlayer.", "model.fc", "model.norm.", "model.embed_tokens.",
+                     "model.input_norm.", "lm_head.")
+            if name.startswith(known):
+                exp.keys_loaded[key] = name
+            else:
+                exp.keys_ignored.append(key)
+        required = {"model.fc.weight", "model.norm.weight"} | ({"lm_head.weight"} if needs_lm_head else set())
+        exp.params_missing = sorted(required - set(exp.keys_loaded.values()))
+        return
+    if spec.architecture != "LlamaForCausalLMEagle3":
+        return
+    exp.sources["load_weights"] = SRC["load_weights"]
+    embed = {"model.embed_tokens.weight"}
+    params = _llama_eagle3_params(spec, num_aux, with_lm_head=not spec.tie_word_embeddings)
+    shards: dict[str, set] = {}
+    for key in spec.keys:
+        name = key
+        for legacy, new in LEGACY_NAME_MAP.items():
+            if legacy in name:
+                name = name.replace(legacy, new)
+        if name != key:
+            exp.keys_renamed[key] = name
+        if "d2t" in name or "t2d" in name:
+            continue
+        for param_name, weight_name, shard_id in STACKED:
+            if weight_name not in name:
+                continue
+            name = name.replace(weight_name, param_name)
+            target = name if name in params else f"model.{name}"
+            if target in params:
+                exp.keys_loaded[key] = target
+                shards.setdefault(target, set()).add(shard_id)
+            else:
+                exp.keys_ignored.append(key)
+            break
+        else:
+            target = name if name in params | embed else f"model.{name}"
+            if target in params | embed:
+                exp.keys_loaded[key] = target
+            else:
+                exp.keys_ignored.append(key)
+    required = _llama_eagle3_params(spec, num_aux, with_lm_head=needs_lm_head)
+    filled = set(exp.keys_loaded.values())
+    missing = required - filled
+    for param, got in shards.items():
+        for suffix, want in SHARDS.items():
+            if param.endswith(suffix + ".weight") and got != want:
+                missing.add(param)
+    exp.params_missing = sorted(missing)

@@ -1,0 +1,63 @@
+"""The target model as the draft sees it: layers, hidden width, vocabulary, positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftscope.spec.config_file import load_config, rope_of
+from draftscope.spec.errors import SpecError
+
+
+@dataclass
+class TargetSpec:
+    """Normalised target config. For multimodal wrappers (Kimi-K2.5, Qwen2.5-VL) the numbers come
+    from the nested ``text_config``; ``architecture`` stays the wrapper's, which is the class that
+    SGLang instantiates."""
+
+    path: str
+    architecture: str
+    model_type: str | None
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    rope: dict[str, Any] = field(default_factory=dict)
+    text_config_nested: bool = False
+
+
+def read_target(source: str | Path | dict[str, Any]) -> TargetSpec:
+    """A TargetSpec from a model directory, a config.json path, or an already-loaded config dict."""
+    if isinstance(source, dict):
+        config, where = source, Path("<target config>")
+    else:
+        where = Path(source)
+        config = load_config(where)
+        where = where / "config.json" if where.is_dir() else where
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    body = text or config
+    archs = config.get("architectures") or body.get("architectures") or []
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if body.get(k) is None]
+    if missing or not archs:
+        missing += [] if archs else ["architectures"]
+        raise SpecError(where, f"is not a target model config: it lacks {', '.join(missing)}"
+                        f"{' (looked in text_config too)' if text else ''}. Pass the target model "
+                        "directory (the one SGLang serves with --model-path).")
+    return TargetSpec(path=str(where.parent if where.name == "config.json" else where),
+                      architecture=archs[0], model_type=body.get("model_type"),
+                      num_layers=int(body["num_hidden_layers"]), hidden_size=int(body["hidden_size"]),
+                      vocab_size=int(body["vocab_size"]),
+                      max_position_embeddings=body.get("max_position_embeddings"),
+                      rope=rope_of(body), text_config_nested=text is not None)
+
+
+def check_target_matches(spec: Any, target: TargetSpec) -> None:
+    """SpecError when ``target`` is plainly not the model the draft ``spec`` was trained on: its
+    hidden width differs from the width each aux state must have."""
+    if spec.target_hidden_size != target.hidden_size:
+        raise SpecError(Path(target.path) / "config.json",
+                        f"has hidden_size {target.hidden_size}, but the draft at {spec.path} expects "
+                        f"aux hidden states {spec.target_hidden_size} wide (target_hidden_size). "
+                        "This is not the draft's target; pass the target model the draft was "
+                        "trained for.")

@@ -1,0 +1,127 @@
+"""Pydantic mirrors of the wire TypedDicts in ``draftscope_tracer.wire``: what ingest accepts.
+
+Strict types and ``extra="forbid"``: a misspelt field or a string where a number belongs is an
+error that names the field, not a silent NULL in the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from draftscope_tracer import wire
+
+SUPPORTED_SCHEMA_VERSIONS = (wire.SCHEMA_VERSION,)
+Id = Field(min_length=1, max_length=200)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=True)
+
+
+class RunRecord(_Record):
+    engine: str
+    engine_version: str
+    source: str
+    status: str
+    started_at: float
+    ended_at: float | None = None
+    host: str | None = None
+    pid: int | None = None
+    algorithm: str | None = None
+    target_path: str | None = None
+    target_arch: str | None = None
+    target_config_hash: str | None = None
+    draft_path: str | None = None
+    draft_arch: str | None = None
+    draft_config_hash: str | None = None
+    server_args: dict[str, Any] | None = None
+    tracer_config: dict[str, Any] | None = None
+    facts: dict[str, Any] | None = None
+
+
+class RequestRecord(_Record):
+    rid: str = Id
+    sampled: bool | None = None
+    prompt_len: int | None = None
+    output_len: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    spec_verify_ct: int | None = None
+    spec_accepted_drafts: int | None = None
+    spec_proposed_drafts: int | None = None
+    traced_verify_ct: int | None = None
+    traced_accepted_drafts: int | None = None
+    traced_proposed_drafts: int | None = None
+
+
+class StepRecord(_Record):
+    rid: str = Id
+    step_index: int
+    at: float
+    seq_pos: int | None = None
+    drafted_tokens: list[int]
+    accept_len: int
+    accept_flags: list[bool]
+    bonus_token: int | None = None
+    draft_topk: list[list[list[float]]] | None = None
+    target_topk: list[list[list[float]]] | None = None
+
+
+class SampleRecord(_Record):
+    point: str
+    phase: str
+    at: float
+    rid: str | None = None
+    step_index: int | None = None
+    shape: list[int]
+    dtype: str
+    width: int
+    rows: int
+    l2_mean: float | None = None
+    l2_max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    nan_count: int | None = None
+    inf_count: int | None = None
+    raw_b64: str | None = None
+    raw_shape: list[int] | None = None
+
+
+class HealthRecord(_Record):
+    at: float
+    drops: dict[str, int]
+    errors: dict[str, int]
+    heartbeats: dict[str, int]
+    disabled_probes: list[str]
+    queue_depth: int | None = None
+
+
+class FindingRecord(_Record):
+    rule_id: str
+    severity: str
+    message: str
+    fix: str | None = None
+    evidence: dict[str, Any] | None = None
+    source: str | None = None
+    rid: str | None = None
+    first_step: int | None = None
+    at: float | None = None
+
+
+class Batch(_Record):
+    """One flush of the tracer (``schema_version`` 1)."""
+
+    schema_version: int
+    batch_id: str = Id
+    run_id: str = Id
+    sent_at: float
+    run: RunRecord | None = None
+    requests: list[RequestRecord] = []
+    steps: list[StepRecord] = []
+    samples: list[SampleRecord] = []
+    health: list[HealthRecord] = []
+    findings: list[FindingRecord] = []

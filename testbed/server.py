@@ -1,0 +1,221 @@
+"""Start a real SGLang 0.5.23 server on the CPU (the test bed) and talk to it.
+
+The server runs SGLang's own scheduler, EAGLE worker and model classes; only SGLang's CPU kernel
+build, which is not on PyPI, is replaced by the pure-PyTorch stand-ins in `testbed/cpu_standins/`
+(put first on the server's `PYTHONPATH` here and nowhere else). On a GPU, SGLang's own kernels run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CPU_STANDINS = REPO_ROOT / "testbed" / "cpu_standins"
+HOST = "127.0.0.1"
+
+CPU_ARGS = [
+    "--device", "cpu",
+    "--dtype", "float32",
+    "--attention-backend", "intel_amx",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--max-total-tokens", "4096",
+    "--max-running-requests", "4",
+]
+EAGLE3_ARGS = [
+    "--speculative-algorithm", "EAGLE3",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+]
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time; the message ends with its log tail."""
+
+
+def log_tail(log_path: str | os.PathLike, lines: int = 40) -> str:
+    """The last `lines` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except FileNotFoundError:
+        return ""
+
+
+def venv_python() -> Path:
+    """The test bed's Python: `$DRAFTSCOPE_VENV/bin/python`, default `.venv/` in the repository."""
+    venv = Path(os.environ.get("DRAFTSCOPE_VENV") or REPO_ROOT / ".venv")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(
+            f"no Python at {python}: build the test bed venv with `scripts/build-venv {venv}` "
+            "(or point DRAFTSCOPE_VENV at an existing one)"
+        )
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def server_command(python, target_dir, draft_dir, extra_args: list[str], port: int) -> list[str]:
+    """The `sglang.launch_server` command line; `extra_args` come last, so they override."""
+    args = [str(python), "-m", "sglang.launch_server", "--model-path", str(target_dir),
+            "--host", HOST, "--port", str(port), *CPU_ARGS]
+    if draft_dir is not None:
+        args += [*EAGLE3_ARGS, "--speculative-draft-model-path", str(draft_dir)]
+    return args + list(extra_args)
+
+
+def server_env(env: dict | None) -> dict:
+    """The environment the server runs in: the CPU engine switch and the stand-ins first on the path."""
+    merged = {**os.environ, **(env or {})}
+    path = [str(CPU_STANDINS), str(REPO_ROOT)]
+    if merged.get("PYTHONPATH"):
+        path.append(merged["PYTHONPATH"])
+    merged.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", PYTHONPATH=os.pathsep.join(path))
+    return merged
+
+
+class ServerHandle:
+    """A running server in its own process group; `stop()` (or leaving `with`) ends the group."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: Path):
+        self.process = process
+        self.url = url
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def generate(self, text: str, max_new_tokens: int = 16, **sampling) -> dict:
+        """`POST /generate`; greedy unless `sampling` says otherwise. Returns the JSON (with `meta_info`)."""
+        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
+        return self._post("/generate", {"text": text, "sampling_params": params})
+
+    def get(self, path: str, timeout: float = 10.0) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def _post(self, path: str, body: dict, timeout: float = 120.0) -> dict:
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(
+                f"POST {path} -> HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}\n"
+                f"server log tail ({self.log_path}):\n{log_tail(self.log_path)}"
+            ) from e
+
+    def is_healthy(self) -> bool:
+        for path in ("/health", "/model_info"):
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as response:
+                    if response.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                continue
+        return False
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the process group, wait, then SIGKILL it. Safe to call twice."""
+        try:
+            pgid = os.getpgid(self.process.pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None:
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and _group_alive(pgid):
+                self.process.poll()
+                time.sleep(0.2)
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def start_server(
+    target_dir,
+    draft_dir,
+    extra_args: list[str],
+    log_path,
+    env: dict | None = None,
+    python: str | None = None,
+    timeout: float = 240.0,
+) -> ServerHandle:
+    """Start `sglang.launch_server` for `target_dir` (plus an EAGLE-3 `draft_dir`, or None for no
+    speculation) on a free local port and wait until it answers `/health` or `/model_info`.
+
+    Raises `ServerStartError` with the log tail if the process exits or `timeout` seconds pass
+    (and then leaves no process behind).
+    """
+    python = Path(python) if python else venv_python()
+    for name, path in (("target", target_dir), ("draft", draft_dir)):
+        if path is not None and not Path(path).is_dir():
+            raise FileNotFoundError(f"{name} model directory {path} does not exist")
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = server_command(python, target_dir, draft_dir, extra_args, port)
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=server_env(env),
+            cwd=REPO_ROOT, start_new_session=True,
+        )
+    handle = ServerHandle(process, f"http://{HOST}:{port}", log_path)
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            handle.stop()
+            raise ServerStartError(_failure(f"the server exited with code {process.returncode}", log_path))
+        if handle.is_healthy():
+            return handle
+        if time.monotonic() > deadline:
+            handle.stop()
+            raise ServerStartError(_failure(f"the server was not healthy after {timeout:.0f} s", log_path))
+        time.sleep(0.5)
+
+
+def _failure(what: str, log_path: Path) -> str:
+    return f"SGLang server failed to start: {what}. Last lines of {log_path}:\n{log_tail(log_path)}"

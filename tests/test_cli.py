@@ -1,0 +1,85 @@
+"""The draftscope CLI through typer's CliRunner (and one real `serve` in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from draftscope import db
+from draftscope.cli import app
+from tests.fixtures.store import _free_port
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def test_serve_refuses_a_non_loopback_host_without_token(sqlite_url, monkeypatch) -> None:
+    monkeypatch.delenv("DRAFTSCOPE_INGEST_TOKEN", raising=False)
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, "--upgrade"])
+    assert result.exit_code == 2
+    assert "Refusing to listen on 0.0.0.0" in result.output
+    assert "DRAFTSCOPE_INGEST_TOKEN" in result.output
+    assert db.current_revision(sqlite_url) is None  # refused before touching the store
+
+
+def test_serve_on_a_missing_db_exits_2_with_the_fix(sqlite_url) -> None:
+    result = runner.invoke(app, ["serve", "--db", sqlite_url])
+    assert result.exit_code == 2
+    assert sqlite_url in result.output and "no draftscope schema" in result.output
+    assert f"draftscope db upgrade --db '{sqlite_url}'" in result.output
+
+
+def test_serve_on_an_old_db_names_both_revisions(sqlite_url) -> None:
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    with engine.begin() as conn:  # a revision this draftscope does not have (e.g. an older one)
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0000_older'")
+    engine.dispose()
+    result = runner.invoke(app, ["serve", "--db", sqlite_url])
+    assert result.exit_code == 2
+    assert "0000_older" in result.output and db.head_revision() in result.output
+    assert "draftscope db upgrade" in result.output
+
+
+def test_db_upgrade_then_current(sqlite_url) -> None:
+    assert runner.invoke(app, ["db", "current", "--db", sqlite_url]).exit_code == 2
+    upgraded = runner.invoke(app, ["db", "upgrade", "--db", sqlite_url])
+    assert upgraded.exit_code == 0, upgraded.output
+    current = runner.invoke(app, ["db", "current", "--db", sqlite_url])
+    assert current.exit_code == 0 and f"revision {db.head_revision()}" in current.output
+
+
+def test_serve_upgrade_starts_a_working_dashboard(sqlite_url) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from draftscope.cli import main; main()", "serve", "--db", sqlite_url,
+         "--port", str(port), "--upgrade"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                    health = json.load(resp)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                assert time.monotonic() < deadline, "dashboard did not answer within 60 s"
+                time.sleep(0.2)
+        assert health == {"status": "ok", "db_revision": db.head_revision(),
+                          "head_revision": db.head_revision()}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -1,0 +1,93 @@
+"""`draftscope doctor`: exit codes, one line per finding, JSON, bad input, and the test-bed scenarios."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from draftscope.doctor import doctor
+from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
+
+app = typer.Typer()
+app.command()(doctor)
+
+
+def run(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture
+def pair(tmp_path):
+    tiny_target(tmp_path / "t")
+    write_draft(tmp_path / "d", tiny_draft_config(), tiny_weights())
+    return tmp_path / "d", tmp_path / "t"
+
+
+def test_healthy_exit_0(pair):
+    result = run(pair[0], "--target", pair[1])
+    assert result.exit_code == 0, result.output
+    assert "no findings" in result.output
+
+
+def test_error_finding_exit_1_one_line(pair):
+    result = run(pair[0], "--target", pair[1], "--server-args", "--speculative-algorithm EAGLE")
+    assert result.exit_code == 1
+    lines = [l for l in result.output.splitlines() if "eagle-algorithm-with-eagle3-draft" in l]
+    assert len(lines) == 1 and "fix:" in lines[0] and "EAGLE3" in lines[0]
+
+
+def test_json_output(pair):
+    result = run(pair[0], "--target", pair[1], "--server-args", "--speculative-algorithm EAGLE", "--json")
+    data = json.loads(result.output)
+    assert result.exit_code == 1 and data["errors"] == 1
+    assert data["findings"][0]["rule_id"] == "eagle-algorithm-with-eagle3-draft"
+    assert data["summary"]["draft_input_width"] == 128
+
+
+@pytest.mark.parametrize("breakage, needle", [
+    (lambda d, t: (d / "model.safetensors").write_bytes(b"\x0f\x00\x00\x00\x00\x00\x00\x00{broken json}!!"),
+     "model.safetensors has a corrupt safetensors header"),
+    (lambda d, t: (d / "model.safetensors").unlink(), "holds no weights"),
+    (lambda d, t: (d / "config.json").write_text("{"), "config.json is not valid JSON"),
+    (lambda d, t: (d / "config.json").write_text('{"architectures": ["MysteryModel"], "hidden_size": 1}'),
+     "not an EAGLE-3 draft"),
+    (lambda d, t: (t / "config.json").unlink(), "config.json does not exist"),
+    (lambda d, t: tiny_target(t, hidden=256), "This is not the draft's target"),
+])
+def test_bad_input_exit_2(pair, breakage, needle):
+    breakage(*pair)
+    result = run(pair[0], "--target", pair[1])
+    assert result.exit_code == 2
+    assert needle in " ".join(result.output.split()), result.output
+
+
+def test_bad_input_json(pair):
+    (pair[0] / "config.json").write_text("[1, 2")
+    result = run(pair[0], "--target", pair[1], "--json")
+    assert result.exit_code == 2 and json.loads(result.output)["error"]["path"].endswith("config.json")
+
+
+SCENARIOS = {"aux-off": "fc-bypassed", "algo-eagle": "eagle-algorithm-with-eagle3-draft",
+             "weights-dropped": "draft-weights-not-loaded", "d2t-absolute": "d2t-not-offsets",
+             "last-layer-id": "aux-count-short", "top-level-ids": "aux-ids-not-read"}
+
+
+@pytest.mark.parametrize("name", ["healthy", *SCENARIOS])
+def test_testbed_scenarios(name):
+    scenarios = pytest.importorskip("testbed.scenarios", reason="testbed/scenarios.py not written yet")
+    prepared = scenarios.prepare(name)
+    args = prepared.server_args
+    args = " ".join(args) if isinstance(args, (list, tuple)) else (args or "")
+    result = run(prepared.draft_dir, "--target", prepared.target_dir, "--server-args", args)
+    if name == "healthy":
+        assert result.exit_code == 0, result.output
+        assert "error" not in result.output and "warning" not in result.output
+        return
+    assert result.exit_code == 1, result.output
+    first = [l for l in result.output.splitlines() if l.startswith("error")][0]
+    assert SCENARIOS[name] in first and "fix:" in first

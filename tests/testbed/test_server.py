@@ -1,0 +1,110 @@
+"""The CPU SGLang test bed end to end: real `sglang.launch_server` with EAGLE-3.
+
+SGLang's CPU kernels are the pure-PyTorch stand-ins in `testbed/cpu_standins/` here; on a GPU,
+SGLang's own kernels run. Server starts are costly (~30 s of CPU each), so they are kept few.
+"""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from testbed.models import ensure_models
+from testbed.server import ServerStartError, server_env, start_server, venv_python
+
+PROMPTS = ["Hello world, the quick brown fox", "The tiny model"]
+
+
+def group_gone(pgid: int, wait: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.sglang
+def test_standins_keep_intel_amx_in_every_process():
+    """The sitecustomize hook overrides `has_amx` in the launched process and in spawned children,
+    while SGLang's layer-level AMX probe stays False (native torch layers)."""
+    code = (
+        "import multiprocessing as mp\n"
+        "def probe(q):\n"
+        "    from sglang.srt.runtime_context import get_platform\n"
+        "    from sglang.srt.utils import cpu_has_amx_support\n"
+        "    q.put((get_platform().has_amx, cpu_has_amx_support()))\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('spawn'); q = ctx.Queue(); p = ctx.Process(target=probe, args=(q,))\n"
+        "    p.start(); print(q.get(timeout=120)); p.join()\n"
+    )
+    result = subprocess.run([str(venv_python()), "-c", code], env=server_env(None), capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "(True, False)"
+
+
+@pytest.mark.sglang
+def test_healthy_scenario_serves_with_eagle3(sglang_server):
+    server = sglang_server("healthy")
+    out = server.generate(PROMPTS[0], 16)
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 16 and len(out["output_ids"]) == 16
+    assert meta["spec_verify_ct"] > 0 and meta["spec_num_proposed_drafts"] > 0
+
+
+@pytest.mark.sglang
+def test_greedy_output_with_speculation_equals_output_without(sglang_server, tmp_path):
+    speculative = sglang_server("healthy")
+    models = ensure_models()
+    with start_server(models.target, None, [], tmp_path / "plain.log") as plain:
+        for prompt in PROMPTS:
+            want = plain.generate(prompt, 24)
+            assert "spec_verify_ct" not in want["meta_info"] or not want["meta_info"]["spec_verify_ct"]
+            assert speculative.generate(prompt, 24)["output_ids"] == want["output_ids"]
+
+
+def test_unknown_scenario_is_a_clear_error(sglang_server):
+    with pytest.raises(Exception, match="no-such-scenario"):
+        sglang_server("no-such-scenario")
+
+
+def test_missing_venv_says_to_run_build_venv(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTSCOPE_VENV", str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="scripts/build-venv"):
+        start_server(tmp_path, None, [], tmp_path / "never.log")
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The processes `start_server` launches during the test."""
+    processes = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        processes.append(real_popen(*args, **kwargs))
+        return processes[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    return processes
+
+
+@pytest.mark.sglang
+def test_server_that_exits_reports_its_log_and_leaves_nothing(tmp_path, started):
+    models = ensure_models()
+    with pytest.raises(ServerStartError, match="exited with code") as failure:
+        start_server(models.target, None, ["--dtype", "no-such-dtype"], tmp_path / "bad.log")
+    assert "no-such-dtype" in str(failure.value)  # argparse's complaint, from the log tail
+    assert group_gone(started[0].pid), "the server's process group outlived the failed start"
+
+
+@pytest.mark.sglang
+def test_server_past_its_deadline_is_killed_with_its_group(tmp_path, started):
+    models = ensure_models()
+    with pytest.raises(ServerStartError, match="not healthy after 3 s") as failure:
+        start_server(models.target, None, [], tmp_path / "slow.log", timeout=3)
+    assert "Last lines of" in str(failure.value)
+    assert group_gone(started[0].pid), "the server's process group outlived the failed start"

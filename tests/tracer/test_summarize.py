@@ -1,0 +1,180 @@
+"""The device-side summariser on CPU tensors, against plain float64 references."""
+
+import math
+
+import pytest
+import torch
+
+from draftscope_tracer.summarize import Summarizer
+
+K, H = 3, 64
+
+
+def _ref_chunk(values: list[float]) -> dict:
+    """Float64 loop reference for one row of one chunk (finite values only)."""
+    n = len(values)
+    mean = sum(values) / n
+    return {"l2": math.sqrt(sum(v * v for v in values)), "mean": mean,
+            "std": math.sqrt(sum((v - mean) ** 2 for v in values) / n),
+            "absmax": max(abs(v) for v in values)}
+
+
+def _hidden(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    # Pre-norm residual streams: large magnitudes, a per-chunk offset, a few outliers.
+    x = torch.randn(n, K * H, generator=g) * 40 + torch.arange(K).repeat_interleave(H) * 25.0
+    x[:, 5] *= 30
+    return x.to(torch.bfloat16)
+
+
+def test_chunk_statistics_match_float64_reference():
+    hidden = _hidden(10)
+    rows = torch.tensor([7, 2, -1, 2, 9, -1], dtype=torch.int64)
+    summ = Summarizer(max_rows=6, width=K * H, chunk_width=H)
+    summary = summ.summarize(hidden, rows, tag="step-3").result()
+
+    assert summary.tag == "step-3"
+    assert [r.row for r in summary.rows] == [7, 2, 2, 9]  # padding left out, repeats kept
+    for r in summary.rows:
+        for c, got in enumerate(r.chunks):
+            ref = _ref_chunk(hidden[r.row, c * H:(c + 1) * H].double().tolist())
+            for key in ("l2", "mean", "std", "absmax"):
+                assert getattr(got, key) == pytest.approx(ref[key], rel=1e-5, abs=1e-4), (r.row, c, key)
+            assert (got.nan_count, got.inf_count, got.width) == (0, 0, H)
+
+
+def test_sample_aggregates_rows_like_one_flat_tensor():
+    hidden = _hidden(8, seed=1)
+    summary = Summarizer(max_rows=4, width=K * H, chunk_width=H).summarize(
+        hidden, torch.tensor([4, 5, 6, 7])).result()
+    rec = summary.sample(chunk=1, rows=[0, 1, 2])
+    block = hidden[4:7, H:2 * H].double()
+    norms = block.norm(dim=1)
+    assert rec["rows"] == 3 and rec["width"] == H
+    assert rec["mean"] == pytest.approx(block.mean().item(), rel=1e-5)
+    assert rec["std"] == pytest.approx(block.std(correction=0).item(), rel=1e-5)
+    assert rec["l2_mean"] == pytest.approx(norms.mean().item(), rel=1e-5)
+    assert rec["l2_max"] == pytest.approx(norms.max().item(), rel=1e-5)
+    assert rec["absmax"] == pytest.approx(block.abs().max().item(), rel=1e-6)
+    with pytest.raises(ValueError, match="at least one row"):
+        summary.sample(chunk=0, rows=[])
+
+
+def test_nan_and_inf_are_counted_per_chunk():
+    hidden = _hidden(4, seed=2).float()
+    hidden[1, 3] = hidden[1, 9] = math.nan           # chunk 0: 2 NaN
+    hidden[1, H + 1] = math.inf                      # chunk 1: +inf and -inf
+    hidden[1, H + 2] = -math.inf
+    hidden[1, 2 * H] = math.nan                      # chunk 2: 1 NaN, 1 inf
+    hidden[1, 2 * H + 7] = math.inf
+    summary = Summarizer(max_rows=2, width=K * H, chunk_width=H).summarize(
+        hidden, torch.tensor([1, 0])).result()
+    bad, good = summary.rows
+    assert [(c.nan_count, c.inf_count) for c in bad.chunks] == [(2, 0), (0, 2), (1, 1)]
+    assert all((c.nan_count, c.inf_count) == (0, 0) for c in good.chunks)
+    assert math.isnan(bad.chunks[0].mean) and bad.chunks[1].absmax == math.inf
+    rec = summary.sample(chunk=1)
+    assert (rec["nan_count"], rec["inf_count"], rec["mean"], rec["absmax"]) == (0, 2, None, None)
+    assert summary.sample(chunk=1, rows=[1])["mean"] == pytest.approx(good.chunks[1].mean)
+
+
+def _check_topk(logits: torch.Tensor, rows: list[int], k: int, block=None, exact_ids=True):
+    n, vocab = logits.shape
+    summ = Summarizer(max_rows=len(rows), width=H, vocab_size=vocab, topk=k, block=block)
+    summary = summ.summarize(torch.zeros(n, H), torch.tensor(rows), logits).result()
+    for r in summary.rows:
+        probs = torch.softmax(logits[r.row].double(), dim=-1)
+        ref = torch.topk(logits[r.row], k)
+        ids = [i for i, _ in r.topk]
+        got_logits = logits[r.row, ids]
+        assert torch.equal(got_logits, ref.values), "top-k values differ from torch.topk"
+        if exact_ids:
+            assert ids == ref.indices.tolist()
+        assert len(set(ids)) == k
+        for i, p in r.topk:
+            assert p == pytest.approx(probs[i].item(), rel=1e-4)
+    return summary
+
+
+def test_two_stage_topk_matches_torch_topk_on_random_rows():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 4096, generator=g) * 5
+    summary = _check_topk(logits, [0, 5, 2, -1], k=8, block=128)
+    assert len(summary.rows) == 3
+
+
+def test_topk_when_all_winners_sit_in_one_block():
+    logits = torch.randn(2, 4096, generator=torch.Generator().manual_seed(4))
+    logits[0, 1024:1032] = torch.arange(8, dtype=torch.float32) + 50   # all top-8 in block 8 of 128 wide
+    logits[1, 4095] = 99.0                                             # max in the last element
+    _check_topk(logits, [0, 1], k=8, block=128)
+
+
+def test_topk_with_many_equal_values_returns_equal_values():
+    logits = torch.zeros(2, 1024)
+    logits[1, ::3] = 2.0                                               # 342 tied maxima
+    summary = _check_topk(logits, [0, 1], k=8, block=64, exact_ids=False)
+    assert all(p == pytest.approx(1 / 1024) for _, p in summary.rows[0].topk)
+    assert all(i % 3 == 0 for i, _ in summary.rows[1].topk)
+
+
+def test_topk_vocab_not_a_multiple_of_the_block():
+    logits = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5)) * 3
+    logits[2, 1000] = 40.0                                             # max in the padded last block
+    _check_topk(logits, [2, 0, 1], k=8, block=128)
+    _check_topk(logits, [1], k=8)                                      # default block choice
+
+
+def test_draft_topk_rows_and_hot_token_mapping():
+    probs = torch.rand(5, 4)
+    ids = torch.randint(0, 32, (5, 4), dtype=torch.int32)
+    hot = torch.arange(32, dtype=torch.int64) * 10 + 3
+    summ = Summarizer(max_rows=2, width=H, draft_k=4, max_draft_rows=3)
+    summary = summ.summarize(torch.zeros(4, H), torch.tensor([0, 1]), draft_probs=probs, draft_ids=ids,
+                             draft_rows=torch.tensor([4, -1, 1]), hot_token_id=hot).result()
+    assert [d.row for d in summary.draft] == [4, 1]
+    for d in summary.draft:
+        assert d.topk == [(int(i) * 10 + 3, pytest.approx(float(p))) for i, p in zip(ids[d.row], probs[d.row])]
+
+
+def test_ring_reuse_is_counted_as_drops_not_blocking():
+    hidden, rows = _hidden(2).float(), torch.tensor([0, 1])
+    summ = Summarizer(max_rows=2, width=K * H, chunk_width=H, ring_size=2)
+    first = summ.summarize(hidden, rows, tag=1)
+    second = summ.summarize(hidden * 2, rows, tag=2)
+    assert summ.summarize(hidden, rows) is None and summ.drops == 1   # both slots unread
+    assert first.ready() and first.result().tag == 1
+    third = summ.summarize(hidden * 3, rows, tag=3)                    # reuses first's slot
+    assert third is not None and summ.drops == 1 and summ.launches == 3
+    # second's slot was not overwritten by the third launch
+    assert second.result().rows[0].chunks[0].mean == pytest.approx(2 * first.result().rows[0].chunks[0].mean)
+    assert third.result().rows[0].chunks[0].mean == pytest.approx(3 * first.result().rows[0].chunks[0].mean)
+    assert summ.publish(tag="again").result().tag == "again"          # slot of a read result is free
+    unread = summ.summarize(hidden, rows)
+    unread.release()
+    unread.release()
+    with pytest.raises(RuntimeError, match="released"):
+        unread.result()
+    assert summ.summarize(hidden, rows) is not None and summ.summarize(hidden, rows) is not None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.summarize(torch.zeros(3, 2 * H), torch.tensor([0, 1])), r"hidden must be \[n>0, 192\]"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1], dtype=torch.int32)), "rows must be int64"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0])), r"rows must be int64 \[2\]"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1])), "logits must be float32"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(3, 100, dtype=torch.float64)),
+     "logits must be float32"),
+])
+def test_bad_inputs_name_what_is_wrong(call, message):
+    summ = Summarizer(max_rows=2, width=K * H, chunk_width=H, vocab_size=100)
+    with pytest.raises(ValueError, match=message):
+        call(summ)
+    assert summ.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(3, 100)) is not None
+
+
+def test_bad_layout_is_refused():
+    with pytest.raises(ValueError, match="chunk_width dividing width"):
+        Summarizer(max_rows=2, width=100, chunk_width=30)
+    with pytest.raises(ValueError, match="topk=8 must be between"):
+        Summarizer(max_rows=2, width=4, vocab_size=5)

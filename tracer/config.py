@@ -1,0 +1,115 @@
+"""The tracer's configuration: defaults, environment overrides, validation with a clear message."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any, Dict, Mapping, Optional
+
+# Every environment variable the tracer reads, with its meaning (docs/tracer.md lists the same set;
+# tests/tracer/test_config.py checks that it does).
+OPTIONS: Dict[str, str] = {
+    "DRAFTSCOPE_URL": "dashboard base URL; traces are POSTed to {URL}/api/v1/batches",
+    "DRAFTSCOPE_DB": "SQLite file migrated by `draftscope db upgrade`; traces are written into it",
+    "DRAFTSCOPE_DISABLE": "1 turns the tracer off even when a sink is set",
+    "DRAFTSCOPE_SAMPLE_RATE": "fraction of requests sampled in detail, e.g. 1/16 (default) or 0.25 or 1",
+    "DRAFTSCOPE_STEP_STRIDE": "record every n-th verify step of a sampled request (default 1)",
+    "DRAFTSCOPE_TOPK": "how many top-k entries are kept per position, draft and target (default 8)",
+    "DRAFTSCOPE_INGEST_TOKEN": "bearer token sent with every HTTP batch",
+    "DRAFTSCOPE_FLUSH_INTERVAL_S": "seconds between flushes of a partial batch (default 1.0)",
+    "DRAFTSCOPE_MAX_QUEUE_ITEMS": "bounded queue size between hooks and the writer thread (default 4096)",
+    "DRAFTSCOPE_HEALTH_INTERVAL_S": "seconds between health snapshots (default 10)",
+    "DRAFTSCOPE_FAULT": "comma list of probes made to raise on purpose (testing the fault path)",
+}
+
+
+class ConfigError(ValueError):
+    """A DRAFTSCOPE_* variable has a value the tracer cannot use."""
+
+
+@dataclass(frozen=True)
+class TracerConfig:
+    url: Optional[str] = None
+    db: Optional[str] = None
+    sample_rate: float = 1 / 16
+    step_stride: int = 1
+    topk: int = 8
+    ingest_token: Optional[str] = None
+    flush_interval_s: float = 1.0
+    max_queue_items: int = 4096
+    max_batch_items: int = 256
+    health_interval_s: float = 10.0
+    probe_failure_limit: int = 5
+    fault: frozenset = frozenset()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url or self.db)
+
+    def public(self) -> Dict[str, Any]:
+        """The configuration as recorded in the run record (the token is never recorded)."""
+        d = asdict(self)
+        d["ingest_token"] = bool(self.ingest_token)
+        d["fault"] = sorted(self.fault)
+        return d
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Optional["TracerConfig"]:
+        """The config from DRAFTSCOPE_* variables, or None when the tracer is off."""
+        if env.get("DRAFTSCOPE_DISABLE", "").strip() in ("1", "true", "yes"):
+            return None
+        url = env.get("DRAFTSCOPE_URL") or None
+        db = env.get("DRAFTSCOPE_DB") or None
+        if not (url or db):
+            return None
+        if url and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"DRAFTSCOPE_URL={url!r} must start with http:// or https://")
+        return cls(
+            url=url.rstrip("/") if url else None,
+            db=db,
+            sample_rate=_rate(env.get("DRAFTSCOPE_SAMPLE_RATE", "1/16")),
+            step_stride=_positive_int(env, "DRAFTSCOPE_STEP_STRIDE", 1),
+            topk=_positive_int(env, "DRAFTSCOPE_TOPK", 8),
+            ingest_token=env.get("DRAFTSCOPE_INGEST_TOKEN") or None,
+            flush_interval_s=_positive_float(env, "DRAFTSCOPE_FLUSH_INTERVAL_S", 1.0),
+            max_queue_items=_positive_int(env, "DRAFTSCOPE_MAX_QUEUE_ITEMS", 4096),
+            health_interval_s=_positive_float(env, "DRAFTSCOPE_HEALTH_INTERVAL_S", 10.0),
+            fault=frozenset(p.strip() for p in env.get("DRAFTSCOPE_FAULT", "").split(",") if p.strip()),
+        )
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(Fraction(text.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"DRAFTSCOPE_SAMPLE_RATE={text!r} is not a number; use e.g. 1/16, 0.25 or 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"DRAFTSCOPE_SAMPLE_RATE={text!r} must lie in [0, 1]")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not an integer") from None
+    if value < 1:
+        raise ConfigError(f"{name}={text!r} must be >= 1")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={text!r} must be > 0")
+    return value

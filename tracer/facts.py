@@ -1,0 +1,228 @@
+"""Attach-time facts (``RunRecord.facts``), read from the live scheduler after its workers are built.
+
+Every reader returns None for what it cannot read; nothing here guesses.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+# Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
+LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
+                "aux_norm_high": "fc_norm.2"}
+# Separate checkpoint projections stacked into one parameter, in stacking order.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+NOT_PARAMETERS = ("d2t", "t2d")
+
+
+def _safe(fn, *args) -> Any:
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _hf_config(model_config) -> Any:
+    return getattr(model_config, "hf_config", None)
+
+
+def _inner_lm(model) -> Any:
+    """The module that owns the capture flag (Kimi-K2.5 wraps a DeepSeek LM)."""
+    return getattr(model, "language_model", model)
+
+
+def target_facts(runner) -> Dict[str, Any]:
+    model, cfg = runner.model, _hf_config(runner.model_config)
+    lm = _inner_lm(model)
+    layers = getattr(getattr(lm, "model", None), "layers_to_capture", None)
+    return {
+        "path": _safe(lambda: runner.model_config.model_path),
+        "architecture": type(model).__name__,
+        "num_layers": _safe(lambda: cfg.num_hidden_layers),
+        "hidden_size": _safe(lambda: cfg.hidden_size),
+        "vocab_size": _safe(lambda: cfg.vocab_size),
+        "eagle3_capture_supported": hasattr(model, "set_eagle3_layers_to_capture"),
+        "capture_aux_hidden_states": bool(getattr(lm, "capture_aux_hidden_states", False)),
+        "layers_to_capture": [int(i) for i in layers] if layers is not None else None,
+    }
+
+
+def draft_facts(draft_worker, target_runner) -> Dict[str, Any]:
+    runner = draft_worker.draft_runner
+    model, cfg = runner.model, _hf_config(runner.model_config)
+    inner = getattr(model, "model", None)
+    fc = getattr(inner, "fc", None)
+    embed = getattr(inner, "embed_tokens", None)
+    lm_head = getattr(model, "lm_head", None)
+    target_head = getattr(target_runner.model, "lm_head", None)
+    path = _safe(lambda: runner.model_config.model_path)
+    return {
+        "path": path,
+        "architecture": type(model).__name__,
+        "hidden_size": _safe(lambda: cfg.hidden_size),
+        "embed_width": _safe(lambda: int(embed.weight.shape[1])),
+        "fc_in_features": _fc_in_features(fc),
+        "lm_head_rows": _safe(lambda: int(lm_head.weight.shape[0])),
+        "config_draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
+        "lm_head_shared_with_target": bool(lm_head is not None and target_head is not None and _safe(
+            lambda: lm_head.weight.data_ptr() == target_head.weight.data_ptr())),
+        "max_position_embeddings": getattr(cfg, "max_position_embeddings", None),
+        "config": _safe(lambda: cfg.to_dict()) if cfg is not None else None,
+        "hot_token_id": hot_token_facts(draft_worker, path, _safe(lambda: target_runner.model_config.vocab_size)),
+        "weights": _safe(weights_check, model, path, target_runner.model),
+    }
+
+
+def _fc_in_features(fc) -> Optional[int]:
+    if fc is None:
+        return None
+    for attr in ("in_features", "input_size"):
+        if isinstance(getattr(fc, attr, None), int):
+            return getattr(fc, attr)
+    return None
+
+
+def hot_token_facts(draft_worker, path: Optional[str], target_vocab: Optional[int]) -> Dict[str, Any]:
+    hot = getattr(draft_worker, "hot_token_id", None)
+    if hot is None:
+        return {"present": False, "size": 0, "max_id": None, "min_id": None,
+                "in_target_vocab": None, "equals_d2t_plus_arange": None}
+    hot = hot.detach().to("cpu", torch.int64)
+    d2t = _checkpoint_tensor(path, "d2t")
+    return {
+        "present": True, "size": int(hot.numel()), "max_id": int(hot.max()), "min_id": int(hot.min()),
+        "in_target_vocab": bool(target_vocab is not None and int(hot.min()) >= 0 and int(hot.max()) < target_vocab),
+        "equals_d2t_plus_arange": (None if d2t is None or d2t.numel() != hot.numel() else
+                                   bool(torch.equal(d2t.to(torch.int64) + torch.arange(d2t.numel()), hot))),
+    }
+
+
+# -- weights check ----------------------------------------------------------------------------------
+def _checkpoint_files(path: Optional[str]) -> List[str]:
+    if not path or not os.path.isdir(path):
+        return []
+    return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def _checkpoint_tensor(path: Optional[str], key_suffix: str) -> Optional[torch.Tensor]:
+    for file, key, load in _checkpoint_items(path):
+        if key == key_suffix or key.endswith("." + key_suffix):
+            return load()
+    return None
+
+
+def _checkpoint_items(path: Optional[str]) -> Iterable[Tuple[str, str, Any]]:
+    files = _checkpoint_files(path)
+    if not files:
+        return
+    from safetensors import safe_open  # present wherever SGLang is
+
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                yield file, key, (lambda f=f, key=key: f.get_tensor(key))
+
+
+def param_role(key: str, params: Dict[str, Any]) -> Tuple[Optional[str], Optional[int]]:
+    """The parameter a checkpoint key loads into, and its slot in a fused parameter (None: unfused)."""
+    name = key
+    for old, new in LEGACY_NAMES.items():
+        name = name.replace(old, new)
+    slot = None
+    for fused, parts in FUSED.items():
+        for i, part in enumerate(parts):
+            if f".{part}." in name:
+                name, slot = name.replace(f".{part}.", f".{fused}."), i
+    for candidate in (name, f"model.{name}", re.sub(r"^model\.", "", name)):
+        if candidate in params:
+            return candidate, slot
+    return None, slot
+
+
+def fingerprint(t: torch.Tensor, n: int = 4096) -> Tuple[float, float]:
+    """(sum, abs-sum) of a strided subset of at most ``n`` elements, in float64."""
+    flat = t.detach().reshape(-1)
+    step = max(1, flat.numel() // n)
+    sub = flat[::step].to("cpu", torch.float64)
+    return float(sub.sum()), float(sub.abs().sum())
+
+
+def _close(a: Tuple[float, float], b: Tuple[float, float]) -> bool:
+    return all(abs(x - y) <= 1e-3 * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def weights_check(model, path: Optional[str], target_model) -> Optional[Dict[str, Any]]:
+    """Compare every draft parameter with the checkpoint tensor(s) of the same role."""
+    if not _checkpoint_files(path):
+        return None
+    params = dict(model.named_parameters())
+    target_ptrs = {p.data_ptr() for p in target_model.parameters()}
+    shared = {n for n, p in params.items() if p.data_ptr() in target_ptrs}  # e.g. the target's embedding
+    pieces: Dict[str, Dict[int, torch.Tensor]] = {}
+    unused: List[str] = []
+    for _file, key, load in _checkpoint_items(path):
+        if key.split(".")[-1] in NOT_PARAMETERS:
+            continue
+        name, slot = param_role(key, params)
+        if name is None:
+            unused.append(key)
+        elif name not in shared:
+            pieces.setdefault(name, {})[slot if slot is not None else 0] = load()
+    mismatched, nonfinite = [], []
+    for name, parts in pieces.items():
+        param = params[name].detach()
+        ckpt = torch.cat([parts[i] for i in sorted(parts)], dim=0) if len(parts) > 1 else next(iter(parts.values()))
+        if tuple(ckpt.shape) != tuple(param.shape) or not _close(fingerprint(param), fingerprint(ckpt)):
+            mismatched.append(name)
+    for name, p in params.items():
+        if not bool(torch.isfinite(p.detach()).all()):
+            nonfinite.append(name)
+    checked = len(pieces)
+    return {"checked": checked, "matched": checked - len(mismatched), "mismatched": sorted(mismatched),
+            "not_in_checkpoint": sorted(n for n in params if n not in pieces and n not in shared),
+            "checkpoint_keys_unused": sorted(unused), "nonfinite": sorted(nonfinite)}
+
+
+def config_hash(path: Optional[str]) -> Optional[str]:
+    if not path:
+        return None
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(facts, run fields) for the scheduler's target and EAGLE draft."""
+    spec_worker = getattr(scheduler, "draft_worker", None)
+    target_runner = scheduler.tp_worker.model_runner
+    server_args = getattr(scheduler, "server_args", None)
+    draft_worker = getattr(spec_worker, "draft_worker", None)
+    facts: Dict[str, Any] = {
+        "sglang_version": sglang_version,
+        "algorithm": _safe(lambda: spec_worker.speculative_algorithm.name),
+        "spec_num_steps": getattr(spec_worker, "speculative_num_steps", None),
+        "spec_num_draft_tokens": getattr(spec_worker, "speculative_num_draft_tokens", None),
+        "spec_topk": getattr(spec_worker, "topk", None),
+        "cuda_graph": _safe(lambda: getattr(draft_worker, "cuda_graph_runner", None) is not None
+                            or getattr(target_runner, "graph_runner", None) is not None
+                            or getattr(draft_worker, "cuda_graph_runner_for_draft_extend", None) is not None),
+        "tp_size": getattr(server_args, "tp_size", None),
+        "target": _safe(target_facts, target_runner),
+        "draft": _safe(draft_facts, draft_worker, target_runner) if draft_worker is not None else None,
+    }
+    target, draft = facts["target"] or {}, facts["draft"] or {}
+    run = {"algorithm": facts["algorithm"], "target_path": target.get("path"),
+           "target_arch": target.get("architecture"), "target_config_hash": config_hash(target.get("path")),
+           "draft_path": draft.get("path"), "draft_arch": draft.get("architecture"),
+           "draft_config_hash": config_hash(draft.get("path")),
+           "server_args": _safe(lambda: json.loads(json.dumps(vars(server_args), default=str)))}
+    return facts, {k: v for k, v in run.items() if v is not None}

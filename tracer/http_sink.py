@@ -1,0 +1,102 @@
+"""POST wire batches to the dashboard's ingest API (stdlib only), with backoff and a bounded buffer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Optional
+
+log = logging.getLogger("draftscope.tracer")
+
+
+def _count(batch: Dict[str, Any]) -> int:
+    return sum(len(batch.get(k) or ()) for k in ("requests", "steps", "samples", "health", "findings"))
+
+
+class _Retryable(Exception):
+    """A 5xx answer or a connection error: the batch is kept and sent again later."""
+
+
+class HttpSink:
+    """Delivers batches in order to ``{url}/api/v1/batches``; never raises into the writer."""
+
+    def __init__(self, url: str, drop: Callable[[str, int], None], *, token: Optional[str] = None,
+                 timeout_s: float = 5.0, max_buffered_batches: int = 64,
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0):
+        self.endpoint = url.rstrip("/") + "/api/v1/batches"
+        self._drop = drop
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self.timeout_s = timeout_s
+        self._buffer: Deque[Dict[str, Any]] = deque()
+        self.max_buffered_batches = max_buffered_batches
+        self._backoff0, self._max_backoff = backoff_s, max_backoff_s
+        self._backoff = backoff_s
+        self._retry_at = 0.0
+        self._warned = False
+
+    def send(self, batch: Dict[str, Any]) -> None:
+        self._buffer.append(batch)
+        while len(self._buffer) > self.max_buffered_batches:
+            self._evict_oldest()
+        if time.monotonic() >= self._retry_at:
+            self._deliver()
+
+    def close(self, deadline_s: float = 5.0) -> None:
+        """Try what is still buffered until ``deadline_s``; count the rest as dropped at shutdown."""
+        end = time.monotonic() + deadline_s
+        while self._buffer and time.monotonic() < end:
+            if not self._deliver():
+                time.sleep(min(self._backoff0, max(0.0, end - time.monotonic())))
+        for batch in self._buffer:
+            self._drop("shutdown", max(_count(batch), 1))
+        self._buffer.clear()
+
+    def _evict_oldest(self) -> None:
+        old = self._buffer.popleft()
+        self._drop("sink_error", max(_count(old), 1))
+        if old.get("run") and self._buffer and not self._buffer[0].get("run"):
+            self._buffer[0]["run"] = old["run"]  # the store needs the run before any record
+
+    def _deliver(self) -> bool:
+        """Send buffered batches in order; False when the dashboard is unreachable for now."""
+        while self._buffer:
+            batch = self._buffer[0]
+            try:
+                self._post(batch)
+            except _Retryable as exc:
+                self._retry_at = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, self._max_backoff)
+                if not self._warned:
+                    log.warning("draftscope: cannot deliver to %s (%s); buffering and retrying", self.endpoint, exc)
+                    self._warned = True
+                return False
+            except urllib.error.HTTPError as exc:  # 4xx: this batch will never be accepted
+                self._buffer.popleft()
+                self._drop("sink_rejected", max(_count(batch), 1))
+                log.warning("draftscope: %s rejected a batch: HTTP %s %s", self.endpoint, exc.code,
+                            exc.read(300).decode("utf-8", "replace"))
+                if batch.get("run") and self._buffer and not self._buffer[0].get("run"):
+                    self._buffer[0]["run"] = batch["run"]
+                continue
+            self._buffer.popleft()
+            self._backoff, self._warned = self._backoff0, False
+        return True
+
+    def _post(self, batch: Dict[str, Any]) -> None:
+        body = json.dumps(batch, allow_nan=False, separators=(",", ":")).encode()
+        req = urllib.request.Request(self.endpoint, data=body, headers=self._headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code >= 500:
+                raise _Retryable(f"HTTP {exc.code}") from exc
+            raise
+        except (urllib.error.URLError, OSError) as exc:
+            raise _Retryable(str(getattr(exc, "reason", exc))) from exc

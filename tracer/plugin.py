@@ -1,0 +1,196 @@
+"""The SGLang plugin entry point (``sglang.srt.plugins``: ``draftscope = draftscope_tracer.plugin:register``).
+
+Dormant unless DRAFTSCOPE_URL or DRAFTSCOPE_DB is set; DRAFTSCOPE_DISABLE=1 turns it off. Attaches only in
+scheduler processes, never raises into SGLang, and refuses (one log line) when a hook target is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import List, Optional
+
+from .config import ConfigError, TracerConfig
+from .hooks import HookHandle, register as register_hooks, unresolved
+
+log = logging.getLogger("draftscope.tracer")
+
+W = "sglang.srt.speculative.eagle_worker_v2"
+S = "sglang.srt.managers.scheduler.Scheduler"
+TARGETS = {
+    "init": f"{S}.init_model_worker",
+    "finish": f"{S}.process_batch_result",
+    "result_tag": f"{W}.EAGLEWorkerV2.forward_batch_generation",
+    "verify": f"{W}.EAGLEWorkerV2.verify",
+    "draft": f"{W}.EagleDraftWorker.draft",
+    "prefill": f"{W}.EagleDraftWorker._draft_extend_for_prefill",
+    "draft_extend": f"{W}.EagleDraftWorker._draft_extend_for_decode",
+}
+
+TRACER = None  # the Tracer of this process, once registered
+HANDLES: List[HookHandle] = []
+
+
+def _in_scheduler_process() -> bool:
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "run_scheduler_process" and \
+                frame.f_globals.get("__name__") == "sglang.srt.managers.scheduler":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def register() -> None:
+    """Called by SGLang's ``load_plugins()`` in every process; attaches in scheduler processes only."""
+    try:
+        _register()
+    except Exception as exc:  # never stop the server from starting
+        log.error("draftscope: tracer not attached: %s: %s", type(exc).__name__, exc)
+
+
+def _register(in_scheduler: Optional[bool] = None) -> None:
+    global TRACER
+    config = TracerConfig.from_env()
+    if config is None or TRACER is not None:
+        return
+    if not (_in_scheduler_process() if in_scheduler is None else in_scheduler):
+        return
+    import sglang
+
+    version = getattr(sglang, "__version__", "unknown")
+    missing = unresolved(list(TARGETS.values()))
+    if missing:
+        log.error("draftscope: tracer not attached: SGLang %s lacks %s (supported: 0.5.23)",
+                  version, ", ".join(missing))
+        return
+    from .runtime import Tracer
+
+    TRACER = Tracer(config, version)
+    HANDLES[:] = [HookHandle(TARGETS[name], fn) for name, fn in _AROUND.items()]
+    register_hooks(HANDLES)
+    log.info("draftscope: tracer registered (sample rate %.4g, sink %s)", config.sample_rate,
+             "sqlite" if config.db else config.url)
+
+
+def detach() -> None:
+    """Remove every hook and flush; safe to call twice."""
+    for h in HANDLES:
+        h.remove()
+    if TRACER is not None:
+        TRACER.close()
+
+
+def _live():
+    t = TRACER
+    return t if t is not None and t.active else None
+
+
+# -- AROUND hooks: call the original exactly once, with the same arguments; tracer work is guarded --
+def _around_init(orig, scheduler, *args, **kwargs):
+    out = orig(scheduler, *args, **kwargs)
+    t = _live()
+    if t is not None:
+        t.health.beat("init")
+        if t.guard("init", t.attach, scheduler) is None and t.writer is None and t.recording:
+            t.active = False  # attach failed before a writer existed: stay out of the way
+    return out
+
+
+def _around_result_tag(orig, worker, *args, **kwargs):
+    out = orig(worker, *args, **kwargs)
+    t = _live()
+    if t is not None:
+        t.guard("result_tag", setattr, out, "_draftscope_upto", t.verify_calls)
+    return out
+
+
+def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
+    t = _live()
+    live = t.guard("finish", lambda: [r for r in batch.reqs if not r.finished()]) if t else None
+    out = orig(scheduler, batch, result, *args, **kwargs)
+    if t is not None and live:
+        t.health.beat("finish")
+        done = [r for r in live if r.finished()]
+        if done:
+            t.guard("finish", t.on_finished, done, getattr(result, "_draftscope_upto", None))
+    return out
+
+
+def _around_verify(orig, worker, batch, *args, **kwargs):
+    verify_input = batch.spec_info  # replaced later in the iteration: read it now
+    out = orig(worker, batch, *args, **kwargs)
+    t = _live()
+    if t is not None:
+        t.health.beat("verify")
+        t.guard("verify", t.on_verify, batch, verify_input, out)
+    return out
+
+
+class _LogitsTap:
+    """Temporarily wraps ``runner.forward`` on the instance to see each eager forward's logits."""
+
+    def __init__(self, runner, on_logits):
+        self.runner, self.on_logits = runner, on_logits
+
+    def __enter__(self):
+        original = self.runner.forward
+
+        def forward(*args, **kwargs):
+            out = original(*args, **kwargs)
+            lo = getattr(out, "logits_output", None)
+            if lo is not None and getattr(lo, "next_token_logits", None) is not None:
+                self.on_logits(lo.next_token_logits)
+            return out
+
+        self.runner.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        self.runner.__dict__.pop("forward", None)
+        return False
+
+
+def _around_draft(orig, worker, batch, *args, **kwargs):
+    t = _live()
+    if t is None:
+        return orig(worker, batch, *args, **kwargs)
+    t.health.beat("draft")
+    rows = t.guard("draft", t.on_draft_input, worker, batch)
+    if not rows:
+        return orig(worker, batch, *args, **kwargs)
+    tap = _LogitsTap(worker.draft_runner,
+                     lambda logits: t.guard("draft", t.on_draft_step_logits, worker, batch, rows, logits))
+    with tap:
+        return orig(worker, batch, *args, **kwargs)
+
+
+def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
+    t = _live()
+    if t is None or not t.recording:
+        return orig(worker, batch, target_hidden_states, *args, **kwargs)
+    t.health.beat("prefill")
+    seen = []
+    with _LogitsTap(worker.draft_runner, seen.append):
+        out = orig(worker, batch, target_hidden_states, *args, **kwargs)
+    t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, seen[-1] if seen else None)
+    return out
+
+
+def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
+    t = _live()
+    if t is None or not t.recording:
+        return orig(worker, batch, batch_result, *args, **kwargs)
+    t.health.beat("draft_extend")
+    seen = []
+    with _LogitsTap(worker.draft_runner, seen.append):
+        out = orig(worker, batch, batch_result, *args, **kwargs)
+    t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, seen[-1] if seen else None)
+    return out
+
+
+_AROUND = {
+    "init": _around_init, "finish": _around_finish, "result_tag": _around_result_tag,
+    "verify": _around_verify, "draft": _around_draft, "prefill": _around_prefill,
+    "draft_extend": _around_draft_extend,
+}

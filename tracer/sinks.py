@@ -1,0 +1,25 @@
+"""Choose and open the sink named by the configuration; a sink that cannot open is one log line."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from .config import TracerConfig
+from .http_sink import HttpSink
+from .sqlite_sink import SqliteSink, StoreNotReady
+
+log = logging.getLogger("draftscope.tracer")
+
+
+def open_sink(config: TracerConfig, drop: Callable[[str, int], None]):
+    """The SQLite sink when DRAFTSCOPE_DB is set, else the HTTP sink; None (logged) when unusable."""
+    if config.db:
+        try:
+            return SqliteSink(config.db)
+        except (StoreNotReady, OSError, Exception) as exc:  # sqlite3 errors included
+            log.error("draftscope: tracer off: %s", exc)
+            return None
+    if config.url:
+        return HttpSink(config.url, drop, token=config.ingest_token)
+    return None

@@ -1,0 +1,89 @@
+"""Write wire batches straight into a SQLite store built by the dashboard's migrations (stdlib only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Dict
+
+from . import wire
+
+RUN_COLUMNS = ["id", *(c for c in wire.RunRecord.__annotations__)]
+# The store's upsert keys (see the app's models): a later record overwrites non-null fields.
+UPSERT_KEYS = {"requests": ("run_id", "rid"), "verify_steps": ("run_id", "rid", "step_index")}
+
+
+class StoreNotReady(RuntimeError):
+    """The SQLite file is missing or its schema was not built by ``draftscope db upgrade``."""
+
+
+def _encode(column: str, value: Any) -> Any:
+    if value is not None and column in wire.JSON_COLUMNS:
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+class SqliteSink:
+    """One connection, used only by the writer thread; one transaction per batch."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if not os.path.isfile(path):
+            raise StoreNotReady(f"DRAFTSCOPE_DB={path} does not exist; "
+                                f"run `draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
+        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = ({"alembic_version", "runs", "ingest_batches"} | set(wire.TABLE_COLUMNS)) - tables
+        if missing:
+            self._conn.close()
+            raise StoreNotReady(f"DRAFTSCOPE_DB={path} is not a migrated draftscope store (missing "
+                                f"{', '.join(sorted(missing))}); run "
+                                f"`draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
+
+    def send(self, batch: Dict[str, Any]) -> None:
+        rows = wire.batch_rows(batch)
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if batch.get("run"):
+                self._upsert_run(batch["run_id"], batch["run"])
+            for table, table_rows in rows.items():
+                if table_rows:
+                    self._insert(table, table_rows)
+            conn.execute(
+                "INSERT OR IGNORE INTO ingest_batches (batch_id, run_id, sent_at, received_at, request_rows,"
+                " step_rows, sample_rows, health_rows, finding_rows) VALUES (?,?,?,?,?,?,?,?,?)",
+                (batch["batch_id"], batch["run_id"], batch.get("sent_at"), time.time(),
+                 *(len(rows[wire.RECORD_TABLES[k]]) for k in ("requests", "steps", "samples", "health", "findings"))))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _upsert_run(self, run_id: str, run: Dict[str, Any]) -> None:
+        old = self._conn.execute("SELECT facts FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if old and old[0] and run.get("facts") is not None:  # facts merge key by key
+            run = {**run, "facts": {**json.loads(old[0]), **run["facts"]}}
+        values = {"id": run_id, **{c: run.get(c) for c in RUN_COLUMNS if c != "id"}}
+        cols = [c for c in RUN_COLUMNS if c == "id" or values[c] is not None]
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "id")
+        self._conn.execute(
+            f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            f"ON CONFLICT(id) DO UPDATE SET {updates}",
+            [_encode(c, values[c]) for c in cols])
+
+    def _insert(self, table: str, table_rows: list) -> None:
+        cols = wire.TABLE_COLUMNS[table]
+        sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        keys = UPSERT_KEYS.get(table)
+        if keys:
+            sets = ", ".join(f"{c} = COALESCE(excluded.{c}, {table}.{c})" for c in cols if c not in keys)
+            sql += f" ON CONFLICT({', '.join(keys)}) DO UPDATE SET {sets}"
+        self._conn.executemany(sql, [[_encode(c, r[c]) for c in cols] for r in table_rows])

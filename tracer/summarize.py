@@ -1,0 +1,459 @@
+"""Device-side summaries of one verify step, read back without stalling the GPU.
+
+A :class:`Summarizer` turns the tensors of one verify step into a few hundred numbers **on the
+device** and brings them to the host with one non-blocking copy:
+
+* ``hidden [n, K*H]`` (any float dtype; bf16 in SGLang): for every selected row and every aux chunk
+  of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts (sums in float64 on the device);
+* ``logits [n, V]`` (optional, fp32 target logits): top-k token ids and their softmax probabilities
+  over the full row (two-stage top-k: block maxima first, then top-k over the best blocks);
+* ``draft_probs [m, kd]`` + ``draft_ids [m, kd]`` (optional, e.g. SGLang's ``topk_p`` /
+  ``topk_index``): the selected rows, with ids mapped to target ids through ``hot_token_id``.
+
+Rows are chosen by ``rows``, an int64 tensor on the tensors' device of fixed length ``max_rows``
+(pad with ``-1``): its shape never depends on data, so a launch can be captured in a CUDA graph.
+Nothing on the launch path synchronises with the host (no ``.item()``, ``.tolist()``, ``.cpu()``).
+The results land in one device buffer, one ``non_blocking`` copy moves it into a pinned host buffer
+taken from a ring, and a CUDA event marks completion. :class:`Pending` is the handle: a background
+thread calls :meth:`Pending.result` (waits on the event, decodes plain Python numbers, frees the
+ring slot). When every slot is still unread, a launch is **dropped** (counted in
+:attr:`Summarizer.drops`) instead of blocking. CPU tensors work the same way (no pinning, no
+events), which is what the tests use.
+
+One thread launches (the scheduler's); any one other thread may read each ``Pending``. Launches
+must be issued on the stream that produced the tensors (``torch.cuda.current_stream()``).
+
+Usage::
+
+    from draftscope_tracer.summarize import Summarizer
+
+    summ = Summarizer(max_rows=16, width=3 * 7168, chunk_width=7168, vocab_size=163840,
+                      device="cuda")                      # once, at attach time
+    rows = torch.full((16,), -1, dtype=torch.int64, device="cuda")   # static, graph-safe
+    rows[:8].copy_(sampled_rows_cpu, non_blocking=True)   # e.g. rows of 2 sampled requests x N=4
+
+    pending = summ.summarize(logits_output.hidden_states, rows,
+                             logits=logits_output.next_token_logits, tag=("rid-a", 17))
+    if pending is not None:                               # None: ring full, counted in summ.drops
+        queue.put(pending)
+
+    # writer thread
+    s = queue.get().result()                              # blocks only this thread
+    s.tag                                                 # ("rid-a", 17)
+    s.rows[0].row, s.rows[0].chunks[2].l2, s.rows[0].topk[0]   # 0, 381.2, (13, 0.91)
+    s.sample(chunk=0, rows=[0, 1, 2, 3])   # -> SampleRecord statistics over those rows
+
+For CUDA-graph taps, capture :meth:`Summarizer.compute` inside the graph and call
+:meth:`Summarizer.publish` after each replay (it copies the device buffer out and records the event).
+``bench/gpu_summarize.py`` does this on a GPU and measures it; ``docs/benchmarks.md`` has the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+# Per (row, chunk) sums as stored on the device (float64), in this order.
+_SUMS = ("sum", "nan", "nonfinite", "sumsq")
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """Statistics of one row of one aux chunk (plain Python numbers)."""
+
+    l2: float
+    mean: float
+    std: float
+    absmax: float
+    nan_count: int
+    inf_count: int
+    width: int
+
+
+@dataclass(frozen=True)
+class RowSummary:
+    """One selected row: its index into the input, its chunks, and its target top-k."""
+
+    row: int
+    chunks: list[ChunkStats]
+    topk: Optional[list[tuple[int, float]]]  # (target token id, probability), best first
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    """One selected row of the draft top-k inputs (ids already mapped to target ids)."""
+
+    row: int
+    topk: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A decoded summary of one launch; padding rows (``-1``) are left out."""
+
+    tag: Any
+    rows: list[RowSummary]
+    draft: Optional[list[DraftRow]]
+
+    def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
+        """Statistics of ``chunk`` over several summarised rows, as ``SampleRecord`` fields.
+
+        ``rows`` are positions in :attr:`rows` (default: all). Mean and std are those of all the
+        values of those rows together; ``l2_mean`` / ``l2_max`` are over the rows' L2 norms.
+        A statistic made undefined by NaN/Inf values is ``None`` (the counts say why).
+        """
+        picked = [self.rows[i].chunks[chunk] for i in (range(len(self.rows)) if rows is None else rows)]
+        if not picked:
+            raise ValueError("sample() needs at least one row; pass rows=None or non-empty positions")
+        count = len(picked)
+        mean = sum(c.mean for c in picked) / count
+        var = sum(c.std**2 + (c.mean - mean) ** 2 for c in picked) / count
+        return {
+            "rows": count,
+            "width": picked[0].width,
+            "l2_mean": _finite(sum(c.l2 for c in picked) / count),
+            "l2_max": _finite(max(c.l2 for c in picked)),
+            "mean": _finite(mean),
+            "std": _finite(math.sqrt(var) if var >= 0 else math.nan),
+            "absmax": _finite(max(c.absmax for c in picked)),
+            "nan_count": sum(c.nan_count for c in picked),
+            "inf_count": sum(c.inf_count for c in picked),
+        }
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+class Pending:
+    """Handle of one launch: wait for it and decode it on a background thread."""
+
+    def __init__(self, owner: "Summarizer", slot: int, event: Optional["torch.cuda.Event"], tag: Any):
+        self._owner, self._slot, self._event, self.tag = owner, slot, event, tag
+        self._summary: Optional[Summary] = None
+        self._lock = threading.Lock()
+
+    def ready(self) -> bool:
+        """True once the host buffer holds the results (never blocks)."""
+        return self._summary is not None or self._event is None or self._event.query()
+
+    def result(self) -> Summary:
+        """Wait for the copy, decode it, free the ring slot. Idempotent; blocks the calling thread only."""
+        with self._lock:
+            if self._summary is None:
+                if self._slot is None:
+                    raise RuntimeError("this Pending was released without being read")
+                if self._event is not None:
+                    self._event.synchronize()
+                self._summary = self._owner._decode(self._slot, self.tag)
+                self._owner._release(self._slot)
+                self._slot = None
+            return self._summary
+
+    def release(self) -> None:
+        """Free the ring slot without decoding (e.g. at shutdown). Safe to call more than once."""
+        with self._lock:
+            if self._slot is not None and self._summary is None:
+                if self._event is not None:
+                    self._event.synchronize()
+                self._owner._release(self._slot)
+                self._slot = None
+
+
+def _pick_block(vocab: int, k: int) -> int:
+    """Block width for the two-stage top-k: a divisor of ``vocab`` near 2 * sqrt(vocab / k) if any.
+
+    Both stages then run top-k over a few hundred to a few thousand values per row, where
+    ``torch.topk`` is fastest (measured in bench/gpu_summarize.py).
+    """
+    target = 2 * math.sqrt(vocab / k)
+    divisors = [d for d in range(64, min(vocab, 8192) + 1) if vocab % d == 0]
+    if divisors:
+        return min(divisors, key=lambda d: abs(math.log(d / target)))
+    return max(1, 1 << round(math.log2(target)))
+
+
+class Summarizer:
+    """Preallocated device/host buffers and the fused summary kernels for one tensor layout.
+
+    Args:
+        max_rows: capacity ``R`` of ``rows`` (and of ``draft_rows`` unless ``max_draft_rows``).
+        width: width of ``hidden`` (``K * chunk_width``).
+        chunk_width: aux chunk width ``H`` (default: ``width``, one chunk). Must divide ``width``.
+        vocab_size: width ``V`` of ``logits``; ``None`` when no logits are summarised.
+        topk: entries kept per logits row (8).
+        draft_k: entries per row of the draft top-k inputs; 0 when there are none.
+        max_draft_rows: capacity of ``draft_rows`` (default ``max_rows``).
+        ring_size: pinned host buffers in the ring (reads in flight before launches drop).
+        block: block width of the two-stage top-k (default: chosen from ``vocab_size``).
+        device: device of the tensors that will be summarised.
+    """
+
+    def __init__(self, *, max_rows: int, width: int, chunk_width: Optional[int] = None,
+                 vocab_size: Optional[int] = None, topk: int = 8, draft_k: int = 0,
+                 max_draft_rows: Optional[int] = None, ring_size: int = 4,
+                 block: Optional[int] = None, device: torch.device | str = "cpu"):
+        chunk_width = width if chunk_width is None else chunk_width
+        if max_rows < 1 or width < 1 or chunk_width < 1 or width % chunk_width:
+            raise ValueError(f"need max_rows >= 1 and chunk_width dividing width; got max_rows={max_rows}, "
+                             f"width={width}, chunk_width={chunk_width}")
+        if vocab_size is not None and not 1 <= topk <= vocab_size:
+            raise ValueError(f"topk={topk} must be between 1 and vocab_size={vocab_size}")
+        if ring_size < 1 or draft_k < 0:
+            raise ValueError(f"need ring_size >= 1 and draft_k >= 0; got {ring_size}, {draft_k}")
+        self.device = torch.device(device)
+        self.max_rows, self.width, self.chunk_width = max_rows, width, chunk_width
+        self.num_chunks = width // chunk_width
+        self.vocab_size, self.topk, self.draft_k = vocab_size, topk, draft_k
+        self.max_draft_rows = max_rows if max_draft_rows is None else max_draft_rows
+        self.drops = 0  # launches refused because every ring slot was still unread
+        self.launches = 0
+        R, K, dev = max_rows, self.num_chunks, self.device
+
+        # One byte buffer; typed views onto 8-byte-aligned regions of it.
+        fields: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
+            ("rows", torch.int64, (R,)), ("sums", torch.float64, (len(_SUMS), R, K)),
+            ("absmax", torch.float64, (R, K))]
+        if vocab_size is not None:
+            fields += [("topk_p", torch.float32, (R, topk)), ("topk_id", torch.int64, (R, topk))]
+        if draft_k:
+            Rd = self.max_draft_rows
+            fields += [("draft_rows", torch.int64, (Rd,)), ("draft_p", torch.float32, (Rd, draft_k)),
+                       ("draft_id", torch.int64, (Rd, draft_k))]
+        self._layout, offset = [], 0
+        for name, dtype, shape in fields:
+            nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+            self._layout.append((name, dtype, shape, offset, nbytes))
+            offset += (nbytes + 7) // 8 * 8
+        self.nbytes = offset
+        self._dev_buf = torch.zeros(offset, dtype=torch.uint8, device=dev)
+        self._dev = self._views(self._dev_buf)
+        pin = dev.type == "cuda"
+        self._host_bufs = [torch.zeros(offset, dtype=torch.uint8, pin_memory=pin) for _ in range(ring_size)]
+        self._host = [self._views(b) for b in self._host_bufs]
+        self._busy = [False] * ring_size
+        self._next = 0
+
+        # Scratch, preallocated so a launch allocates nothing.
+        self._rows_c = torch.zeros(R, dtype=torch.int64, device=dev)
+        # x, NaN mask, non-finite mask, x*x of the selected rows, reduced by one float64 matmul.
+        self._work = torch.zeros(len(_SUMS), R * K, chunk_width, dtype=torch.float64, device=dev)
+        self._ones = torch.ones(chunk_width, 1, dtype=torch.float64, device=dev)
+        split = max(d for d in range(1, math.isqrt(chunk_width) + 1) if chunk_width % d == 0)
+        self._absmax_part = torch.zeros(R * K, split, dtype=torch.float64, device=dev)
+        if vocab_size is not None:
+            self.block = block or _pick_block(vocab_size, topk)
+            nb = -(-vocab_size // self.block)
+            self._nb, self._kb = nb, min(topk, nb)
+            self._lg = None if nb * self.block == vocab_size else torch.full(
+                (R, nb * self.block), -math.inf, dtype=torch.float32, device=dev)
+            self._bmax = torch.zeros(R, nb, device=dev)
+            self._bval = torch.zeros(R, self._kb, device=dev)
+            self._bidx = torch.zeros(R, self._kb, dtype=torch.int64, device=dev)
+            self._rmax = torch.zeros(R, 1, device=dev)
+            self._rsum = torch.zeros(R, 1, device=dev)
+            self._arange = torch.arange(self.block, dtype=torch.int64, device=dev)
+            self._cand = torch.zeros(R, self._kb, self.block, dtype=torch.int64, device=dev)
+            self._cval = torch.zeros(R, self._kb * self.block, device=dev)
+            self._tval = torch.zeros(R, topk, device=dev)
+            self._tpos = torch.zeros(R, topk, dtype=torch.int64, device=dev)
+        if draft_k:
+            self._drows_c = torch.zeros(self.max_draft_rows, dtype=torch.int64, device=dev)
+            self._did = torch.zeros(self.max_draft_rows, draft_k, dtype=torch.int64, device=dev)
+
+    @property
+    def device_buffer(self) -> torch.Tensor:
+        """The raw result bytes on the device (``nbytes`` uint8), as :meth:`compute` leaves them."""
+        return self._dev_buf
+
+    def _views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: buf[off:off + n].view(dtype).view(shape) for name, dtype, shape, off, n in self._layout}
+
+    # ----------------------------------------------------------------------------- launch path
+    def summarize(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
+                  *, draft_probs: Optional[torch.Tensor] = None, draft_ids: Optional[torch.Tensor] = None,
+                  draft_rows: Optional[torch.Tensor] = None, hot_token_id: Optional[torch.Tensor] = None,
+                  tag: Any = None) -> Optional[Pending]:
+        """Launch the summary of one step; returns a :class:`Pending`, or ``None`` if dropped.
+
+        ``hidden [n, width]``; ``rows [max_rows]`` int64 row indices into ``hidden`` (and
+        ``logits [n, vocab_size]``), ``-1`` for unused slots. Draft inputs ``draft_probs`` and
+        ``draft_ids [m, draft_k]`` are selected by ``draft_rows [max_draft_rows]`` (default
+        ``rows``); ``hot_token_id [draft_vocab]`` maps draft ids to target ids. ``tag`` is handed
+        back unchanged in the :class:`Summary`. Never synchronises with the host.
+        """
+        slot = self._reserve()
+        if slot is None:
+            return None
+        try:
+            self.compute(hidden, rows, logits, draft_probs=draft_probs, draft_ids=draft_ids,
+                         draft_rows=draft_rows, hot_token_id=hot_token_id)
+        except BaseException:
+            self._release(slot)
+            raise
+        return self._copy_out(slot, tag)
+
+    def publish(self, tag: Any = None) -> Optional[Pending]:
+        """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot."""
+        slot = self._reserve()
+        return None if slot is None else self._copy_out(slot, tag)
+
+    def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
+                *, draft_probs: Optional[torch.Tensor] = None, draft_ids: Optional[torch.Tensor] = None,
+                draft_rows: Optional[torch.Tensor] = None, hot_token_id: Optional[torch.Tensor] = None) -> None:
+        """Write the summary into the device buffer only (capturable in a CUDA graph)."""
+        self._check(hidden, rows, logits, draft_probs, draft_ids, draft_rows, hot_token_id)
+        d = self._dev
+        d["rows"].copy_(rows)
+        torch.clamp(rows, 0, hidden.shape[0] - 1, out=self._rows_c)
+        self._hidden_stats(hidden, d["sums"], d["absmax"])
+        if self.vocab_size is not None:
+            self._topk(logits, d["topk_p"], d["topk_id"])
+        if self.draft_k:
+            drows = rows if draft_rows is None else draft_rows
+            d["draft_rows"].copy_(drows)
+            torch.clamp(drows, 0, draft_probs.shape[0] - 1, out=self._drows_c)
+            d["draft_p"].copy_(draft_probs.index_select(0, self._drows_c))
+            self._did.copy_(draft_ids.index_select(0, self._drows_c))
+            if hot_token_id is None:
+                d["draft_id"].copy_(self._did)
+            else:
+                torch.index_select(hot_token_id, 0, self._did.view(-1), out=d["draft_id"].view(-1))
+
+    def _hidden_stats(self, hidden: torch.Tensor, sums: torch.Tensor, absmax: torch.Tensor) -> None:
+        """Sums, NaN/Inf counts and sums of squares in one float64 matmul; absmax in two steps.
+
+        Reductions over few long rows are slow on GPUs (few blocks); a matmul with a ones vector
+        and a two-level max keep every kernel wide.
+        """
+        R, K, H = self.max_rows, self.num_chunks, self.chunk_width
+        w = self._work
+        x = w[0]
+        x.view(R, K * H).copy_(hidden[self._rows_c])
+        torch.ne(x, x, out=w[1])
+        torch.sub(x, x, out=w[2])  # 0 for finite x, NaN for +-inf and NaN
+        torch.ne(w[2], 0, out=w[2])
+        torch.mul(x, x, out=w[3])
+        torch.mm(w.view(-1, H), self._ones, out=sums.view(-1, 1))
+        part = self._absmax_part
+        torch.linalg.vector_norm(x.view(R * K, part.shape[1], -1), ord=math.inf, dim=-1, out=part)
+        torch.amax(part, dim=-1, out=absmax.view(-1))
+
+    def _topk(self, logits: torch.Tensor, probs: torch.Tensor, ids: torch.Tensor) -> None:
+        """Two-stage top-k with exact softmax probabilities over the full row."""
+        R, B, k = self.max_rows, self.block, self.topk
+        if self._lg is None:
+            lg = logits[self._rows_c]
+        else:  # vocab not a multiple of the block: copy into the -inf padded buffer
+            lg = self._lg
+            lg[:, :self.vocab_size].copy_(logits[self._rows_c])
+        torch.amax(lg.view(R, self._nb, B), dim=-1, out=self._bmax)
+        torch.topk(self._bmax, self._kb, dim=-1, sorted=False, out=(self._bval, self._bidx))
+        torch.amax(self._bmax, dim=-1, keepdim=True, out=self._rmax)
+        # Probabilities: exp(x - rowmax) over the row, normalised by its sum. Top-k is taken on
+        # these exponentials (monotone in the logits), so no second exp is needed.
+        torch.sub(lg, self._rmax, out=lg)
+        torch.exp(lg, out=lg)
+        torch.sum(lg, dim=-1, keepdim=True, out=self._rsum)
+        torch.add(self._arange, self._bidx.unsqueeze(-1), alpha=B, out=self._cand)
+        cand = self._cand.view(R, -1)
+        torch.gather(lg, 1, cand, out=self._cval)
+        torch.topk(self._cval, k, dim=-1, sorted=False, out=(self._tval, self._tpos))  # host sorts
+        torch.gather(cand, 1, self._tpos, out=ids)
+        torch.div(self._tval, self._rsum, out=probs)
+
+    def _check(self, hidden, rows, logits, draft_probs, draft_ids, draft_rows, hot_token_id) -> None:
+        """Shape/dtype/device checks only: metadata, never data (no host sync)."""
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ValueError(f"Summarizer: {what}")
+
+        need(hidden.dim() == 2 and hidden.shape[1] == self.width and hidden.shape[0] > 0,
+             f"hidden must be [n>0, {self.width}], got {list(hidden.shape)}")
+        need(hidden.is_floating_point(), f"hidden must be a float tensor, got {hidden.dtype}")
+        need(rows.shape == (self.max_rows,) and rows.dtype == torch.int64,
+             f"rows must be int64 [{self.max_rows}] (pad with -1), got {rows.dtype} {list(rows.shape)}")
+        for name, t in (("hidden", hidden), ("rows", rows), ("logits", logits), ("draft_probs", draft_probs),
+                        ("draft_ids", draft_ids), ("draft_rows", draft_rows), ("hot_token_id", hot_token_id)):
+            need(t is None or t.device.type == self.device.type,
+                 f"{name} is on {t.device if t is not None else None}, the Summarizer on {self.device}")
+        if self.vocab_size is None:
+            need(logits is None, "logits given but the Summarizer was built without vocab_size")
+        else:
+            need(logits is not None and list(logits.shape) == [hidden.shape[0], self.vocab_size]
+                 and logits.dtype == torch.float32,
+                 f"logits must be float32 [{hidden.shape[0]}, {self.vocab_size}], got "
+                 f"{None if logits is None else (logits.dtype, list(logits.shape))}")
+        if not self.draft_k:
+            need(draft_probs is None and draft_ids is None, "draft inputs given but draft_k=0")
+            return
+        need(draft_probs is not None and draft_ids is not None, "draft_probs and draft_ids are both required")
+        need(draft_probs.dim() == 2 and draft_probs.shape[1] == self.draft_k and draft_probs.shape[0] > 0
+             and draft_ids.shape == draft_probs.shape and not draft_ids.is_floating_point(),
+             f"draft_probs/draft_ids must be [m>0, {self.draft_k}] (float / integer), got "
+             f"{list(draft_probs.shape)} {draft_ids.dtype} {list(draft_ids.shape)}")
+        need(draft_rows is not None or self.max_draft_rows == self.max_rows,
+             "draft_rows is required when max_draft_rows differs from max_rows")
+        need(draft_rows is None or (draft_rows.shape == (self.max_draft_rows,) and draft_rows.dtype == torch.int64),
+             f"draft_rows must be int64 [{self.max_draft_rows}]")
+        need(hot_token_id is None or (hot_token_id.dim() == 1 and hot_token_id.dtype == torch.int64),
+             "hot_token_id must be a 1-D int64 tensor")
+
+    # ----------------------------------------------------------------------------- ring
+    def _reserve(self) -> Optional[int]:
+        n = len(self._busy)
+        for i in range(n):
+            slot = (self._next + i) % n
+            if not self._busy[slot]:
+                self._busy[slot] = True
+                self._next = (slot + 1) % n
+                return slot
+        self.drops += 1
+        return None
+
+    def _release(self, slot: int) -> None:
+        self._busy[slot] = False
+
+    def _copy_out(self, slot: int, tag: Any) -> Pending:
+        self._host_bufs[slot].copy_(self._dev_buf, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self.launches += 1
+        return Pending(self, slot, event, tag)
+
+    # ----------------------------------------------------------------------------- decode (host)
+    def _decode(self, slot: int, tag: Any) -> Summary:
+        h = self._host[slot]
+        rows = h["rows"].tolist()
+        sums, nan, nonfinite, sumsq = h["sums"].tolist()
+        absmax = h["absmax"].tolist()
+        topk = None
+        if self.vocab_size is not None:  # unsorted on the device: best first here, ties by id
+            topk = [sorted(zip(i, p), key=lambda e: (-e[1], e[0]))
+                    for i, p in zip(h["topk_id"].tolist(), h["topk_p"].tolist())]
+        out = []
+        H = self.chunk_width
+        for r, row in enumerate(rows):
+            if row < 0:
+                continue
+            chunks = []
+            for c in range(self.num_chunks):
+                mean, ss = sums[r][c] / H, sumsq[r][c]
+                var = max(ss / H - mean * mean, 0.0) if math.isfinite(ss) and math.isfinite(mean) else math.nan
+                chunks.append(ChunkStats(l2=math.sqrt(ss) if ss >= 0 else math.nan, mean=mean, std=math.sqrt(var)
+                                         if var == var else math.nan, absmax=absmax[r][c],
+                                         nan_count=int(nan[r][c]), inf_count=int(nonfinite[r][c] - nan[r][c]),
+                                         width=H))
+            out.append(RowSummary(row=row, chunks=chunks, topk=None if topk is None else topk[r]))
+        draft = None
+        if self.draft_k:
+            draft = [DraftRow(row=row, topk=list(zip(i, p)))
+                     for row, i, p in zip(h["draft_rows"].tolist(), h["draft_id"].tolist(), h["draft_p"].tolist())
+                     if row >= 0]
+        return Summary(tag=tag, rows=out, draft=draft)
