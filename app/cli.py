@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from draftscope import db
+from draftscope.doctor import doctor
 from draftscope.settings import Settings
 
 app = typer.Typer(help="draftscope: see what an EAGLE-3 draft model receives inside SGLang.",
@@ -82,11 +83,13 @@ def db_current(db_url: DbOption = None) -> None:
         raise typer.Exit(2)
 
 
-# Further commands register here, e.g. `draftscope doctor` from draftscope.doctor:
-#     from draftscope.doctor import doctor
-#     app.command("doctor")(doctor)
+app.command("doctor")(doctor)
 
 
 def main() -> None:
     """Console-script entry point (``draftscope``)."""
     app()
+
+
+if __name__ == "__main__":
+    main()

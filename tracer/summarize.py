@@ -4,7 +4,7 @@ A :class:`Summarizer` turns the tensors of one verify step into a few hundred nu
 device** and brings them to the host with one non-blocking copy:
 
 * ``hidden [n, K*H]`` (any float dtype; bf16 in SGLang): for every selected row and every aux chunk
-  of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts (sums in float64 on the device);
+  of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts, computed in fp32;
 * ``logits [n, V]`` (optional, fp32 target logits): top-k token ids and their softmax probabilities
   over the full row (two-stage top-k: block maxima first, then top-k over the best blocks);
 * ``draft_probs [m, kd]`` + ``draft_ids [m, kd]`` (optional, e.g. SGLang's ``topk_p`` /
@@ -57,7 +57,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-# Per (row, chunk) sums as stored on the device (float64), in this order.
+# Per (row, chunk) sums as stored on the device (float32), in this order.
 _SUMS = ("sum", "nan", "nonfinite", "sumsq")
 
 
@@ -216,8 +216,8 @@ class Summarizer:
 
         # One byte buffer; typed views onto 8-byte-aligned regions of it.
         fields: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
-            ("rows", torch.int64, (R,)), ("sums", torch.float64, (len(_SUMS), R, K)),
-            ("absmax", torch.float64, (R, K))]
+            ("rows", torch.int64, (R,)), ("sums", torch.float32, (len(_SUMS), R, K)),
+            ("absmax", torch.float32, (R, K))]
         if vocab_size is not None:
             fields += [("topk_p", torch.float32, (R, topk)), ("topk_id", torch.int64, (R, topk))]
         if draft_k:
@@ -240,11 +240,11 @@ class Summarizer:
 
         # Scratch, preallocated so a launch allocates nothing.
         self._rows_c = torch.zeros(R, dtype=torch.int64, device=dev)
-        # x, NaN mask, non-finite mask, x*x of the selected rows, reduced by one float64 matmul.
-        self._work = torch.zeros(len(_SUMS), R * K, chunk_width, dtype=torch.float64, device=dev)
-        self._ones = torch.ones(chunk_width, 1, dtype=torch.float64, device=dev)
+        # x, NaN mask, non-finite mask, x*x of the selected rows, reduced by one matrix-vector product.
+        self._work = torch.zeros(len(_SUMS), R * K, chunk_width, dtype=torch.float32, device=dev)
+        self._ones = torch.ones(chunk_width, dtype=torch.float32, device=dev)
         split = max(d for d in range(1, math.isqrt(chunk_width) + 1) if chunk_width % d == 0)
-        self._absmax_part = torch.zeros(R * K, split, dtype=torch.float64, device=dev)
+        self._absmax_part = torch.zeros(R * K, split, dtype=torch.float32, device=dev)
         if vocab_size is not None:
             self.block = block or _pick_block(vocab_size, topk)
             nb = -(-vocab_size // self.block)
@@ -325,10 +325,10 @@ class Summarizer:
                 torch.index_select(hot_token_id, 0, self._did.view(-1), out=d["draft_id"].view(-1))
 
     def _hidden_stats(self, hidden: torch.Tensor, sums: torch.Tensor, absmax: torch.Tensor) -> None:
-        """Sums, NaN/Inf counts and sums of squares in one float64 matmul; absmax in two steps.
+        """Sums, NaN/Inf counts and sums of squares in one fp32 ``mv``; absmax in two steps.
 
-        Reductions over few long rows are slow on GPUs (few blocks); a matmul with a ones vector
-        and a two-level max keep every kernel wide.
+        Reductions over few long rows are slow on GPUs (few blocks); a matrix-vector product with
+        a ones vector (cuBLAS gemv: fp32 FMA, never TF32) and a two-level max keep kernels wide.
         """
         R, K, H = self.max_rows, self.num_chunks, self.chunk_width
         w = self._work
@@ -338,7 +338,7 @@ class Summarizer:
         torch.sub(x, x, out=w[2])  # 0 for finite x, NaN for +-inf and NaN
         torch.ne(w[2], 0, out=w[2])
         torch.mul(x, x, out=w[3])
-        torch.mm(w.view(-1, H), self._ones, out=sums.view(-1, 1))
+        torch.mv(w.view(-1, H), self._ones, out=sums.view(-1))
         part = self._absmax_part
         torch.linalg.vector_norm(x.view(R * K, part.shape[1], -1), ord=math.inf, dim=-1, out=part)
         torch.amax(part, dim=-1, out=absmax.view(-1))

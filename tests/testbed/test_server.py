@@ -28,7 +28,7 @@ def group_gone(pgid: int, wait: float = 5.0) -> bool:
 
 
 @pytest.mark.sglang
-def test_standins_keep_intel_amx_in_every_process():
+def test_standins_keep_intel_amx_in_every_process(tmp_path):
     """The sitecustomize hook overrides `has_amx` in the launched process and in spawned children,
     while SGLang's layer-level AMX probe stays False (native torch layers)."""
     code = (
@@ -41,7 +41,9 @@ def test_standins_keep_intel_amx_in_every_process():
         "    ctx = mp.get_context('spawn'); q = ctx.Queue(); p = ctx.Process(target=probe, args=(q,))\n"
         "    p.start(); print(q.get(timeout=120)); p.join()\n"
     )
-    result = subprocess.run([str(venv_python()), "-c", code], env=server_env(None), capture_output=True,
+    script = tmp_path / "probe_amx.py"
+    script.write_text(code)
+    result = subprocess.run([str(venv_python()), str(script)], env=server_env(None), capture_output=True,
                             text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "(True, False)"
@@ -94,17 +96,15 @@ def started(monkeypatch):
 
 @pytest.mark.sglang
 def test_server_that_exits_reports_its_log_and_leaves_nothing(tmp_path, started):
-    models = ensure_models()
     with pytest.raises(ServerStartError, match="exited with code") as failure:
-        start_server(models.target, None, ["--dtype", "no-such-dtype"], tmp_path / "bad.log")
+        start_server(tmp_path, None, ["--dtype", "no-such-dtype"], tmp_path / "bad.log")
     assert "no-such-dtype" in str(failure.value)  # argparse's complaint, from the log tail
     assert group_gone(started[0].pid), "the server's process group outlived the failed start"
 
 
 @pytest.mark.sglang
 def test_server_past_its_deadline_is_killed_with_its_group(tmp_path, started):
-    models = ensure_models()
     with pytest.raises(ServerStartError, match="not healthy after 3 s") as failure:
-        start_server(models.target, None, [], tmp_path / "slow.log", timeout=3)
+        start_server(tmp_path, None, [], tmp_path / "slow.log", timeout=3)
     assert "Last lines of" in str(failure.value)
     assert group_gone(started[0].pid), "the server's process group outlived the failed start"
