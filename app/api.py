@@ -1,9 +1,11 @@
-"""JSON API: batch ingest (``POST /api/v1/batches``) and run listing."""
+"""JSON API: batch ingest (``POST /api/v1/batches``), runs, one run, one request of a run."""
 
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -16,6 +18,11 @@ router = APIRouter(prefix="/api/v1")
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def as_json(data: Any) -> Response:
+    """``data`` as JSON; non-finite floats (stored NaN statistics) become null."""
+    return Response(orjson.dumps(data), media_type="application/json")
 
 
 @router.post("/batches")
@@ -61,3 +68,24 @@ def get_runs(request: Request) -> list[dict]:
     """Runs, newest first, with record counts."""
     with request.app.state.engine.connect() as conn:
         return queries.list_runs(conn)
+
+
+@router.get("/runs/{run_id}")
+def get_run(request: Request, run_id: str) -> Response:
+    """One run: its fields (facts included), findings by severity, latest health, requests."""
+    try:
+        with request.app.state.engine.connect() as conn:
+            return as_json(queries.run_view(conn, run_id))
+    except queries.NotFound as exc:
+        return error(404, str(exc))
+
+
+@router.get("/runs/{run_id}/requests/{rid:path}")
+def get_request(request: Request, run_id: str, rid: str) -> Response:
+    """One request of a run: its counters, verify steps and tensor samples."""
+    try:
+        with request.app.state.engine.connect() as conn:
+            data = queries.request_view(conn, run_id, rid)
+    except queries.NotFound as exc:
+        return error(404, str(exc))
+    return as_json({k: v for k, v in data.items() if k != "run"} | {"run_id": run_id})

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import secrets
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from draftscope import db
+from draftscope import db, importer
 from draftscope.doctor import doctor
 from draftscope.settings import Settings
 
@@ -41,9 +43,16 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="Port (default: DRAFTSCOPE_PORT or 8177).")] = None,
     db_url: DbOption = None,
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Create or migrate the database to the current schema first.")] = False,
+    demo: Annotated[Optional[Path], typer.Option(help="Folder of recorded trace files (*.jsonl) to import when the store has no runs yet.")] = None,
 ) -> None:
-    """Run the dashboard and the ingest API."""
+    """Run the dashboard and the ingest API.
+
+    DRAFTSCOPE_INGEST_TOKEN=auto makes up a random ingest token and prints it.
+    """
     settings = _settings(db_url, host=host, port=port)
+    if settings.ingest_token == "auto":
+        settings.ingest_token = secrets.token_urlsafe(24)
+        typer.echo(f"draftscope: ingest token (send as 'Authorization: Bearer ...'): {settings.ingest_token}")
     if not is_loopback(settings.host) and settings.ingest_token is None:
         typer.echo(f"Refusing to listen on {settings.host}: a non-loopback address would let anyone "
                    "on the network write to the store. Set DRAFTSCOPE_INGEST_TOKEN=<secret> (the "
@@ -56,6 +65,9 @@ def serve(
         typer.echo(state.problem(), err=True)
         raise typer.Exit(2)
 
+    if demo is not None:
+        _seed_demo(settings.database_url, demo)
+
     import uvicorn
 
     from draftscope.web import create_app
@@ -63,6 +75,42 @@ def serve(
     typer.echo(f"draftscope: http://{settings.host}:{settings.port}/  "
                f"(store: {db.display_url(settings.database_url)})")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+def _seed_demo(url: str, folder: Path) -> None:
+    engine = db.make_engine(url)
+    try:
+        if importer.store_is_empty(engine):
+            _report_import(importer.import_files(engine, importer.trace_files(folder)))
+    finally:
+        engine.dispose()
+
+
+def _report_import(report: importer.ImportReport) -> None:
+    typer.echo(f"imported {report.stored} batches ({report.duplicates} already stored)")
+    for line in report.errors:
+        typer.echo(line, err=True)
+
+
+@app.command("import")
+def import_traces(
+    files: Annotated[list[Path], typer.Argument(help="JSON-lines trace files (one wire batch per line), e.g. from the tracer's DRAFTSCOPE_FILE sink.", exists=True, dir_okay=False)],
+    db_url: DbOption = None,
+) -> None:
+    """Import recorded trace batches into the store (idempotent: a batch is stored once)."""
+    url = _settings(db_url).database_url
+    state = db.schema_state(url)
+    if not state.ok:
+        typer.echo(state.problem(), err=True)
+        raise typer.Exit(2)
+    engine = db.make_engine(url)
+    try:
+        report = importer.import_files(engine, files)
+    finally:
+        engine.dispose()
+    _report_import(report)
+    if report.errors:
+        raise typer.Exit(1)
 
 
 @db_app.command("upgrade")

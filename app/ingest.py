@@ -1,7 +1,8 @@
 """Store one wire batch: validate it, then write all of it in one transaction, or nothing.
 
-Rows come from ``draftscope_tracer.wire.batch_rows`` (the same mapping the tracer's direct SQLite
-sink uses) and go in with Core ``executemany``; runs and requests are upserts.
+Rows follow ``draftscope_tracer.wire.TABLE_COLUMNS`` (the mapping ``wire.batch_rows`` makes for the
+tracer's direct SQLite sink: one column per record field, absent fields NULL, JSON columns as JSON
+text) and go in with one DBAPI ``executemany`` per table; runs and requests are upserts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 import pydantic
 import pydantic_core
@@ -19,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models
-from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch
+from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
 from draftscope_tracer import wire
 
 MAX_ERRORS_SHOWN = 5
@@ -30,20 +32,34 @@ _RUN_FIELDS = [c.name for c in _RUNS.columns if c.name != "id"]
 _REQUEST_FIELDS = [c for c in wire.TABLE_COLUMNS["requests"] if c not in ("run_id", "rid")]
 
 
-def _insert_many(conn: sa.Connection, table: str, rows: list[dict[str, Any]]) -> None:
-    """INSERT ``rows`` (as ``batch_rows`` made them) with one DBAPI ``executemany``.
+_DECODER = msgspec.json.Decoder(FastBatch)
+
+
+def _table_rows(run_id: str, records: list[msgspec.Struct], table: str) -> list[tuple[Any, ...]]:
+    """Positional rows for ``table`` (columns of ``wire.TABLE_COLUMNS``), JSON columns as text."""
+    columns = wire.TABLE_COLUMNS[table]
+    values = operator.attrgetter(*columns[1:])
+    json_at = [i for i, c in enumerate(columns) if c in wire.JSON_COLUMNS]
+    rows = []
+    for rec in records:
+        row = [run_id, *values(rec)]
+        for i in json_at:
+            if row[i] is not None:
+                row[i] = orjson.dumps(row[i]).decode()
+        rows.append(tuple(row))
+    return rows
+
+
+def _insert_many(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT positional ``rows`` with one DBAPI ``executemany``.
 
     This skips SQLAlchemy's per-row parameter processing, the bulk of the cost at tens of
-    thousands of rows per second, so JSON columns are serialised here.
+    thousands of rows per second (hence JSON columns arrive serialised already).
     """
     columns = wire.TABLE_COLUMNS[table]
-    for column in wire.JSON_COLUMNS.intersection(columns):
-        for row in rows:
-            if row[column] is not None:
-                row[column] = orjson.dumps(row[column]).decode()
     mark = "?" if conn.dialect.name == "sqlite" else "%s"  # positional DBAPI parameters
     sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
-    conn.exec_driver_sql(sql, list(map(operator.itemgetter(*columns), rows)))
+    conn.exec_driver_sql(sql, rows)
 
 
 class IngestError(Exception):
@@ -63,15 +79,31 @@ class IngestResult:
     rows: dict[str, int]
 
 
-def parse_batch(body: bytes) -> Batch:
-    """Validate ``body`` against the wire schema, or raise IngestError (400 or 422)."""
+def parse_batch(body: bytes) -> Any:
+    """Validate ``body`` against the wire schema into a ``FastBatch``, or raise IngestError (400/422).
+
+    msgspec decodes valid bodies; a body it rejects goes through the pydantic ``Batch``, which
+    names every wrong field, or accepts what only msgspec refuses (``NaN`` literals).
+    """
     try:
-        batch = Batch.model_validate_json(body)
-    except pydantic.ValidationError as exc:
-        raise _explain(exc, body) from None
+        batch = _DECODER.decode(body)
+    except msgspec.DecodeError:  # includes msgspec.ValidationError
+        batch = _parse_slow(body)
     if batch.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _unsupported_version(batch.schema_version)
     return batch
+
+
+def _parse_slow(body: bytes) -> Any:
+    try:
+        Batch.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        raise _explain(exc, body) from None
+    try:
+        return msgspec.convert(pydantic_core.from_json(body, allow_inf_nan=True), FastBatch)
+    except msgspec.ValidationError as exc:  # e.g. an integer beyond 64 bits
+        raise IngestError(422, f"Batch does not match the wire schema: {exc}. Nothing was "
+                               "stored; fix the named field (see draftscope_tracer/wire.py).") from None
 
 
 def _explain(exc: pydantic.ValidationError, body: bytes) -> IngestError:
@@ -122,13 +154,13 @@ class BatchWriter:
         with self._lock:
             return self._store(batch)
 
-    def _store(self, batch: Batch) -> IngestResult:
-        records = {key: [vars(r) for r in getattr(batch, key)] for key in wire.RECORD_TABLES}
-        rows = wire.batch_rows({"run_id": batch.run_id, **records})
+    def _store(self, batch: Any) -> IngestResult:
+        rows = {table: _table_rows(batch.run_id, getattr(batch, key), table)
+                for key, table in wire.RECORD_TABLES.items()}
         counts = {table: len(table_rows) for table, table_rows in rows.items()}
         with self.engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
             if batch.run is not None:
-                self._upsert_run(conn, batch.run_id, vars(batch.run))
+                self._upsert_run(conn, batch.run_id, msgspec.structs.asdict(batch.run))
             elif conn.execute(sa.select(_RUNS.c.id).where(_RUNS.c.id == batch.run_id)).first() is None:
                 if self._is_duplicate(conn, batch.batch_id):
                     return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
@@ -152,7 +184,7 @@ class BatchWriter:
         query = sa.select(_BATCHES.c.batch_id).where(_BATCHES.c.batch_id == batch_id)
         return conn.execute(query).first() is not None
 
-    def _claim_batch(self, conn: sa.Connection, batch: Batch, counts: dict[str, int]) -> bool:
+    def _claim_batch(self, conn: sa.Connection, batch: Any, counts: dict[str, int]) -> bool:
         """Record the batch id; False when it was already stored."""
         stmt = self._insert(_BATCHES).values(
             batch_id=batch.batch_id, run_id=batch.run_id, sent_at=batch.sent_at,
@@ -175,12 +207,13 @@ class BatchWriter:
         if changes:
             conn.execute(_RUNS.update().where(_RUNS.c.id == run_id).values(**changes))
 
-    def _upsert_requests(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+    def _upsert_requests(self, conn: sa.Connection, rows: list[tuple[Any, ...]]) -> None:
         """Upsert by (run_id, rid); a later non-null field overwrites, within the batch too."""
         if not rows:
             return
+        columns = wire.TABLE_COLUMNS["requests"]
         merged: dict[str, dict[str, Any]] = {}
-        for row in rows:
+        for row in (dict(zip(columns, values)) for values in rows):
             prior = merged.get(row["rid"])
             merged[row["rid"]] = row if prior is None else \
                 {k: (v if v is not None else prior[k]) for k, v in row.items()}

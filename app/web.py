@@ -7,13 +7,14 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from alembic.runtime.migration import MigrationContext
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2_fragments.fastapi import Jinja2Blocks
-from alembic.runtime.migration import MigrationContext
 
 from draftscope import api, db, queries
+from draftscope.facts_view import fact_sections, show
 from draftscope.ingest import BatchWriter
 from draftscope.settings import Settings
 
@@ -29,9 +30,24 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))  # autoescapes .html templates
 templates.env.filters["when"] = _when
+templates.env.filters["num"] = _num
+templates.env.filters["fact"] = show
 templates.env.globals["htmx_js"] = HTMX_JS
+
+
+def _block(request: Request, name: str) -> str | None:
+    """Only block ``name`` for an htmx request (live refresh), the whole page otherwise."""
+    return name if request.headers.get("hx-request") else None
+
+
+def not_found(request: Request, message: str) -> HTMLResponse:
+    return templates.TemplateResponse(request, "not_found.html", {"message": message}, status_code=404)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -58,8 +74,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Runs list; an htmx request gets only the table."""
         with request.app.state.engine.connect() as conn:
             runs = queries.list_runs(conn)
-        block = "runs_table" if request.headers.get("hx-request") else None
-        return templates.TemplateResponse(request, "runs.html", {"runs": runs}, block_name=block)
+        return templates.TemplateResponse(request, "runs.html", {"runs": runs},
+                                          block_name=_block(request, "runs_table"))
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse)
+    def run_page(request: Request, run_id: str):
+        """One run: findings first, then identity, attach-time facts, tracer health, requests."""
+        try:
+            with request.app.state.engine.connect() as conn:
+                data = queries.run_view(conn, run_id)
+        except queries.NotFound as exc:
+            return not_found(request, str(exc))
+        context = {**data, "fact_sections": fact_sections(data["run"]["facts"])}
+        return templates.TemplateResponse(request, "run.html", context,
+                                          block_name=_block(request, "live"))
+
+    @app.get("/runs/{run_id}/requests/{rid:path}", response_class=HTMLResponse)
+    def request_page(request: Request, run_id: str, rid: str):
+        """One request: its verify-step timeline and its tensor samples."""
+        try:
+            with request.app.state.engine.connect() as conn:
+                data = queries.request_view(conn, run_id, rid)
+        except queries.NotFound as exc:
+            return not_found(request, str(exc))
+        context = {k: v for k, v in data.items() if k != "request"} | {"req": data["request"]}
+        return templates.TemplateResponse(request, "request.html", context)
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:

@@ -6,11 +6,15 @@ Run on a CUDA machine with only torch installed::
 
 1. Proof of no host sync: the launch (``Summarizer.compute`` + the non-blocking copy into pinned
    memory) is captured in ``torch.cuda.graph`` and replayed; the replayed bytes must equal the eager
-   ones, and the decoded results must match ``torch.topk`` and float64 statistics.
+   ones. Results: the Triton path (default on CUDA) must equal the pure-torch path (top-k ids
+   exactly, statistics and probabilities to 1e-5) and float64 references (every selected row:
+   ``torch.topk`` ids, softmax probabilities, L2/mean/std/absmax), also on adversarial inputs (NaN,
+   Inf, ties, all winners in one block, a vocabulary that is not a multiple of the block).
 2. Microseconds per verify step (CUDA events around blocks of graph replays, median of blocks) at
    Kimi-K2.5 widths (hidden 7168, 3 aux layers, 163,840-vocab fp32 logits, top-8), batch 1/8/64 x 4
-   draft tokens, for every row and for 1 request in 16, next to the naive device summary of
-   ``/work/shared/GPU_ANCHORS.md`` and the bandwidth floor (bytes read / measured copy bandwidth).
+   draft tokens, for every row and for 1 request in 16: the Triton path, the torch path, the naive
+   device summary of ``/work/shared/GPU_ANCHORS.md`` and the bandwidth floor (bytes read / measured
+   copy bandwidth), all in the same run. Any failed check raises; the last line says "ALL CHECKS PASSED".
 """
 
 from __future__ import annotations
@@ -122,34 +126,54 @@ def sampled_rows(batch: int, every: int | None) -> list[int]:
     return [r * N + j for r in reqs for j in range(N)]
 
 
-def check_against_reference(summary, hidden: torch.Tensor, logits: torch.Tensor) -> None:
-    """Decoded results vs torch.topk and float64 statistics on two rows."""
-    for r in summary.rows[:2]:
-        ref = torch.topk(logits[r.row], TOPK)
-        assert [i for i, _ in r.topk] == ref.indices.tolist(), "top-k ids differ from torch.topk"
-        p = torch.softmax(logits[r.row].double(), -1)[ref.indices].tolist()
-        assert all(math.isclose(a, b, rel_tol=1e-4) for (_, a), b in zip(r.topk, p)), "probabilities differ"
+def assert_same(a, b, rel: float = 1e-5) -> None:
+    """Two decoded summaries agree: rows and top-k ids exactly, floats to ``rel``, NaN where NaN."""
+    assert [r.row for r in a.rows] == [r.row for r in b.rows], "rows differ"
+    for ra, rb in zip(a.rows, b.rows):
+        for ca, cb in zip(ra.chunks, rb.chunks):
+            assert (ca.nan_count, ca.inf_count) == (cb.nan_count, cb.inf_count), (ra.row, ca, cb)
+            for key in ("l2", "mean", "std", "absmax"):
+                x, y = getattr(ca, key), getattr(cb, key)
+                assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=1e-4), \
+                    (ra.row, key, x, y)
+        assert (ra.topk is None) == (rb.topk is None)
+        if ra.topk is not None:
+            assert [i for i, _ in ra.topk] == [i for i, _ in rb.topk], (ra.row, ra.topk, rb.topk)
+            assert all(math.isclose(p, q, rel_tol=rel) for (_, p), (_, q) in zip(ra.topk, rb.topk)), (ra.row,)
+
+
+def check_against_reference(summary, hidden: torch.Tensor, logits: torch.Tensor | None, picked: list[int]) -> None:
+    """Every selected row vs float64 statistics and torch.topk / float64 softmax."""
+    rows = torch.tensor(picked, device=hidden.device)
+    x = hidden[rows].double().view(len(picked), K, H)
+    ref = {"l2": x.norm(dim=-1), "mean": x.mean(-1), "std": x.std(-1, correction=0), "absmax": x.abs().amax(-1)}
+    ref = {k: v.tolist() for k, v in ref.items()}
+    if logits is not None:
+        top = torch.topk(logits[rows], TOPK, dim=-1)
+        probs = torch.softmax(logits[rows].double(), -1).gather(1, top.indices).tolist()
+        ids = top.indices.tolist()
+    for n, r in enumerate(summary.rows):
+        assert r.row == picked[n]
         for c, st in enumerate(r.chunks):
-            x = hidden[r.row, c * H:(c + 1) * H].double()
-            for got, want in ((st.l2, x.norm()), (st.mean, x.mean()), (st.std, x.std(correction=0)),
-                              (st.absmax, x.abs().max())):
-                assert math.isclose(got, want.item(), rel_tol=1e-4, abs_tol=1e-3), (r.row, c, got, want.item())
+            for key in ref:
+                assert math.isclose(getattr(st, key), ref[key][n][c], rel_tol=1e-4, abs_tol=1e-3), (r.row, c, key)
+        if logits is not None:
+            assert [i for i, _ in r.topk] == ids[n], f"row {r.row}: top-k ids differ from torch.topk"
+            assert all(math.isclose(a, b, rel_tol=1e-4) for (_, a), b in zip(r.topk, probs[n])), "probabilities"
 
 
-def run_case(batch: int, every: int | None, block: int | None = None, with_logits: bool = True,
-             naive: bool = True, check: bool = True) -> dict:
+def inputs(batch: int, vocab: int = V):
     n = batch * N
     g = torch.Generator(device="cuda").manual_seed(batch)
     hidden = (torch.randn(n, K * H, device="cuda", generator=g) * 30).to(torch.bfloat16)
-    logits = torch.randn(n, V, device="cuda", generator=g) * 4
-    picked = sampled_rows(batch, every)
-    rows = torch.tensor(picked, dtype=torch.int64, device="cuda")
-    summ = summarize.Summarizer(max_rows=len(picked), width=K * H, chunk_width=H,
-                                vocab_size=V if with_logits else None, topk=TOPK, block=block, device="cuda")
-    lg = logits if with_logits else None
+    logits = torch.randn(n, vocab, device="cuda", generator=g) * 4
+    return hidden, logits
+
+
+def measure(summ, hidden: torch.Tensor, rows: torch.Tensor, lg: torch.Tensor | None, timed: bool = True):
+    """Eager launch, graph capture + replay (bytes must match), then timing. Returns (summary, figures)."""
     eager = summ.summarize(hidden, rows, lg).result()
     eager_bytes = summ.device_buffer.cpu()
-
     pinned = torch.empty(summ.nbytes, dtype=torch.uint8, pin_memory=True)
 
     def launch():
@@ -160,85 +184,163 @@ def run_case(batch: int, every: int | None, block: int | None = None, with_logit
     graph = capture(launch)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(pinned, eager_bytes), "graph replay bytes differ from the eager launch"
+    assert torch.equal(pinned, eager_bytes), f"{summ.backend}: graph replay bytes differ from the eager launch"
     assert summ.publish().result().rows == eager.rows, "decoded replay differs from eager"
-    if check and with_logits:
-        check_against_reference(eager, hidden, logits)
-    result = {"batch": batch, "rows": len(picked), "block": getattr(summ, "block", None),
-              "summarize_us": time_us(graph.replay)}
-
-    # Host cost of one eager launch (Python + kernel launches on the scheduler thread).
-    for _ in range(3):
-        summ.summarize(hidden, rows, lg).result()
-    t0 = time.perf_counter()
-    pend = [summ.summarize(hidden, rows, lg) for _ in range(3)]
-    result["eager_host_us"] = (time.perf_counter() - t0) * 1e6 / len(pend)
-    for p in pend:
-        p.result()
-
-    if naive:
-        nv = Naive(rows)
-        ngraph = capture(lambda: nv(hidden, logits))
-        result["naive_us"] = time_us(ngraph.replay)
-    result["bytes_read"] = len(picked) * (K * H * hidden.element_size() + (V * 4 if with_logits else 0))
+    figures = {}
+    if timed:
+        figures["us"] = time_us(graph.replay)
+        for _ in range(3):
+            summ.summarize(hidden, rows, lg).result()
+        t0 = time.perf_counter()
+        pend = [summ.summarize(hidden, rows, lg) for _ in range(3)]
+        figures["eager_host_us"] = (time.perf_counter() - t0) * 1e6 / len(pend)
+        for p in pend:
+            p.result()
     del graph
-    return result
+    return eager, figures
 
 
-def profile(batch: int = 64, every: int = SAMPLE_EVERY) -> None:
-    """Per-kernel GPU times of one eager launch (torch.profiler), to see where the time goes."""
-    n, picked = batch * N, sampled_rows(batch, every)
-    hidden = torch.randn(n, K * H, device="cuda").to(torch.bfloat16)
-    logits = torch.randn(n, V, device="cuda")
+def make(rows: int, backend: str, with_logits: bool = True, block: int | None = None, vocab: int = V):
+    return summarize.Summarizer(max_rows=rows, width=K * H, chunk_width=H, vocab_size=vocab if with_logits else None,
+                                topk=TOPK, block=block, device="cuda", backend=backend)
+
+
+def run_case(batch: int, every: int | None) -> dict:
+    """Triton path vs torch path vs naive at one batch and sampling; all results checked."""
+    hidden, logits = inputs(batch)
+    picked = sampled_rows(batch, every)
     rows = torch.tensor(picked, dtype=torch.int64, device="cuda")
-    summ = summarize.Summarizer(max_rows=len(picked), width=K * H, chunk_width=H, vocab_size=V, device="cuda")
+    fast = make(len(picked), "auto")
+    got, f = measure(fast, hidden, rows, logits)
+    assert fast.backend == "triton" and fast.fallbacks == 0, f"Triton path not used: {fast.fallback_error}"
+    slow = make(len(picked), "torch")
+    want, t = measure(slow, hidden, rows, logits)
+    assert_same(got, want)
+    check_against_reference(got, hidden, logits, picked)
+    nv = Naive(rows)
+    ngraph = capture(lambda: nv(hidden, logits))
+    return {"batch": batch, "rows": len(picked), "sampling": "all rows" if every is None else f"1 in {every}",
+            "triton_us": f["us"], "torch_us": t["us"], "naive_us": time_us(ngraph.replay),
+            "triton_host_us": f["eager_host_us"], "torch_host_us": t["eager_host_us"],
+            "triton_block": fast.triton_block,
+            "bytes_read": len(picked) * (K * H * hidden.element_size() + V * 4)}
+
+
+def adversarial() -> list[str]:
+    """NaN/Inf, ties, all winners in one block, vocab not a multiple of the block: Triton == torch == reference."""
+    done = []
+    hidden, logits = inputs(2)
+    hidden = hidden.float()
+    hidden[1, 3] = hidden[1, 2 * H] = math.nan
+    hidden[1, H + 1], hidden[1, H + 2], hidden[1, 2 * H + 7] = math.inf, -math.inf, math.inf
+    rows = torch.tensor([1, 0, -1, 1], device="cuda")
+    a, b = (make(4, be, with_logits=False).summarize(hidden, rows).result() for be in ("triton", "torch"))
+    assert_same(a, b)
+    assert [(c.nan_count, c.inf_count) for c in a.rows[0].chunks] == [(1, 0), (0, 2), (1, 1)]
+    done.append("NaN/Inf counts and NaN-propagating statistics equal the torch path")
+
+    hidden, logits = inputs(2)
+    logits[0, 4096:4104] = torch.arange(8, device="cuda", dtype=torch.float32) + 50   # all top-8 in one block
+    logits[1, V - 1] = 99.0                                                           # max in the last element
+    logits[2] = 0.0                                                                   # all tied
+    logits[3, ::3] = 30.0                                                             # many tied maxima
+    rows = torch.tensor([0, 1, 2, 3], device="cuda")
+    a, b = (make(4, be).summarize(hidden, rows, logits).result() for be in ("triton", "torch"))
+    check_against_reference(make(2, "triton").summarize(hidden, rows[:2], logits).result(), hidden, logits, [0, 1])
+    assert [i for i, _ in a.rows[2].topk] == list(range(8)) and [i for i, _ in a.rows[3].topk] == list(range(0, 24, 3))
+    for ra, rb in zip(a.rows[2:], b.rows[2:]):  # ties: ids may differ from the torch path, values may not
+        assert all(math.isclose(p, q, rel_tol=1e-5) for (_, p), (_, q) in zip(ra.topk, rb.topk))
+    done.append("top-8 in one block, max in the last element, all-tied and many-tied rows")
+
+    vocab = 151_936                                                                   # not a multiple of 2048
+    hidden, logits = inputs(2, vocab)
+    logits[0, vocab - 1] = 60.0
+    rows = torch.tensor([0, 5, 7, 1], device="cuda")
+    a, b = (make(4, be, vocab=vocab).summarize(hidden, rows, logits).result() for be in ("triton", "torch"))
+    assert_same(a, b)
+    check_against_reference(a, hidden, logits, [0, 5, 7, 1])
+    done.append(f"vocab {vocab} (partial last block), winner in the last column")
+    return done
+
+
+def variants() -> list[dict]:
+    """Batch 64, 1 in 16: hidden statistics alone, and the Triton block width / warps per kernel."""
+    hidden, logits = inputs(64)
+    picked = sampled_rows(64, SAMPLE_EVERY)
+    rows = torch.tensor(picked, dtype=torch.int64, device="cuda")
+    tried = [("hidden stats only", {"with_logits": False}, {})]
+    for block, warps in ((1024, 1), (1024, 2), (1024, 4), (2048, 1), (2048, 2), (2048, 4), (2048, 8),
+                         (4096, 2), (4096, 4), (4096, 8)):
+        for final in (1, 2, 4):
+            tried.append((f"logits block {block}, {warps} warps, final stage {final} warps",
+                          {"block": block}, {"block": warps, "final": final}))
+    for hw in (4, 8):
+        tried.append((f"hidden kernel {hw} warps", {}, {"hidden": hw}))
+    out = []
+    for name, kw, warps in tried:
+        summ = make(len(picked), "auto", **kw)
+        summ.triton_warps.update(warps)
+        lg = logits if kw.get("with_logits", True) else None
+        got, f = measure(summ, hidden, rows, lg)
+        assert summ.backend == "triton", summ.fallback_error
+        check_against_reference(got, hidden, lg, picked)
+        out.append({"variant": name, "us": f["us"], "warps": dict(summ.triton_warps)})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def profile() -> str:
+    """Per-kernel GPU times of the Triton path (batch 64, 1 in 16), from torch.profiler."""
+    hidden, logits = inputs(64)
+    rows = torch.tensor(sampled_rows(64, SAMPLE_EVERY), dtype=torch.int64, device="cuda")
+    summ = make(rows.numel(), "auto")
     for _ in range(5):
         summ.summarize(hidden, rows, logits).result()
     clocks_up()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            summ.compute(hidden, rows, logits)
+        for _ in range(20):
+            summ.summarize(hidden, rows, logits).result()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=4, max_name_column_width=32)
 
 
 def main() -> None:
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
-    if "--profile" in sys.argv:
-        profile()
     torch.backends.cuda.matmul.allow_tf32 = False
+    import triton
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "command": "python bench/gpu_summarize.py"}
+            "triton": triton.__version__, "command": "python bench/gpu_summarize.py"}
     bw = copy_bandwidth()
     info["copy_bandwidth_TBps"] = round(bw / 1e12, 3)
-    print(json.dumps(info))
+    print(json.dumps(info), flush=True)
+    checks = adversarial()
+    for c in checks:
+        print("check passed:", c, flush=True)
     cases = []
     for every in (None, SAMPLE_EVERY):
         for batch in BATCHES:
             r = run_case(batch, every)
-            r["sampling"] = "all rows" if every is None else f"1 in {every}"
             r["floor_us"] = r["bytes_read"] / bw * 1e6
             cases.append(r)
             print(json.dumps(r), flush=True)
-    # Where the time goes (batch 64, default sampling): hidden statistics alone, and block widths.
-    extra = [dict(run_case(64, SAMPLE_EVERY, with_logits=False, naive=False), variant="hidden stats only")]
-    for block in (128, 160, 512, 1024):
-        extra.append(dict(run_case(64, SAMPLE_EVERY, block=block, naive=False, check=False),
-                          variant=f"block {block}"))
-    for e in extra:
-        print(json.dumps(e), flush=True)
+    checks.append("every case: graph replay bytes == eager bytes; Triton == torch path; == float64/torch.topk")
+    extra = variants()
+    prof = profile()
+    print(prof)
 
-    print("\n| batch | rows | sampling | summarise (graph) | naive (graph) | floor | eager host launch |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| batch | rows | sampling | Triton path (graph) | torch path (graph) | naive (graph) | floor "
+          "| host time of one eager launch, Triton / torch |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in cases:
-        print(f"| {r['batch']} | {r['rows']} | {r['sampling']} | {r['summarize_us']:.1f} | {r['naive_us']:.1f} "
-              f"| {r['floor_us']:.1f} | {r['eager_host_us']:.0f} |")
+        print(f"| {r['batch']} | {r['rows']} | {r['sampling']} | {r['triton_us']:.1f} | {r['torch_us']:.1f} "
+              f"| {r['naive_us']:.1f} | {r['floor_us']:.1f} | {r['triton_host_us']:.0f} / {r['torch_host_us']:.0f} |")
     for e in extra:
-        print(f"batch 64, 1 in 16, {e['variant']}: {e['summarize_us']:.1f} us")
+        print(f"batch 64, 1 in 16, {e['variant']}: {e['us']:.1f} us")
     out = os.environ.get("OUT")
     if out:
-        Path(out, "gpu_summarize.json").write_text(json.dumps({"info": info, "cases": cases, "variants": extra},
-                                                              indent=1))
+        Path(out, "gpu_summarize.json").write_text(json.dumps(
+            {"info": info, "cases": cases, "variants": extra, "checks": checks, "profile": prof}, indent=1))
+    print("ALL CHECKS PASSED")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,96 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+try:  # Triton ships with every SGLang GPU install; without it the pure-torch path runs.
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - any import failure only disables the fast path
+    triton = None
+
 # Per (row, chunk) sums as stored on the device (float32), in this order.
 _SUMS = ("sum", "nan", "nonfinite", "sumsq")
+
+if triton is not None:
+    @triton.jit
+    def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
+                             R, K, H, BLOCK_H: tl.constexpr):
+        """Program (r, c): chunk c of selected row r in one fp32 pass; also copies rows[r] out."""
+        r = tl.program_id(0)
+        c = tl.program_id(1)
+        row = tl.load(rows + r)
+        if c == 0:
+            tl.store(rows_out + r, row)
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        base = hidden + row * stride_row + c * H
+        acc_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_sq = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_nan = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_inf = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_max = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for start in range(0, H, BLOCK_H):
+            offs = start + tl.arange(0, BLOCK_H)
+            x = tl.load(base + offs, mask=offs < H, other=0.0).to(tl.float32)
+            is_nan = x != x
+            ax = tl.abs(x)
+            acc_sum += x
+            acc_sq += x * x
+            acc_nan += is_nan.to(tl.float32)
+            acc_inf += (ax == float("inf")).to(tl.float32)
+            acc_max = tl.maximum(acc_max, tl.where(is_nan, 0.0, ax))
+        nan = tl.sum(acc_nan, axis=0)
+        out = r * K + c
+        plane = R * K
+        tl.store(sums + out, tl.sum(acc_sum, axis=0))
+        tl.store(sums + plane + out, nan)
+        tl.store(sums + 2 * plane + out, nan + tl.sum(acc_inf, axis=0))
+        tl.store(sums + 3 * plane + out, tl.sum(acc_sq, axis=0))
+        tl.store(absmax + out, tl.where(nan > 0, float("nan"), tl.max(acc_max, axis=0)))
+
+    @triton.jit
+    def _logits_block_kernel(logits, stride_row, n_rows, rows, bmax, bsum, cand_val, cand_id,
+                             V, NB, TOPK: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Program (r, b): max, sum of exp(x - max) and the top-TOPK (value, id) of one block of a row."""
+        r = tl.program_id(0)
+        b = tl.program_id(1)
+        row = tl.minimum(tl.maximum(tl.load(rows + r), 0), n_rows - 1)
+        idx = tl.arange(0, BLOCK_V)
+        offs = b * BLOCK_V + idx
+        x = tl.load(logits + row * stride_row + offs, mask=offs < V, other=float("-inf"))
+        m = tl.max(x, axis=0)
+        s = tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), axis=0))
+        tl.store(bmax + r * NB + b, m)
+        tl.store(bsum + r * NB + b, s)
+        out = (r * NB + b) * TOPK
+        for j in tl.static_range(TOPK):
+            v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(cand_val + out + j, v)
+            tl.store(cand_id + out + j, b * BLOCK_V + i)
+            x = tl.where(idx == i, float("-inf"), x)
+
+    @triton.jit
+    def _logits_final_kernel(bmax, bsum, cand_val, cand_id, topk_p, topk_id,
+                             NB, TOPK: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+        """Program r: row max and softmax denominator from the blocks; final top-TOPK, best first."""
+        r = tl.program_id(0)
+        ob = tl.arange(0, NB_P2)
+        bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
+        bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
+        m = tl.max(bm, axis=0)
+        denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
+        oc = tl.arange(0, NC_P2)
+        nc = NB * TOPK
+        cv = tl.load(cand_val + r * nc + oc, mask=oc < nc, other=float("-inf"))
+        ci = tl.load(cand_id + r * nc + oc, mask=oc < nc, other=0)
+        for j in tl.static_range(TOPK):
+            v, i = tl.max(cv, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tok = tl.sum(tl.where(oc == i, ci, 0), axis=0)
+            tl.store(topk_id + r * TOPK + j, tok.to(tl.int64))
+            tl.store(topk_p + r * TOPK + j, tl.exp(v - m) / denom)
+            cv = tl.where(oc == i, float("-inf"), cv)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -189,14 +277,23 @@ class Summarizer:
         draft_k: entries per row of the draft top-k inputs; 0 when there are none.
         max_draft_rows: capacity of ``draft_rows`` (default ``max_rows``).
         ring_size: pinned host buffers in the ring (reads in flight before launches drop).
-        block: block width of the two-stage top-k (default: chosen from ``vocab_size``).
+        block: block width of the two-stage top-k (default: chosen from ``vocab_size`` per path;
+            the Triton path rounds it up to a power of two).
         device: device of the tensors that will be summarised.
+        backend: ``"auto"`` (Triton kernels on CUDA when ``triton`` imports, else torch),
+            ``"torch"`` (the per-op torch path), or ``"triton"`` (Triton kernels on any device;
+            on CPU only under ``TRITON_INTERPRET=1``, which the tests use).
+
+    The Triton path is three kernels (hidden statistics; per-block logits max / exp-sum / top-k;
+    final top-k and softmax). Any failure in it is counted in :attr:`fallbacks` (reason in
+    :attr:`fallback_error`) and the torch path computes that launch and every later one; it never
+    raises. Run one launch eagerly before capturing a CUDA graph (Triton compiles on first use).
     """
 
     def __init__(self, *, max_rows: int, width: int, chunk_width: Optional[int] = None,
                  vocab_size: Optional[int] = None, topk: int = 8, draft_k: int = 0,
                  max_draft_rows: Optional[int] = None, ring_size: int = 4,
-                 block: Optional[int] = None, device: torch.device | str = "cpu"):
+                 block: Optional[int] = None, device: torch.device | str = "cpu", backend: str = "auto"):
         chunk_width = width if chunk_width is None else chunk_width
         if max_rows < 1 or width < 1 or chunk_width < 1 or width % chunk_width:
             raise ValueError(f"need max_rows >= 1 and chunk_width dividing width; got max_rows={max_rows}, "
@@ -205,6 +302,10 @@ class Summarizer:
             raise ValueError(f"topk={topk} must be between 1 and vocab_size={vocab_size}")
         if ring_size < 1 or draft_k < 0:
             raise ValueError(f"need ring_size >= 1 and draft_k >= 0; got {ring_size}, {draft_k}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+        if backend == "triton" and triton is None:
+            raise ValueError("backend='triton' needs the triton package; install it or use backend='auto'")
         self.device = torch.device(device)
         self.max_rows, self.width, self.chunk_width = max_rows, width, chunk_width
         self.num_chunks = width // chunk_width
@@ -212,6 +313,9 @@ class Summarizer:
         self.max_draft_rows = max_rows if max_draft_rows is None else max_draft_rows
         self.drops = 0  # launches refused because every ring slot was still unread
         self.launches = 0
+        self.fallbacks = 0  # launches the torch path computed because the Triton path could not
+        self.fallback_error: Optional[str] = None
+        self._block_arg = block
         R, K, dev = max_rows, self.num_chunks, self.device
 
         # One byte buffer; typed views onto 8-byte-aligned regions of it.
@@ -239,6 +343,46 @@ class Summarizer:
         self._next = 0
 
         # Scratch, preallocated so a launch allocates nothing.
+        self._triton_on = triton is not None and (backend == "triton" or (backend == "auto" and dev.type == "cuda"))
+        self._torch_ready = False
+        if self._triton_on:
+            self._triton_scratch()
+        else:
+            self._torch_scratch()
+        if draft_k:
+            self._drows_c = torch.zeros(self.max_draft_rows, dtype=torch.int64, device=dev)
+            self._did = torch.zeros(self.max_draft_rows, draft_k, dtype=torch.int64, device=dev)
+
+    @property
+    def backend(self) -> str:
+        """The path launches take now: ``"triton"`` or ``"torch"``."""
+        return "triton" if self._triton_on else "torch"
+
+    def _triton_scratch(self) -> None:
+        """Block width and the small per-block buffers of the Triton logits path."""
+        self._hblock = min(_pow2_at_least(self.chunk_width), 8192)
+        # Warps per program of the three kernels (tuned on an H200 by bench/gpu_summarize.py).
+        self.triton_warps = {"hidden": max(1, min(16, self._hblock // 512)), "block": 4, "final": 4}
+        if self.vocab_size is None:
+            return
+        V, k, R, dev = self.vocab_size, self.topk, self.max_rows, self.device
+        tb = max(_pow2_at_least(self._block_arg or 2048), _pow2_at_least(k))
+        tb = min(tb, max(_pow2_at_least(V), _pow2_at_least(k)))
+        while _pow2_at_least(-(-V // tb) * k) > 16384:  # keep the final stage's candidates in registers
+            tb *= 2
+        self.triton_block = tb
+        self._tnb = -(-V // tb)
+        self._t_bmax = torch.zeros(R, self._tnb, dtype=torch.float32, device=dev)
+        self._t_bsum = torch.zeros(R, self._tnb, dtype=torch.float32, device=dev)
+        self._t_cval = torch.zeros(R, self._tnb * k, dtype=torch.float32, device=dev)
+        self._t_cid = torch.zeros(R, self._tnb * k, dtype=torch.int32, device=dev)
+
+    def _torch_scratch(self) -> None:
+        """Buffers of the per-op torch path (allocated only when that path runs)."""
+        if self._torch_ready:
+            return
+        R, K, dev, chunk_width, vocab_size, topk = (self.max_rows, self.num_chunks, self.device,
+                                                    self.chunk_width, self.vocab_size, self.topk)
         self._rows_c = torch.zeros(R, dtype=torch.int64, device=dev)
         # x, NaN mask, non-finite mask, x*x of the selected rows, reduced by one matrix-vector product.
         self._work = torch.zeros(len(_SUMS), R * K, chunk_width, dtype=torch.float32, device=dev)
@@ -246,7 +390,7 @@ class Summarizer:
         split = max(d for d in range(1, math.isqrt(chunk_width) + 1) if chunk_width % d == 0)
         self._absmax_part = torch.zeros(R * K, split, dtype=torch.float32, device=dev)
         if vocab_size is not None:
-            self.block = block or _pick_block(vocab_size, topk)
+            self.block = self._block_arg or _pick_block(vocab_size, topk)
             nb = -(-vocab_size // self.block)
             self._nb, self._kb = nb, min(topk, nb)
             self._lg = None if nb * self.block == vocab_size else torch.full(
@@ -261,9 +405,7 @@ class Summarizer:
             self._cval = torch.zeros(R, self._kb * self.block, device=dev)
             self._tval = torch.zeros(R, topk, device=dev)
             self._tpos = torch.zeros(R, topk, dtype=torch.int64, device=dev)
-        if draft_k:
-            self._drows_c = torch.zeros(self.max_draft_rows, dtype=torch.int64, device=dev)
-            self._did = torch.zeros(self.max_draft_rows, draft_k, dtype=torch.int64, device=dev)
+        self._torch_ready = True
 
     @property
     def device_buffer(self) -> torch.Tensor:
@@ -308,11 +450,13 @@ class Summarizer:
         """Write the summary into the device buffer only (capturable in a CUDA graph)."""
         self._check(hidden, rows, logits, draft_probs, draft_ids, draft_rows, hot_token_id)
         d = self._dev
-        d["rows"].copy_(rows)
-        torch.clamp(rows, 0, hidden.shape[0] - 1, out=self._rows_c)
-        self._hidden_stats(hidden, d["sums"], d["absmax"])
-        if self.vocab_size is not None:
-            self._topk(logits, d["topk_p"], d["topk_id"])
+        if not (self._triton_on and self._compute_triton(hidden, rows, logits)):
+            self._torch_scratch()
+            d["rows"].copy_(rows)
+            torch.clamp(rows, 0, hidden.shape[0] - 1, out=self._rows_c)
+            self._hidden_stats(hidden, d["sums"], d["absmax"])
+            if self.vocab_size is not None:
+                self._topk(logits, d["topk_p"], d["topk_id"])
         if self.draft_k:
             drows = rows if draft_rows is None else draft_rows
             d["draft_rows"].copy_(drows)
@@ -323,6 +467,33 @@ class Summarizer:
                 d["draft_id"].copy_(self._did)
             else:
                 torch.index_select(hot_token_id, 0, self._did.view(-1), out=d["draft_id"].view(-1))
+
+    def _compute_triton(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor]) -> bool:
+        """The three Triton kernels; False (counted in :attr:`fallbacks`) when the torch path must run."""
+        if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
+            self.fallbacks += 1
+            self.fallback_error = "hidden/logits rows are not contiguous"
+            return False
+        try:
+            d, R, K = self._dev, self.max_rows, self.num_chunks
+            hb = self._hblock
+            _hidden_stats_kernel[(R, K)](hidden, hidden.stride(0), hidden.shape[0], rows, d["rows"], d["sums"],
+                                         d["absmax"], R, K, self.chunk_width, BLOCK_H=hb,
+                                         num_warps=self.triton_warps["hidden"])
+            if self.vocab_size is not None:
+                nb, k, tb = self._tnb, self.topk, self.triton_block
+                _logits_block_kernel[(R, nb)](logits, logits.stride(0), logits.shape[0], rows, self._t_bmax,
+                                              self._t_bsum, self._t_cval, self._t_cid, self.vocab_size, nb,
+                                              TOPK=k, BLOCK_V=tb, num_warps=self.triton_warps["block"])
+                _logits_final_kernel[(R,)](self._t_bmax, self._t_bsum, self._t_cval, self._t_cid, d["topk_p"],
+                                           d["topk_id"], nb, TOPK=k, NB_P2=_pow2_at_least(nb),
+                                           NC_P2=_pow2_at_least(nb * k), num_warps=self.triton_warps["final"])
+            return True
+        except Exception as exc:  # noqa: BLE001 - never raise into the serving process
+            self.fallbacks += 1
+            self.fallback_error = f"{type(exc).__name__}: {exc}"
+            self._triton_on = False
+            return False
 
     def _hidden_stats(self, hidden: torch.Tensor, sums: torch.Tensor, absmax: torch.Tensor) -> None:
         """Sums, NaN/Inf counts and sums of squares in one fp32 ``mv``; absmax in two steps.

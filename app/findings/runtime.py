@@ -6,11 +6,16 @@ from typing import Any
 
 from draftscope.findings.model import Finding, Observation
 from draftscope.spec.draft import DraftFeatureSpec
+from draftscope.spec.feature_stats import relative_gap
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
 COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
 MIN_PROPOSED = 20  # proposals needed before judging acceptance
 TARGET_PHASES = ("prefill", "draft_extend")  # draft.input right after a target forward
+# aux-norm-drift: z-score of a chunk's mean norm against the spread of the training per-prompt means
+# (at least 2% of the mean). Past DRIFT_Z a clearly better-matching other layer means a layer shift
+# (served traffic moves the tiny test-bed target's means by up to z 1.8); past DRIFT_Z_FAR, drift.
+DRIFT_Z, DRIFT_Z_FAR, DRIFT_FLOOR = 2.0, 4.0, 0.02
 
 
 def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Finding]:
@@ -32,6 +37,8 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
     found += _weights(obs, draft)
     found += _vocab(target, draft)
     found += _positions(spec, obs, draft)
+    if not any(f.severity == "error" for f in found):  # a wiring error already explains odd norms
+        found += _norm_drift(spec, obs)
     found += _hooks(obs)
     if obs.proposed_drafts >= MIN_PROPOSED and (obs.acceptance_rate or 0) < COLLAPSE_RATE \
             and not any(f.severity == "error" for f in found):
@@ -152,6 +159,57 @@ def _positions(spec: DraftFeatureSpec | None, obs: Observation, draft: dict) -> 
                    {"max_seq_pos": obs.max_seq_pos, "draft_max_position_embeddings": limit, "rid": rid},
                    first_step=step)]
     return []
+
+
+def _norm_drift(spec: DraftFeatureSpec | None, obs: Observation) -> list[Finding]:
+    """``target.aux[i]`` norms against the draft's training-time feature statistics."""
+    stats = spec.feature_stats if spec is not None else None
+    if not stats or not obs.aux_l2_mean:
+        return []
+    layers = stats["layers"]
+    found = []
+    for chunk in stats["aux"]:
+        seen = obs.aux_l2_mean.get(chunk["index"])
+        if seen is None:
+            continue
+        z = _z(seen, chunk)
+        best = min(layers, key=lambda c: relative_gap(seen, c["mean"]))
+        shifted = best["layer"] != chunk["layer"] and abs(z) > DRIFT_Z and \
+            abs(_z(seen, best)) <= DRIFT_Z_FAR and \
+            relative_gap(seen, best["mean"]) < relative_gap(seen, chunk["mean"]) / 2
+        far = abs(z) > DRIFT_Z_FAR or not chunk["q01"] / 2 <= seen <= chunk["q99"] * 2
+        if not (shifted or far):
+            continue
+        ev = {"aux_index": chunk["index"], "observed_l2_mean": seen, "trained_layer": chunk["layer"],
+              "training": {k: chunk[k] for k in ("mean", "std", "q01", "q50", "q99")},
+              "robust_z": z, "best_matching_layer": best["layer"],
+              "best_matching_mean": best["mean"], "stats_config_hash": stats["target"]["config_hash"]}
+        where = (f"target.aux[{chunk['index']}] has a mean L2 norm of {seen:.4g} but the draft was "
+                 f"trained on the output of layer {chunk['layer']} (mean {chunk['mean']:.4g}, "
+                 f"q01..q99 {chunk['q01']:.4g}..{chunk['q99']:.4g}; z {z:+.1f})")
+        if shifted:
+            off = best["layer"] - chunk["layer"]
+            found.append(_f("aux-norm-drift", "error",
+                            f"{where}: it matches the output of layer {best['layer']} (mean "
+                            f"{best['mean']:.4g}), {abs(off)} layer{'s' if abs(off) > 1 else ''} "
+                            f"{'deeper' if off > 0 else 'shallower'}; residual norms grow with depth, "
+                            f"so the captured layer is off by {'one' if abs(off) == 1 else abs(off)}",
+                            "capture the layers the draft was trained on: write eagle_config ids in "
+                            "SGLang's output-of convention (id j = output of layer j), "
+                            f"{spec.aux_layers_physical}", ev))
+        else:
+            found.append(_f("aux-norm-drift", "warning",
+                            f"{where}: no layer of the target the statistics were computed on "
+                            "matches; a quantised or rotated (QuaRot/SpinQuant) target, another "
+                            "checkpoint, or traffic far from the statistics' prompts",
+                            "serve the target the draft was trained on (statistics config hash "
+                            f"{stats['target']['config_hash']}), or recompute the statistics "
+                            "with `draftscope stats` on this target if it is the intended one", ev))
+    return found
+
+
+def _z(norm: float, stats: dict) -> float:
+    return (norm - stats["mean"]) / max(stats["prompt_means"]["std"], DRIFT_FLOOR * stats["mean"])
 
 
 def _hooks(obs: Observation) -> list[Finding]:

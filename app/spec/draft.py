@@ -10,6 +10,7 @@ from typing import Any
 from draftscope.spec.checkpoint import Checkpoint, read_checkpoint
 from draftscope.spec.config_file import load_config, rope_of
 from draftscope.spec.errors import SpecError
+from draftscope.spec.feature_stats import find_feature_stats
 from draftscope.spec.vocab_map import VocabMapCheck, check_vocab_map
 
 # architecture -> source format
@@ -66,6 +67,7 @@ class DraftFeatureSpec:
     keys: dict[str, list[int]] = field(default_factory=dict)  # name -> shape
     verifier: dict[str, Any] | None = None  # speculators verifier {name_or_path, architectures}
     training: dict[str, Any] | None = None
+    feature_stats: dict[str, Any] | None = None  # draftscope_feature_stats.json (draftscope stats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,7 +125,8 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         key_style=_key_style(ckpt, fc_key),
         keys={name: list(ckpt.shape(name)) for name in ckpt.names()},
         verifier=(config.get("speculators_config") or {}).get("verifier"),
-        training=_read_training(training_config) if training_config else None)
+        training=_read_training(training_config) if training_config else None,
+        feature_stats=find_feature_stats(directory))
     return spec
 
 

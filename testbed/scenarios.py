@@ -1,0 +1,179 @@
+"""Named EAGLE-3 draft misconfigurations for the CPU SGLang test bed.
+
+Each scenario is a draft checkpoint directory derived from the healthy tiny draft
+(``testbed.models.ensure_models``) plus the server arguments that differ from the default EAGLE-3
+flags. ``prepare(name)`` writes it once (cached next to the models) and returns the paths:
+
+    from testbed.scenarios import prepare
+    s = prepare("aux-off")   # PreparedScenario(name, target_dir, draft_dir, server_args)
+
+The behaviours listed are those of SGLang 0.5.23 with the 8-layer tiny target (measured; see
+``docs/testbed.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from testbed.models import ModelPaths, ensure_models
+
+# Greedy demo prompts; 24-32 new tokens each (DEMO_NEW_TOKENS).
+DEMO_PROMPTS = [
+    "Hello world",
+    "The quick brown fox",
+    "Once upon a time",
+    "Speculative decoding lets a small draft",
+    "A cat sat on the mat",
+    "In the beginning the server started",
+]
+DEMO_NEW_TOKENS = 32
+
+# Bump when a scenario's derivation changes (the directory name carries it).
+SCENARIO_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    expected: str
+    edit: Callable[[Path, ModelPaths], None] | None = None  # edits a copy of the healthy draft in place
+    server_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreparedScenario:
+    name: str
+    target_dir: Path
+    draft_dir: Path
+    server_args: list[str]
+
+
+def _edit_config(draft: Path, change: Callable[[dict], None]) -> None:
+    path = draft / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _rewrite_tensors(draft: Path, change: Callable[[dict], dict]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = draft / "model.safetensors"
+    tensors = change(load_file(path))
+    save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
+
+
+def _aux_off(draft: Path, models: ModelPaths) -> None:
+    _edit_config(draft, lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
+
+
+def _weights_dropped(draft: Path, models: ModelPaths) -> None:
+    # SGLang 0.5.23 maps "name" and "model.name" onto its parameters, so a "model." prefix would still
+    # load; "draft_model." matches nothing and is skipped without a word. d2t is still taken (its
+    # loader matches any key containing "d2t"), so only the weights are missing.
+    _rewrite_tensors(draft, lambda t: {f"draft_model.{k}": v for k, v in t.items()})
+
+
+def _d2t_absolute(draft: Path, models: ModelPaths) -> None:
+    import torch
+
+    def absolute(t: dict) -> dict:
+        t["d2t"] = t["d2t"] + torch.arange(t["d2t"].numel())
+        return t
+
+    _rewrite_tensors(draft, absolute)
+
+
+def _last_layer_id(draft: Path, models: ModelPaths) -> None:
+    layers = json.loads((models.target / "config.json").read_text())["num_hidden_layers"]
+
+    def change(c: dict) -> None:
+        ids = c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [*ids[:-1], layers - 1]
+
+    _edit_config(draft, change)
+
+
+def _top_level_ids(draft: Path, models: ModelPaths) -> None:
+    def change(c: dict) -> None:
+        c["eagle_aux_hidden_state_layer_ids"] = c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")
+
+    _edit_config(draft, change)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("healthy", "the trained tiny draft as built", "reference acceptance (accept length well above 1)"),
+        Scenario(
+            "aux-off",
+            "eagle_config.use_aux_hidden_state: false",
+            "silent: the draft gets the target's 128-wide final hidden, fc never runs, acceptance ~1.0",
+            _aux_off,
+        ),
+        Scenario(
+            "algo-eagle",
+            "--speculative-algorithm EAGLE with the EAGLE-3 draft",
+            "silent: 128-wide input, fc skipped, the target's lm_head replaces the draft's, d2t ignored; "
+            "acceptance ~1.0",
+            server_args=("--speculative-algorithm", "EAGLE"),
+        ),
+        Scenario(
+            "weights-dropped",
+            "weights saved under keys SGLang does not load (draft_model. prefix)",
+            "silent: loads 'normally', the draft runs on uninitialised weights; acceptance ~1.0",
+            _weights_dropped,
+        ),
+        Scenario(
+            "d2t-absolute",
+            "d2t written as absolute target ids instead of offsets",
+            "proposals map to wrong ids; once a mapped id >= vocab is drafted the scheduler dies "
+            "(IndexError in embed_tokens): data-dependent",
+            _d2t_absolute,
+        ),
+        Scenario(
+            "last-layer-id",
+            "an aux layer id equal to num_layers-1",
+            "SGLang drops it: 2 aux states (256 wide) reach fc (384 in); the first request fails with "
+            "'mat1 and mat2 shapes cannot be multiplied' and the server exits",
+            _last_layer_id,
+        ),
+        Scenario(
+            "top-level-ids",
+            "aux layer ids only at the config's top level, not in eagle_config",
+            "silent with 8 layers: SGLang falls back to layers [2, 4, 5] instead of [1, 4, 7]; width 384, fc runs, "
+            "acceptance drops",
+            _top_level_ids,
+        ),
+    ]
+}
+
+
+def prepare(name: str, root: Path | None = None) -> PreparedScenario:
+    """Write (once) and return the scenario's target/draft directories and extra server arguments."""
+    if name not in SCENARIOS:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    scenario = SCENARIOS[name]
+    models = ensure_models(root)
+    draft = models.draft
+    if scenario.edit is not None:
+        draft = models.draft.parent / "scenarios" / f"{name}-v{SCENARIO_VERSION}"
+        if not draft.is_dir():
+            draft.parent.mkdir(exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=draft.parent)) / "draft"
+            shutil.copytree(models.draft, tmp)
+            scenario.edit(tmp, models)
+            try:
+                tmp.rename(draft)
+            except OSError:  # another process finished the same scenario first
+                if not draft.is_dir():
+                    raise
+            finally:
+                shutil.rmtree(tmp.parent, ignore_errors=True)
+    return PreparedScenario(name, models.target, draft, list(scenario.server_args))

@@ -1,0 +1,226 @@
+"""Unit tests of the tracer's runtime: config, sampling, writer, sinks (real SQLite store, real HTTP)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from draftscope import db as store_db
+from draftscope_tracer import wire
+from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
+from draftscope_tracer.health import Health
+from draftscope_tracer.http_sink import HttpSink
+from draftscope_tracer.sampling import request_fraction, request_sampled, step_sampled
+from draftscope_tracer.sqlite_sink import SqliteSink, StoreNotReady
+from draftscope_tracer.writer import Writer
+
+RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
+       "started_at": 1.0, "facts": {"a": 1}}
+
+
+# -- config -----------------------------------------------------------------------------------------
+def test_config_dormant_without_a_sink_and_kill_switch_wins():
+    assert TracerConfig.from_env({}) is None
+    assert TracerConfig.from_env({"DRAFTSCOPE_URL": "http://x", "DRAFTSCOPE_DISABLE": "1"}) is None
+    c = TracerConfig.from_env({"DRAFTSCOPE_DB": "/tmp/x.db"})
+    assert c.sample_rate == 1 / 16 and c.topk == 8 and c.step_stride == 1
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"DRAFTSCOPE_URL": "localhost:8177"}, "must start with http"),
+    ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_SAMPLE_RATE": "2"}, "DRAFTSCOPE_SAMPLE_RATE"),
+    ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_SAMPLE_RATE": "often"}, "is not a number"),
+    ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_TOPK": "0"}, "DRAFTSCOPE_TOPK"),
+])
+def test_config_bad_values_name_the_variable(env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        TracerConfig.from_env(env)
+
+
+def test_every_option_is_documented():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tracer.md").read_text()
+    assert set(OPTIONS) <= set(re.findall(r"DRAFTSCOPE_[A-Z_]+", doc))
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+def test_sampling_is_stable_and_near_the_rate():
+    rids = [f"req-{i}" for i in range(4000)]
+    assert [request_fraction(r) for r in rids[:5]] == [request_fraction(r) for r in rids[:5]]
+    share = sum(request_sampled(r, 1 / 16) for r in rids) / len(rids)
+    assert 0.045 < share < 0.08
+    assert all(request_sampled(r, 1.0) for r in rids[:50]) and not any(request_sampled(r, 0.0) for r in rids[:50])
+    assert [step_sampled(s, 3) for s in range(5)] == [True, False, False, True, False]
+
+
+# -- writer -----------------------------------------------------------------------------------------
+class ListSink:
+    def __init__(self, fail: bool = False):
+        self.batches, self.fail, self.closed = [], fail, False
+
+    def send(self, batch):
+        if self.fail:
+            raise OSError("disk on fire")
+        self.batches.append(json.loads(json.dumps(batch)))
+
+    def close(self):
+        self.closed = True
+
+
+def _writer(sink, health, **kw):
+    kw = {"max_queue_items": 64, "max_batch_items": 4, "flush_interval_s": 0.05, "health_interval_s": 60, **kw}
+    return Writer(sink, health, lambda: dict(RUN), run_id="r1", **kw)
+
+
+def test_writer_batches_sends_run_first_and_final_run_ended():
+    sink, health = ListSink(), Health()
+    w = _writer(sink, health)
+    for i in range(10):
+        assert w.submit(lambda i=i: {"health": [], "steps": [{"rid": "a", "step_index": i}]})
+    w.close()
+    steps = [s["step_index"] for b in sink.batches for s in b["steps"]]
+    assert steps == list(range(10))
+    assert sink.batches[0]["run"]["status"] == "running"
+    assert sink.batches[-1]["run"]["status"] == "ended" and sink.batches[-1]["run"]["ended_at"]
+    assert all(b["run"] is None for b in sink.batches[1:-1])
+    assert sink.closed and sink.batches[-1]["health"]
+    assert not w.submit(lambda: None) and health.drops["shutdown"] == 1
+
+
+def test_writer_flushes_on_interval():
+    sink = ListSink()
+    w = _writer(sink, Health(), max_batch_items=1000)
+    w.submit(lambda: {"steps": [{"rid": "a"}]})
+    deadline = time.time() + 5
+    while not any(b["steps"] for b in sink.batches) and time.time() < deadline:
+        time.sleep(0.02)
+    assert any(b["steps"] for b in sink.batches)
+    w.close()
+
+
+def test_submit_never_blocks_and_counts_queue_full():
+    gate = threading.Event()
+    sink, health = ListSink(), Health()
+    w = _writer(sink, health, max_queue_items=2)
+    w.submit(lambda: gate.wait(5) and None)  # occupies the writer thread
+    time.sleep(0.1)
+    results = [w.submit(lambda: None) for _ in range(5)]
+    assert results[:2] == [True, True] and results[2:] == [False, False, False]
+    assert health.drops["queue_full"] == 3
+    gate.set()
+    w.close()
+
+
+def test_sink_and_job_errors_are_counted_not_raised():
+    sink, health = ListSink(fail=True), Health()
+    w = _writer(sink, health)
+    w.submit(lambda: 1 / 0)
+    w.submit(lambda: {"steps": [{"rid": "a"}]})
+    w.close()
+    assert health.errors["job.build"] == 1 and health.drops["build_error"] == 1
+    assert health.drops["sink_error"] >= 1 and health.errors["sink"] >= 1
+
+
+def test_probe_disables_itself_after_failures_in_a_row():
+    health = Health(failure_limit=3)
+    assert [health.failed("verify", RuntimeError("x")) for _ in range(3)] == [False, False, True]
+    assert health.is_disabled("verify") and health.snapshot(0)["disabled_probes"] == ["verify"]
+
+
+# -- SQLite sink into a store built by the app's migrations --------------------------------------------
+def _batch(i: int, run=RUN, **records):
+    return {"schema_version": 1, "batch_id": f"b{i}", "run_id": "run-1", "sent_at": 2.0, "run": run,
+            "requests": [], "steps": [], "samples": [], "health": [], "findings": [], **records}
+
+
+def test_sqlite_sink_writes_into_migrated_store(tmp_path):
+    path = tmp_path / "s.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    sink = SqliteSink(str(path))
+    sink.send(_batch(0, requests=[{"rid": "a", "sampled": True, "spec_verify_ct": 3}],
+                     steps=[{"rid": "a", "step_index": 0, "at": 1.0, "drafted_tokens": [5, 6, 7],
+                             "accept_len": 2, "accept_flags": [True, False, False]}],
+                     samples=[{"point": "draft.input", "phase": "prefill", "at": 1.0, "shape": [4, 384],
+                               "dtype": "float32", "width": 384, "rows": 4, "l2_mean": 1.5}],
+                     health=[{"at": 1.0, "drops": {"queue_full": 1}, "errors": {}, "heartbeats": {"verify": 3},
+                              "disabled_probes": []}]))
+    sink.send(_batch(1, run={**RUN, "status": "ended", "facts": {"b": 2}},
+                     requests=[{"rid": "a", "traced_verify_ct": 3, "spec_verify_ct": None}]))
+    sink.close()
+    c = sqlite3.connect(path)
+    assert c.execute("select status, facts from runs").fetchone() == ("ended", json.dumps({"a": 1, "b": 2}, separators=(",", ":")))
+    assert c.execute("select rid, sampled, spec_verify_ct, traced_verify_ct from requests").fetchall() == [("a", 1, 3, 3)]
+    assert json.loads(c.execute("select accept_flags from verify_steps").fetchone()[0]) == [True, False, False]
+    assert c.execute("select width, l2_mean from tensor_samples").fetchone() == (384, 1.5)
+    assert c.execute("select count(*) from ingest_batches").fetchone() == (2,)
+
+
+def test_sqlite_sink_refuses_missing_or_unmigrated_store(tmp_path):
+    with pytest.raises(StoreNotReady, match="draftscope db upgrade --db sqlite:///"):
+        SqliteSink(str(tmp_path / "missing.db"))
+    sqlite3.connect(tmp_path / "empty.db").close()
+    with pytest.raises(StoreNotReady, match="not a migrated draftscope store"):
+        SqliteSink(str(tmp_path / "empty.db"))
+
+
+# -- HTTP sink: retries on 5xx, buffers while down, bearer token --------------------------------------
+class _Ingest(BaseHTTPRequestHandler):
+    answers: list = []
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        code = self.answers.pop(0) if self.answers else 200
+        type(self).seen.append((code, body["batch_id"], self.headers.get("Authorization")))
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def ingest_server():
+    _Ingest.answers, _Ingest.seen = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
+    _server, url = ingest_server
+    _Ingest.answers = [503]
+    drops = []
+    sink = HttpSink(url, lambda r, n: drops.append((r, n)), token="s3cret", backoff_s=0.01)
+    sink.send(_batch(0))
+    sink.send(_batch(1, run=None))  # before the backoff expires: buffered
+    time.sleep(0.05)
+    sink.send(_batch(2, run=None))
+    sink.close()
+    assert [b for code, b, _ in _Ingest.seen if code == 200] == ["b0", "b1", "b2"]
+    assert _Ingest.seen[0][0] == 503 and all(t == "Bearer s3cret" for _, _, t in _Ingest.seen)
+    assert drops == []
+
+
+def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
+    server, url = ingest_server
+    server.shutdown()
+    server.server_close()
+    drops = []
+    sink = HttpSink(url, lambda r, n: drops.append(r), max_buffered_batches=2, backoff_s=0.01, timeout_s=0.5)
+    for i in range(4):
+        sink.send(_batch(i, run=RUN if i == 0 else None, steps=[{"rid": "a"}]))
+        time.sleep(0.02)
+    assert drops == ["sink_error", "sink_error"]
+    assert sink._buffer[0]["run"] == RUN  # the evicted first batch handed its run record on
+    sink.close(deadline_s=0.1)
+    assert drops.count("shutdown") == 2
