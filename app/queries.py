@@ -60,8 +60,8 @@ def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """The run's findings, errors first, then warnings, then info."""
     rank = sa.case({s: i for i, s in enumerate(SEVERITY_ORDER)}, value=_FINDINGS.c.severity,
                    else_=len(SEVERITY_ORDER))
-    query = (sa.select(*(c for c in _FINDINGS.c if c.name != "run_id")).where(_FINDINGS.c.run_id == run_id)
-             .order_by(rank, _FINDINGS.c.rule_id, _FINDINGS.c.id))
+    query = (sa.select(*(c for c in _FINDINGS.c if c.name != "run_id"))
+             .where(_FINDINGS.c.run_id == run_id).order_by(rank, _FINDINGS.c.rule_id, _FINDINGS.c.id))
     return [dict(row) for row in conn.execute(query).mappings()]
 
 
@@ -69,7 +69,8 @@ def latest_health(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
     """The newest tracer health snapshot of the run (cumulative counters), or None."""
     query = (sa.select(_HEALTH.c.at, _HEALTH.c.drops, _HEALTH.c.errors, _HEALTH.c.heartbeats,
                        _HEALTH.c.disabled_probes, _HEALTH.c.queue_depth)
-             .where(_HEALTH.c.run_id == run_id).order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1))
+             .where(_HEALTH.c.run_id == run_id)
+             .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1))
     row = conn.execute(query).mappings().first()
     return None if row is None else dict(row)
 
@@ -89,7 +90,8 @@ def run_requests(conn: sa.Connection, run_id: str,
                  limit: int = MAX_REQUESTS_SHOWN) -> list[dict[str, Any]]:
     """The run's requests in arrival order, with counter mismatches and mean accept lengths
     (SGLang's, and the tracer's over the sampled verify steps)."""
-    steps = (sa.select(_STEPS.c.rid, sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float).label("traced_accept_length"),
+    mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
+    steps = (sa.select(_STEPS.c.rid, mean_accept.label("traced_accept_length"),
                        sa.func.count().label("sampled_steps"))
              .where(_STEPS.c.run_id == run_id).group_by(_STEPS.c.rid).subquery())
     query = (sa.select(*(c for c in _REQUESTS.c if c.name not in ("id", "run_id")),

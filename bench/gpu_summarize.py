@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 H, K, V, N, TOPK = 7168, 3, 163_840, 4, 8
@@ -307,7 +308,6 @@ def profile() -> str:
 def main() -> None:
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = False
-    import triton
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "triton": triton.__version__, "command": "python bench/gpu_summarize.py"}
     bw = copy_bandwidth()

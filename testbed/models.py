@@ -63,10 +63,10 @@ class DraftSpec:
     draft_vocab: int = 256
     intermediate: int = 256
     ttt_steps: int = 3
-    train_steps: int = 600
+    train_steps: int = 400
     batch_size: int = 32
     learning_rate: float = 3e-3
-    corpus_prompts: int = 384
+    corpus_prompts: int = 2048
     corpus_new_tokens: int = 48
 
 

@@ -1,0 +1,146 @@
+"""The tracer inside the real CPU SGLang server (test bed): traces land in the store, totals equal
+SGLang's own counters, and a broken tracer or an unreachable dashboard never changes the answers.
+
+Three server starts in all (each ~30 s of CPU): no tracer (the reference answers), tracer -> a real
+``draftscope serve``, tracer with injected probe faults and its dashboard down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from draftscope import db as store_db
+from testbed.models import ensure_models
+from testbed.server import free_port, start_server
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D"]
+NEW_TOKENS = 24
+PY = os.environ.get("DRAFTSCOPE_VENV", "/tmp/vb/venv") + "/bin/python"
+
+
+@pytest.fixture(scope="module")
+def models():
+    return ensure_models()
+
+
+def _answers(models, log, env):
+    with start_server(models.target, models.draft, [], log, env=env, python=PY) as server:
+        outs = [server.generate(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+        log_text = open(log).read()
+    return outs, log_text
+
+
+@pytest.fixture(scope="module")
+def reference(models, tmp_path_factory):
+    outs, _ = _answers(models, tmp_path_factory.mktemp("ref") / "server.log", {})
+    return outs
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    """A real ``draftscope serve`` on a migrated SQLite store; yields (url, db path)."""
+    path = tmp_path_factory.mktemp("store") / "store.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{path}",
+                             "--port", str(port)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.3)
+    yield url, path
+    os.killpg(proc.pid, 15)
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def traced(models, dashboard, tmp_path_factory):
+    url, path = dashboard
+    env = {"DRAFTSCOPE_URL": url, "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
+    outs, log_text = _answers(models, tmp_path_factory.mktemp("traced") / "server.log", env)
+    time.sleep(1.0)
+    return outs, log_text, sqlite3.connect(path)
+
+
+def test_traces_land_in_the_store_with_facts(traced):
+    _, log_text, conn = traced
+    assert "draftscope: tracer registered" in log_text
+    (status, facts), = conn.execute("select status, facts from runs").fetchall()
+    assert status == "ended"
+    facts = json.loads(facts)
+    assert facts["algorithm"] == "EAGLE3" and facts["spec_num_draft_tokens"] == 4
+    assert facts["target"]["capture_aux_hidden_states"] is True
+    assert facts["draft"]["fc_in_features"] == 3 * facts["target"]["hidden_size"]
+    w = facts["draft"]["weights"]
+    assert w["checked"] > 0 and w["matched"] == w["checked"] and not w["nonfinite"]
+    assert facts["draft"]["hot_token_id"]["equals_d2t_plus_arange"] is True
+    points = {(p, ph): width for p, ph, width in
+              conn.execute("select point, phase, max(width) from tensor_samples group by point, phase")}
+    H = facts["target"]["hidden_size"]
+    assert points[("draft.input", "prefill")] == 3 * H and points[("draft.input", "draft_extend")] == 3 * H
+    assert points[("draft.input", "draft_decode")] == H
+    assert {("target.aux[2]", "verify"), ("draft.fc.out", "prefill"), ("draft.logits", "draft_extend")} <= set(points)
+    health = conn.execute("select errors, drops, heartbeats from tracer_health order by at desc").fetchone()
+    assert json.loads(health[0]) == {} and json.loads(health[1]) == {}
+    assert json.loads(health[2])["verify"] > 0
+
+
+def test_per_request_totals_equal_sglang_counters(traced):
+    outs, _, conn = traced
+    rows = {r[0]: r[1:] for r in conn.execute(
+        "select rid, spec_verify_ct, traced_verify_ct, spec_accepted_drafts, traced_accepted_drafts, "
+        "spec_proposed_drafts, traced_proposed_drafts from requests")}
+    for out in outs:
+        m = out["meta_info"]
+        assert rows[m["id"]] == (m["spec_verify_ct"], m["spec_verify_ct"], m["spec_num_correct_drafts"],
+                                 m["spec_num_correct_drafts"], m["spec_num_proposed_drafts"],
+                                 m["spec_num_proposed_drafts"])
+
+
+def test_steps_are_consistent_with_acceptance(traced):
+    _, _, conn = traced
+    steps = conn.execute("select rid, step_index, drafted_tokens, accept_len, accept_flags, draft_topk, "
+                         "target_topk from verify_steps").fetchall()
+    assert steps
+    per_rid = {}
+    for rid, idx, drafted, a, flags, dtopk, ttopk in steps:
+        drafted, flags, ttopk = json.loads(drafted), json.loads(flags), json.loads(ttopk)
+        assert len(drafted) == len(flags) == len(ttopk) == 3 and 1 <= a <= 4
+        assert flags == [p <= a - 1 for p in (1, 2, 3)]
+        # a greedy target accepts exactly the drafts equal to its own argmax
+        for p in range(a - 1):
+            assert ttopk[p][0][0] == drafted[p]
+        if dtopk:  # the draft's argmax is what it drafted
+            assert [pos[0][0] for pos in json.loads(dtopk)] == drafted
+        per_rid.setdefault(rid, []).append(idx)
+    for rid, idxs in per_rid.items():
+        assert sorted(idxs) == list(range(len(idxs)))
+    assert conn.execute("select count(*) from verify_steps where draft_topk is not null").fetchone()[0] > 0
+
+
+def test_answers_unchanged_with_tracer(reference, traced):
+    assert [o["text"] for o in traced[0]] == [o["text"] for o in reference]
+
+
+def test_faulty_tracer_and_dashboard_down_change_nothing(models, reference, tmp_path_factory):
+    env = {"DRAFTSCOPE_URL": f"http://127.0.0.1:{free_port()}", "DRAFTSCOPE_SAMPLE_RATE": "1",
+           "DRAFTSCOPE_FAULT": "verify,draft,draft_extend,finish"}
+    outs, log_text = _answers(models, tmp_path_factory.mktemp("faulty") / "server.log", env)
+    assert [o["text"] for o in outs] == [o["text"] for o in reference]
+    assert [o["meta_info"]["spec_verify_ct"] for o in outs] == [o["meta_info"]["spec_verify_ct"] for o in reference]
+    assert "disabled" in log_text and "cannot deliver" in log_text
