@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2_fragments.fastapi import Jinja2Blocks
 
 from draftscope import api, db, queries
-from draftscope.facts_view import fact_sections, show
+from draftscope.facts_view import fact_sections
 from draftscope.ingest import BatchWriter
 from draftscope.settings import Settings
 
@@ -37,7 +37,6 @@ def _num(value: float | None, digits: int = 3) -> str:
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))  # autoescapes .html templates
 templates.env.filters["when"] = _when
 templates.env.filters["num"] = _num
-templates.env.filters["fact"] = show
 templates.env.globals["htmx_js"] = HTMX_JS
 
 
