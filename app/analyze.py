@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sqlmodel import Session, delete, select
+from sqlmodel import Session, delete, func, select
 
 from draftscope import models
 from draftscope.findings import Finding, Observation, runtime_findings, static_findings
@@ -102,3 +102,27 @@ def _static(run: models.Run) -> tuple[DraftFeatureSpec | None, list[Finding]]:
     server_args = dict(run.server_args or {})
     server_args.setdefault("speculative_algorithm", run.algorithm or facts.get("algorithm"))
     return spec, static_findings(spec, target, expect_sglang(spec, target, server_args))
+
+
+class FindingsRefresher:
+    """Re-diagnoses a run when new batches have arrived since its last analysis.
+
+    The key of a run's state is (number of stored batches, newest receipt time) from
+    ``ingest_batches``, which both the ingest API and the tracer's SQLite sink write. A run whose
+    batches carried findings of their own (an imported bundle) keeps them as they came.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._seen: dict[str, tuple] = {}
+
+    def refresh(self, run_id: str) -> None:
+        B = models.IngestBatch
+        with Session(self.engine) as session:
+            key = tuple(session.exec(select(func.count(), func.max(B.received_at),
+                                            func.sum(B.finding_rows))
+                                     .where(B.run_id == run_id)).one())
+            if self._seen.get(run_id) == key or key[2] or session.get(models.Run, run_id) is None:
+                return
+            analyze_run(session, run_id)
+            self._seen[run_id] = key

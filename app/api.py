@@ -73,6 +73,7 @@ def get_runs(request: Request) -> list[dict]:
 @router.get("/runs/{run_id}")
 def get_run(request: Request, run_id: str) -> Response:
     """One run: its fields (facts included), findings by severity, latest health, requests."""
+    request.app.state.findings.refresh(run_id)
     try:
         with request.app.state.engine.connect() as conn:
             return as_json(queries.run_view(conn, run_id))

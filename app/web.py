@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2_fragments.fastapi import Jinja2Blocks
 
 from draftscope import api, db, queries
+from draftscope.analyze import FindingsRefresher
 from draftscope.facts_view import fact_sections
 from draftscope.ingest import BatchWriter
 from draftscope.settings import Settings
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = db.make_engine(settings.database_url)
         app.state.engine = engine
         app.state.writer = BatchWriter(engine)
+        app.state.findings = FindingsRefresher(engine)
         try:
             yield
         finally:
@@ -79,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run_page(request: Request, run_id: str):
         """One run: findings first, then identity, attach-time facts, tracer health, requests."""
+        request.app.state.findings.refresh(run_id)
         try:
             with request.app.state.engine.connect() as conn:
                 data = queries.run_view(conn, run_id)

@@ -155,18 +155,23 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def prepare(name: str, root: Path | None = None) -> PreparedScenario:
-    """Write (once) and return the scenario's target/draft directories and extra server arguments."""
+def prepare(name: str, root: Path | str | None = None) -> PreparedScenario:
+    """Write (once) and return the scenario's target/draft directories and extra server arguments.
+
+    Models come from `ensure_models()` (the shared cache); edited drafts are written under `root`
+    (default: ``scenarios/`` next to the cached models) and reused when already there.
+    """
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     scenario = SCENARIOS[name]
-    models = ensure_models(root)
+    models = ensure_models()
     draft = models.draft
     if scenario.edit is not None:
-        draft = models.draft.parent / "scenarios" / f"{name}-v{SCENARIO_VERSION}"
+        base = Path(root) if root is not None else models.draft.parent / "scenarios"
+        draft = base / f"{models.draft.parent.name}-{name}-v{SCENARIO_VERSION}"
         if not draft.is_dir():
-            draft.parent.mkdir(exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=draft.parent)) / "draft"
+            base.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base)) / "draft"
             shutil.copytree(models.draft, tmp)
             scenario.edit(tmp, models)
             try:

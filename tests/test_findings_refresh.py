@@ -1,0 +1,42 @@
+"""The dashboard diagnoses a traced run when new batches arrive, and keeps findings a bundle carried."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.fixtures.store import make_batch, run_record, sample_record
+
+AUX_OFF_FACTS = {"algorithm": "EAGLE3",
+                 "target": {"hidden_size": 128, "num_layers": 8, "capture_aux_hidden_states": False,
+                            "layers_to_capture": None},
+                 "draft": {"embed_width": 128, "fc_in_features": 384, "hidden_size": 128}}
+
+
+def _rules(client, run_id: str) -> list[str]:
+    return [f["rule_id"] for f in client.get(f"/api/v1/runs/{run_id}").json()["findings"]]
+
+
+def test_a_traced_run_is_diagnosed_and_rediagnosed_on_new_batches(client) -> None:
+    run_id = uuid.uuid4().hex
+    healthy = sample_record(0, width=384, phase="draft_extend", shape=[4, 384])
+    assert client.post("/api/v1/batches", json=make_batch(
+        run_id, run=run_record(facts={**AUX_OFF_FACTS, "target": {**AUX_OFF_FACTS["target"],
+                                                                   "capture_aux_hidden_states": True}}),
+        samples=[healthy])).status_code == 200
+    assert "fc-bypassed" not in _rules(client, run_id)
+
+    narrow = sample_record(1, width=128, phase="draft_extend", shape=[4, 128])
+    assert client.post("/api/v1/batches", json=make_batch(
+        run_id, run=run_record(facts=AUX_OFF_FACTS), samples=[narrow])).status_code == 200
+    assert "fc-bypassed" in _rules(client, run_id)
+    assert "fc-bypassed" in client.get(f"/runs/{run_id}").text
+
+
+def test_findings_that_came_with_the_batches_are_kept(client) -> None:
+    run_id = uuid.uuid4().hex
+    carried = {"rule_id": "hooks-starved", "severity": "warning", "message": "carried", "source": "runtime"}
+    narrow = sample_record(0, width=128, phase="draft_extend", shape=[4, 128])
+    assert client.post("/api/v1/batches", json=make_batch(
+        run_id, run=run_record(facts=AUX_OFF_FACTS), samples=[narrow],
+        findings=[carried])).status_code == 200
+    assert _rules(client, run_id) == ["hooks-starved"]
