@@ -11,6 +11,7 @@ import typer
 
 from draftscope import db, importer
 from draftscope.doctor import doctor
+from draftscope.stats_cli import stats
 from draftscope.settings import Settings
 
 app = typer.Typer(help="draftscope: see what an EAGLE-3 draft model receives inside SGLang.",
@@ -132,6 +133,7 @@ def db_current(db_url: DbOption = None) -> None:
 
 
 app.command("doctor")(doctor)
+app.command("stats")(stats)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from testbed.eagle3_draft import DraftShape, Eagle3Draft
 # One thread: float reductions (hence the bytes written) do not depend on the host, and a busy
 # 2-core CI box does not stall on OpenMP spin-waits.
 TRAIN_THREADS = 1
+DEMO_REPEATS = 4  # the demo prompts' continuations are weighted up in the corpus
 
 
 @dataclass
@@ -48,7 +49,7 @@ def training_prompts(tokenizer, count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     sentences = [tokenizer.encode(s) for s in TOKENIZER_CORPUS]
     vocab = len(tokenizer)
-    prompts = [tokenizer.encode(p) for p in DEMO_PROMPTS]
+    prompts = [tokenizer.encode(p) for p in DEMO_PROMPTS] * DEMO_REPEATS
     for i in range(count - len(prompts)):
         length = rng.randint(2, 10)
         if i % 2 == 0:
@@ -124,9 +125,9 @@ def init_draft(target, spec, hot_ids: list[int]) -> Eagle3Draft:
     )
     draft = Eagle3Draft(shape, target.get_input_embeddings().weight)
     with torch.no_grad():
-        # Start from "the deepest aux state through the target's own head": a useful prior.
-        draft.fc.weight.mul_(0.1)
-        draft.fc.weight[:, -t.hidden :] += torch.eye(t.hidden)
+        # The target's own head rows are a useful prior. fc keeps its random init on purpose: an fc
+        # near "pass the deepest aux state through" would make the target's final hidden (what the
+        # draft gets when aux capture is off) almost as good as the aux states.
         draft.lm_head.weight.copy_(target.get_output_embeddings().weight[hot_ids])
     return draft
 
@@ -204,10 +205,16 @@ def step_accuracy(draft: Eagle3Draft, batches, steps: int) -> list[float]:
 def simulated_accept_length(
     target, draft: Eagle3Draft, hot_ids, aux_layer_ids, prompt_ids: list[int], new_tokens: int, steps: int
 ) -> float:
-    """Chain speculative decoding as SGLang runs it (topk 1, greedy): completion tokens / verify rounds."""
+    """Chain speculative decoding as SGLang runs it (topk 1, greedy): completion tokens / verify rounds.
+
+    `aux_layer_ids=None` feeds the target's final post-norm hidden instead, as SGLang does when aux
+    capture is off."""
     hot = torch.tensor(hot_ids)
     seq = greedy_continue(target, torch.tensor([prompt_ids]), new_tokens)[0]
-    ids_aux, _ = target_features(target, seq[None], aux_layer_ids)
+    if aux_layer_ids is None:
+        ids_aux = target(input_ids=seq[None], output_hidden_states=True).hidden_states[-1]
+    else:
+        ids_aux, _ = target_features(target, seq[None], aux_layer_ids)
     n = len(prompt_ids)  # the prefill produced seq[n]; tokens known: seq[: n + 1]
     verifies = 0
     while n + 1 < len(seq):
