@@ -52,6 +52,7 @@ class TargetSpec:
     intermediate: int = 256
     vocab: int = 1024
     init_std: float = 0.08
+    final_norm_std: float = 1.0
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     max_positions: int = 2048
@@ -226,6 +227,11 @@ def build_target(t: TargetSpec, seed: int):
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        # Mean-zero final norm weights: the final post-norm hidden (what the draft receives when aux
+        # capture is off) is then uncorrelated with the residual stream the aux states come from,
+        # as different as it is at scale, where learned final norms are far from ones.
+        model.model.norm.weight.normal_(0.0, t.final_norm_std)
     model.generation_config.do_sample = False
     return model
 

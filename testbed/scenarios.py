@@ -22,14 +22,16 @@ from typing import Callable
 
 from testbed.models import ModelPaths, ensure_models
 
-# Greedy demo prompts; 24-32 new tokens each (DEMO_NEW_TOKENS).
+# Greedy demo prompts, DEMO_NEW_TOKENS new tokens each. Picked so that the tiny target's greedy
+# continuation never repeats a token more than twice in a row: in a run of one token any draft
+# guesses right whatever it is fed, which would hide a broken draft.
 DEMO_PROMPTS = [
-    "Hello world",
-    "The quick brown fox",
     "Once upon a time",
-    "Speculative decoding lets a small draft",
-    "A cat sat on the mat",
-    "In the beginning the server started",
+    "The draft model guessed",
+    "Tokens that the server",
+    "Once there was a server",
+    "The rain fell on the window",
+    "Bytes and tokens",
 ]
 DEMO_NEW_TOKENS = 32
 
