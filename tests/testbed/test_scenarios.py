@@ -1,0 +1,136 @@
+"""Each draft misconfiguration behaves on the real SGLang 0.5.23 server (CPU test bed) as documented.
+
+The server is SGLang's own engine; only its CPU kernel build is replaced by pure-PyTorch stand-ins
+(`testbed/cpu_standins/`). Acceptance comes from SGLang's own `meta_info` counters. The per-prompt
+accept lengths are also recomputed offline with `testbed.eagle3_draft` and must agree exactly: that
+checks the reimplemented draft forward against SGLang's `LlamaForCausalLMEagle3`, and shows which
+features the server fed the draft (aux layers, the fallback layers, or the final hidden).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from testbed import models, scenarios, train_draft
+from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+
+pytestmark = pytest.mark.sglang
+
+HEALTHY_FLOOR = 1.5  # measured 1.67 (docs/testbed.md)
+COLLAPSED_CEILING = 1.3  # aux-off measured 1.20: the draft reads tokens too, so a little survives
+
+
+def test_unknown_scenario_names_the_known_ones():
+    with pytest.raises(KeyError, match="known: healthy, aux-off"):
+        scenarios.prepare("no-such-scenario")
+
+
+def run_demo(server) -> list[dict]:
+    return [server.generate(p, DEMO_NEW_TOKENS) for p in DEMO_PROMPTS]
+
+
+def mean_accept(results: list[dict]) -> float:
+    tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+    return tokens / sum(r["meta_info"]["spec_verify_ct"] for r in results)
+
+
+def per_prompt(results: list[dict]) -> list[float]:
+    return [r["meta_info"]["completion_tokens"] / r["meta_info"]["spec_verify_ct"] for r in results]
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """The cached target (HF) and the draft in the pure-PyTorch reimplementation."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    paths = models.ensure_models()
+    spec = models.BuildSpec()
+    target = LlamaForCausalLM.from_pretrained(paths.target).eval()
+    tensors = load_file(paths.draft / "model.safetensors")
+    hot = (tensors["d2t"] + torch.arange(tensors["d2t"].numel())).tolist()
+    draft = train_draft.init_draft(target, spec, hot)
+    draft.load_sglang(tensors)
+    tok = AutoTokenizer.from_pretrained(paths.target)
+
+    def simulate(aux_layer_ids) -> list[float]:
+        return [
+            train_draft.simulated_accept_length(target, draft, hot, aux_layer_ids, tok.encode(p), DEMO_NEW_TOKENS, 3)
+            for p in DEMO_PROMPTS
+        ]
+
+    return simulate
+
+
+@pytest.fixture(scope="module")
+def healthy(sglang_server):
+    return run_demo(sglang_server("healthy"))
+
+
+def test_healthy_draft_is_accepted(healthy):
+    assert all(r["meta_info"]["completion_tokens"] == DEMO_NEW_TOKENS for r in healthy)
+    assert mean_accept(healthy) >= HEALTHY_FLOOR
+
+
+def test_server_acceptance_equals_the_reimplemented_draft(healthy, offline):
+    ids = json.loads((models.ensure_models().draft / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"
+    ]
+    assert per_prompt(healthy) == pytest.approx(offline(ids), abs=1e-6)
+
+
+def test_aux_off_collapses_silently(sglang_server, healthy, offline):
+    results = run_demo(sglang_server("aux-off"))
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]  # verification hides it
+    assert mean_accept(results) <= COLLAPSED_CEILING < mean_accept(healthy)
+    # What the server fed the draft is the target's final post-norm hidden, not aux states.
+    assert per_prompt(results) == pytest.approx(offline(None), abs=1e-6)
+
+
+def test_algo_eagle_collapses_silently(sglang_server, healthy):
+    results = run_demo(sglang_server("algo-eagle"))
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
+    assert mean_accept(results) <= COLLAPSED_CEILING
+
+
+def test_dropped_weights_collapse_silently(sglang_server, healthy):
+    results = run_demo(sglang_server("weights-dropped"))
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
+    assert mean_accept(results) <= 1.1
+
+
+def test_top_level_ids_fall_back_to_sglangs_default_layers(sglang_server, healthy, offline):
+    results = run_demo(sglang_server("top-level-ids"))
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
+    assert mean_accept(results) < mean_accept(healthy)
+    # SGLang's fallback captures layers [2, 4, 5], i.e. explicit ids [1, 3, 4].
+    assert per_prompt(results) == pytest.approx(offline([1, 3, 4]), abs=1e-6)
+
+
+def _wait_dead(server, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_last_layer_id_fails_at_the_first_request_and_the_server_exits(sglang_server):
+    server = sglang_server("last-layer-id")
+    with pytest.raises((RuntimeError, OSError)):
+        server.generate(DEMO_PROMPTS[0], DEMO_NEW_TOKENS)
+    assert _wait_dead(server)
+    assert "mat1 and mat2 shapes cannot be multiplied" in server.log_path.read_text()
+
+
+def test_d2t_absolute_kills_the_server_when_a_high_draft_id_is_drafted(sglang_server):
+    server = sglang_server("d2t-absolute")
+    with pytest.raises((RuntimeError, OSError)):
+        run_demo(server)
+    assert _wait_dead(server)
+    assert "IndexError" in server.log_path.read_text()
