@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Bump when a change in this module, eagle3_draft.py or train_draft.py changes what gets written.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class DraftSpec:
     draft_vocab: int = 256
     intermediate: int = 256
     ttt_steps: int = 3
-    train_steps: int = 400
+    train_steps: int = 800
     batch_size: int = 32
     learning_rate: float = 3e-3
     corpus_prompts: int = 2048
@@ -288,7 +288,7 @@ def write_draft(out: Path, spec: BuildSpec, state: dict, hot_ids) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="cache root (default: %(default)s → env or .cache)")
+    parser.add_argument("--out", type=Path, default=None, help="cache root (default: $DRAFTSCOPE_MODEL_CACHE, else .cache/testbed-models)")
     args = parser.parse_args(argv)
     paths = ensure_models(args.out)
     info = json.loads((paths.target.parent / "build.json").read_text())

@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_URL": "dashboard base URL; traces are POSTed to {URL}/api/v1/batches",
     "DRAFTSCOPE_DB": "SQLite file migrated by `draftscope db upgrade`; traces are written into it",
+    "DRAFTSCOPE_FILE": "JSON-lines file; each batch is appended as one line (`draftscope import FILE`)",
     "DRAFTSCOPE_DISABLE": "1 turns the tracer off even when a sink is set",
     "DRAFTSCOPE_SAMPLE_RATE": "fraction of requests sampled in detail, e.g. 1/16 (default) or 0.25 or 1",
     "DRAFTSCOPE_STEP_STRIDE": "record every n-th verify step of a sampled request (default 1)",
@@ -32,6 +33,7 @@ class ConfigError(ValueError):
 class TracerConfig:
     url: Optional[str] = None
     db: Optional[str] = None
+    file: Optional[str] = None
     sample_rate: float = 1 / 16
     step_stride: int = 1
     topk: int = 8
@@ -45,7 +47,7 @@ class TracerConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.url or self.db)
+        return bool(self.url or self.db or self.file)
 
     def public(self) -> Dict[str, Any]:
         """The configuration as recorded in the run record (the token is never recorded)."""
@@ -61,13 +63,15 @@ class TracerConfig:
             return None
         url = env.get("DRAFTSCOPE_URL") or None
         db = env.get("DRAFTSCOPE_DB") or None
-        if not (url or db):
+        file = env.get("DRAFTSCOPE_FILE") or None
+        if not (url or db or file):
             return None
         if url and not url.startswith(("http://", "https://")):
             raise ConfigError(f"DRAFTSCOPE_URL={url!r} must start with http:// or https://")
         return cls(
             url=url.rstrip("/") if url else None,
             db=db,
+            file=file,
             sample_rate=_rate(env.get("DRAFTSCOPE_SAMPLE_RATE", "1/16")),
             step_stride=_positive_int(env, "DRAFTSCOPE_STEP_STRIDE", 1),
             topk=_positive_int(env, "DRAFTSCOPE_TOPK", 8),

@@ -1,6 +1,6 @@
 """The SGLang plugin entry point (``sglang.srt.plugins``: ``draftscope = draftscope_tracer.plugin:register``).
 
-Dormant unless DRAFTSCOPE_URL or DRAFTSCOPE_DB is set; DRAFTSCOPE_DISABLE=1 turns it off. Attaches only in
+Dormant unless DRAFTSCOPE_URL, DRAFTSCOPE_DB or DRAFTSCOPE_FILE is set; DRAFTSCOPE_DISABLE=1 turns it off. Attaches only in
 scheduler processes, never raises into SGLang, and refuses (one log line) when a hook target is missing.
 """
 
@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from .config import ConfigError, TracerConfig
+from .config import TracerConfig
 from .hooks import HookHandle, register as register_hooks, unresolved
 
 log = logging.getLogger("draftscope.tracer")
@@ -19,8 +19,8 @@ W = "sglang.srt.speculative.eagle_worker_v2"
 S = "sglang.srt.managers.scheduler.Scheduler"
 TARGETS = {
     "init": f"{S}.init_model_worker",
+    "event_loop": f"{S}.run_event_loop",
     "finish": f"{S}.process_batch_result",
-    "result_tag": f"{W}.EAGLEWorkerV2.forward_batch_generation",
     "verify": f"{W}.EAGLEWorkerV2.verify",
     "draft": f"{W}.EagleDraftWorker.draft",
     "prefill": f"{W}.EagleDraftWorker._draft_extend_for_prefill",
@@ -70,7 +70,7 @@ def _register(in_scheduler: Optional[bool] = None) -> None:
     HANDLES[:] = [HookHandle(TARGETS[name], fn) for name, fn in _AROUND.items()]
     register_hooks(HANDLES)
     log.info("draftscope: tracer registered (sample rate %.4g, sink %s)", config.sample_rate,
-             "sqlite" if config.db else config.url)
+             "sqlite" if config.db else config.file or config.url)
 
 
 def detach() -> None:
@@ -87,6 +87,7 @@ def _live():
 
 
 # -- AROUND hooks: call the original exactly once, with the same arguments; tracer work is guarded --
+# The forward hooks return at once when no live request is sampled (``t.live`` empty).
 def _around_init(orig, scheduler, *args, **kwargs):
     out = orig(scheduler, *args, **kwargs)
     t = _live()
@@ -97,33 +98,39 @@ def _around_init(orig, scheduler, *args, **kwargs):
     return out
 
 
-def _around_result_tag(orig, worker, *args, **kwargs):
-    out = orig(worker, *args, **kwargs)
-    t = _live()
-    if t is not None:
-        t.guard("result_tag", setattr, out, "_draftscope_upto", t.verify_calls)
-    return out
+def _around_event_loop(orig, scheduler, *args, **kwargs):
+    try:
+        return orig(scheduler, *args, **kwargs)
+    except BaseException as exc:
+        t = TRACER
+        if t is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            t.guard("event_loop", t.crashed, exc)
+        raise
 
 
 def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
     t = _live()
-    live = t.guard("finish", lambda: [r for r in batch.reqs if not r.finished()]) if t else None
+    if t is None:
+        return orig(scheduler, batch, result, *args, **kwargs)
+    t.health.beat("finish")
+    live = [(i, r) for i, r in enumerate(batch.reqs) if not (r.finished() or r.is_retracted)]
     out = orig(scheduler, batch, result, *args, **kwargs)
-    if t is not None and live:
-        t.health.beat("finish")
-        done = [r for r in live if r.finished()]
+    if live:
+        t.guard("totals", t.count, batch, result, live)
+        done = [r for _, r in live if r.finished()]
         if done:
-            t.guard("finish", t.on_finished, done, getattr(result, "_draftscope_upto", None))
+            t.guard("finish", t.on_finished, done)
     return out
 
 
 def _around_verify(orig, worker, batch, *args, **kwargs):
+    t = _live()
+    if t is None or not t.live:
+        return orig(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info  # replaced later in the iteration: read it now
     out = orig(worker, batch, *args, **kwargs)
-    t = _live()
-    if t is not None:
-        t.health.beat("verify")
-        t.guard("verify", t.on_verify, batch, verify_input, out)
+    t.health.beat("verify")
+    t.guard("verify", t.on_verify, batch, verify_input, out)
     return out
 
 
@@ -153,15 +160,13 @@ class _LogitsTap:
 
 def _around_draft(orig, worker, batch, *args, **kwargs):
     t = _live()
-    if t is None:
+    if t is None or not t.live or not t.recording:
         return orig(worker, batch, *args, **kwargs)
     t.health.beat("draft")
     rows = t.guard("draft", t.on_draft_input, worker, batch)
     if not rows:
         return orig(worker, batch, *args, **kwargs)
-    tap = _LogitsTap(worker.draft_runner,
-                     lambda logits: t.guard("draft", t.on_draft_step_logits, worker, batch, rows, logits))
-    with tap:
+    with _LogitsTap(worker.draft_runner, lambda logits: t.guard("draft", t.on_draft_step_logits, worker, rows, logits)):
         return orig(worker, batch, *args, **kwargs)
 
 
@@ -170,27 +175,34 @@ def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
     if t is None or not t.recording:
         return orig(worker, batch, target_hidden_states, *args, **kwargs)
     t.health.beat("prefill")
+    rows = t.guard("prefill", t.admit, batch)
+    if not rows:
+        return orig(worker, batch, target_hidden_states, *args, **kwargs)
     seen = []
     with _LogitsTap(worker.draft_runner, seen.append):
         out = orig(worker, batch, target_hidden_states, *args, **kwargs)
-    t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, seen[-1] if seen else None)
+    t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, seen[-1] if seen else None, rows)
     return out
 
 
 def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
     t = _live()
-    if t is None or not t.recording:
+    if t is None or not t.live or not t.recording:
         return orig(worker, batch, batch_result, *args, **kwargs)
     t.health.beat("draft_extend")
+    done, upcoming = t.guard("draft_extend", t.draft_extend_rows, batch) or ([], [])
+    if not (done or upcoming):
+        return orig(worker, batch, batch_result, *args, **kwargs)
     seen = []
     with _LogitsTap(worker.draft_runner, seen.append):
         out = orig(worker, batch, batch_result, *args, **kwargs)
-    t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, seen[-1] if seen else None)
+    t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, seen[-1] if seen else None,
+            done, upcoming)
     return out
 
 
 _AROUND = {
-    "init": _around_init, "finish": _around_finish, "result_tag": _around_result_tag,
+    "init": _around_init, "event_loop": _around_event_loop, "finish": _around_finish,
     "verify": _around_verify, "draft": _around_draft, "prefill": _around_prefill,
     "draft_extend": _around_draft_extend,
 }

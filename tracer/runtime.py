@@ -1,7 +1,14 @@
 """The tracer inside one scheduler process: state, sinks, writer, and the work each hook does.
 
-Hook-thread state (step counters, sampling cache, draft top-k waiting for their verify) is touched only
-by SGLang's scheduler thread; per-request totals are touched only by the writer thread.
+Unsampled requests cost nothing in the forward hooks: the hooks return at once when no live request is
+sampled (``Tracer.live`` is empty), and otherwise touch only the sampled rows. Sampled rows are
+summarised on the device by ``summarize.Summarizer`` (one launch per tensor layout and hook call),
+copied once without blocking, and turned into records by the writer thread. Per-request totals are
+counted from ``accept_lens`` where SGLang has already brought them to the host (its result processing).
+
+Hook-thread state (sampled requests and their step counters, totals, draft top-k waiting for their
+verify) is touched only by SGLang's scheduler thread; jobs on the writer thread read only what they
+were handed.
 """
 
 from __future__ import annotations
@@ -9,7 +16,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
@@ -18,37 +27,29 @@ import torch
 
 from . import facts as facts_mod
 from .config import TracerConfig
-from .devicecopy import STAT_FIELDS, HostCopy, probs_topk, row_stats
+from .devicecopy import HostCopy
 from .health import Health
 from .sampling import request_sampled, step_sampled
+from .summaries import Summaries, merged_stats, topk_list
 from .writer import Writer
 
 log = logging.getLogger("draftscope.tracer")
-FC_MAX_ROWS = 64  # rows per request on which fc is recomputed off-graph
+ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
+SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM or a crash waits for the final flush
 
 
 class InjectedFault(RuntimeError):
     """Raised inside a probe named in DRAFTSCOPE_FAULT (tests the fault path)."""
 
 
-def _finite(v: float) -> Optional[float]:
-    return v if v == v and v not in (float("inf"), float("-inf")) else None
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
 
 
 def sample_record(point: str, phase: str, at: float, rid: Optional[str], step: Optional[int],
-                  shape: List[int], dtype: str, stats: torch.Tensor) -> dict:
-    s = dict(zip(STAT_FIELDS, stats.tolist()))
-    rec = {"point": point, "phase": phase, "at": at, "rid": rid, "step_index": step, "shape": shape,
-           "dtype": dtype, "width": int(shape[-1]) if shape else 0, "rows": int(s["rows"]),
-           "nan_count": int(s["nan_count"]), "inf_count": int(s["inf_count"])}
-    for k in ("l2_mean", "l2_max", "mean", "std", "absmax"):
-        rec[k] = _finite(s[k])
-    return rec
-
-
-def _topk_lists(probs: torch.Tensor, ids: torch.Tensor) -> List[List[List[float]]]:
-    return [[[int(i), round(float(p), 6)] for i, p in zip(id_row, p_row)]
-            for id_row, p_row in zip(ids.tolist(), probs.tolist())]
+                  shape: List[int], dtype: str, stats: dict) -> dict:
+    return {"point": point, "phase": phase, "at": at, "rid": rid, "step_index": step, "shape": shape,
+            "dtype": dtype, **stats}
 
 
 class Tracer:
@@ -63,17 +64,17 @@ class Tracer:
         self.writer: Optional[Writer] = None
         self.recording = False  # this rank writes records (first TP rank of its DP group, last PP rank)
         self.active = True
+        self.summaries = Summaries(self.health, config.topk)
         # hook-thread state
-        self.verify_calls = 0
-        self.step_of: Dict[str, int] = {}
+        self.live: Dict[str, int] = {}  # sampled, unfinished rid -> verify steps seen so far
         self.first_seen: Dict[str, float] = {}
-        self._sampled: Dict[str, bool] = {}
-        self.draft_seed: Dict[str, tuple] = {}  # rid -> (probs, ids) of the draft's next position 1
-        self.draft_steps: Dict[str, list] = {}  # rid -> [(probs, ids)] for positions 2.. of this round
+        self.totals: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
+        self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row) of the draft's next position 1
+        self.draft_steps: Dict[str, list] = {}  # rid -> [(Pending, row)] for positions 2.. of this round
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
-        # writer-thread state: rid -> [(verify_id, accept_len, proposed)]
-        self.totals: Dict[str, list] = {}
+        self._hot_host: Optional[List[int]] = None
+        self._previous_sigterm: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------------
     def guard(self, probe: str, fn: Callable, *args) -> Any:
@@ -92,26 +93,33 @@ class Tracer:
                             probe, self.health.failure_limit, self.health.last_error[probe])
             return None
 
-    def submit(self, probe: str, job: Callable) -> bool:
+    def submit(self, probe: str, job: Callable, pendings=()) -> bool:
+        """Queue ``job`` for the writer; a refused job frees the summary slots it would have read."""
         job.probe = probe
-        return self.writer is not None and self.writer.submit(job)
+        if self.writer is not None and self.writer.submit(job):
+            return True
+        for p in pendings:
+            if p is not None:
+                p.release()
+        return False
 
-    def sampled(self, rid: str) -> bool:
-        s = self._sampled.get(rid)
-        if s is None:
-            s = self._sampled[rid] = request_sampled(rid, self.config.sample_rate)
-        return s
+    def rows_of(self, reqs, back: int = 0) -> List[tuple]:
+        """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
+        live, stride = self.live, self.config.step_stride
+        out = []
+        for i, r in enumerate(reqs):
+            n = live.get(r.rid)
+            if n is not None and n - back >= 0 and step_sampled(n - back, stride):
+                out.append((i, r.rid, n - back))
+        return out
 
-    def step_wanted(self, rid: str, step: int) -> bool:
-        return self.sampled(rid) and step_sampled(step, self.config.step_stride)
-
-    def close(self) -> None:
+    def close(self, status: str = "ended", timeout_s: float = 10.0) -> None:
         if self.writer is not None:
-            self.writer.close()
+            self.writer.close(timeout_s, status=status)
 
     # -- attach -----------------------------------------------------------------------------------
     def attach(self, scheduler) -> None:
-        """After the scheduler built its workers: rank, facts, sink, writer."""
+        """After the scheduler built its workers: rank, facts, sink, writer, shutdown handlers."""
         from .sinks import open_sink
 
         self.recording = _is_recording_rank()
@@ -131,235 +139,273 @@ class Tracer:
                              max_queue_items=c.max_queue_items, max_batch_items=c.max_batch_items,
                              flush_interval_s=c.flush_interval_s, health_interval_s=c.health_interval_s)
         atexit.register(self.close)
+        self._chain_sigterm()
+
+    def _chain_sigterm(self) -> None:
+        """On SIGTERM: final flush (at most ``SHUTDOWN_DEADLINE_S``), then the previous handler's turn."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; atexit still flushes
+        self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        try:
+            self.close("ended", SHUTDOWN_DEADLINE_S)
+        finally:
+            previous = self._previous_sigterm
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:  # SIG_DFL (or unknown): die of the signal as before
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def crashed(self, exc: BaseException) -> None:
+        """The scheduler's event loop raised: flush what is there with status ``crashed``."""
+        self.health.failed("scheduler", exc)
+        self.close("crashed", SHUTDOWN_DEADLINE_S)
 
     # -- prefill: target aux -> draft extend --------------------------------------------------------
-    def on_prefill(self, worker, batch, target_hidden: torch.Tensor, logits: Optional[torch.Tensor]) -> None:
-        now = time.time()
-        reqs = list(batch.reqs)
-        for r in reqs:
-            self.first_seen.setdefault(r.rid, now)
-        rows = [i for i, r in enumerate(reqs) if self.step_wanted(r.rid, 0)]
-        if not rows or not self.recording or batch.forward_mode.is_idle():
-            return
-        extend_lens = list(batch.extend_lens)
-        starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
-        tensors, meta = {}, []
-        for i in rows:
-            rid = reqs[i].rid
-            h = target_hidden[starts[i]: starts[i] + extend_lens[i]]
-            self._feature_stats(tensors, meta, worker, h, rid, 0, "prefill", with_aux=True)
-        if logits is not None:
-            idx = torch.tensor(rows, device=logits.device)
-            self._draft_logits(tensors, meta, worker, logits[idx], [reqs[i].rid for i in rows], "prefill", 0)
-        copy = HostCopy(tensors)
-        self.submit("prefill", lambda: {"samples": self._samples(copy, meta, now)})
+    def admit(self, batch) -> List[tuple]:
+        """Decide sampling for the requests of a prefill batch; the sampled rows of step 0."""
+        now, rate = time.time(), self.config.sample_rate
+        for r in batch.reqs:
+            rid = r.rid
+            if rid not in self.first_seen:
+                self.first_seen[rid] = now
+                if request_sampled(rid, rate):
+                    self.live[rid] = 0
+        if batch.forward_mode.is_idle():
+            return []
+        return self.rows_of(batch.reqs)
 
-    def _feature_stats(self, tensors, meta, worker, h, rid, step, phase, with_aux) -> None:
-        """draft.input (+ target.aux[i] chunks, + draft.fc.out recomputed) of one request's rows."""
-        key = f"{phase}:{rid}:{len(meta)}"
-        tensors[key] = row_stats(h)
-        meta.append((key, "draft.input", rid, step, phase, list(h.shape), str(h.dtype).replace("torch.", "")))
+    def on_prefill(self, worker, batch, target_hidden: torch.Tensor, logits: Optional[torch.Tensor],
+                   rows: List[tuple]) -> None:
+        extend_lens = list(batch.extend_lens)
+        starts = [0]
+        for n in extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        spans = [(max(starts[i], starts[i] + extend_lens[i] - ROWS_PER_REQUEST), starts[i] + extend_lens[i])
+                 for i, _, _ in rows]
+        self._features(worker, target_hidden, rows, spans, "prefill", with_aux=True)
+        if logits is not None:
+            self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "prefill", record=True)
+
+    def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
+                  with_aux: bool) -> None:
+        """draft.input (+ target.aux[i] chunks) and draft.fc.out of the given row spans: two launches."""
+        if h is None or not rows:
+            return
+        sel = [k for a, b in spans for k in range(a, b)]
+        groups, at = [], 0
+        for a, b in spans:
+            groups.append(list(range(at, at + b - a)))
+            at += b - a
         H = self.target_hidden
         width = int(h.shape[-1])
-        if with_aux and H and width % H == 0:
-            for c in range(width // H):
-                k = f"{key}:aux{c}"
-                tensors[k] = row_stats(h[:, c * H:(c + 1) * H])
-                meta.append((k, f"target.aux[{c}]", rid, step, phase, [int(h.shape[0]), H],
-                             str(h.dtype).replace("torch.", "")))
-        fc_out = _recompute_fc(worker.draft_runner.model, h[-FC_MAX_ROWS:])
-        if fc_out is not None:
-            k = f"{key}:fc"
-            tensors[k] = row_stats(fc_out)
-            meta.append((k, "draft.fc.out", rid, step, phase, list(fc_out.shape),
-                         str(fc_out.dtype).replace("torch.", "")))
+        chunks = width // H if H and width % H == 0 else 1
+        p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
+        fc_out = _recompute_fc(worker.draft_runner.model, h[torch.tensor(sel, device=h.device)])
+        p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
+        now, dtype = time.time(), _dtype(h)
+        fc_dtype = None if fc_out is None else _dtype(fc_out)
 
-    def _draft_logits(self, tensors, meta, worker, logits, rids, phase, step_offset) -> None:
-        """draft.logits stats per request and its top-k, mapped to target ids, as the next position 1."""
-        probs, ids = probs_topk(logits, self.config.topk)
+        def build() -> dict:
+            s_in = p_in.result() if p_in is not None else None
+            s_fc = p_fc.result() if p_fc is not None else None
+            out = []
+            for (_, rid, step), pos in zip(rows, groups):
+                if not pos:
+                    continue
+                if s_in is not None:
+                    out.append(sample_record("draft.input", phase, now, rid, step, [len(pos), width], dtype,
+                                             merged_stats(s_in, pos)))
+                    for c in range(chunks if with_aux and chunks > 1 else 0):
+                        out.append(sample_record(f"target.aux[{c}]", phase, now, rid, step, [len(pos), H],
+                                                 dtype, merged_stats(s_in, pos, [c])))
+                if s_fc is not None:
+                    out.append(sample_record("draft.fc.out", phase, now, rid, step,
+                                             [len(pos), s_fc.rows[0].chunks[0].width], fc_dtype,
+                                             merged_stats(s_fc, pos)))
+            return {"samples": out}
+
+        self.submit(phase, build, (p_in, p_fc))
+
+    def _draft_logits(self, worker, logits: torch.Tensor, sel, rows: List[tuple], phase: str,
+                      record: bool) -> None:
+        """Summary and top-k of the draft's logits at rows ``sel`` (one per entry of ``rows``); top-k at
+        position 1 of each request's next verify step (``record``: also a ``draft.logits`` sample)."""
+        pending = self.summaries.launch(logits, sel, logits=logits)
+        if pending is None:
+            return
         hot = getattr(worker, "hot_token_id", None)
-        if hot is not None:
-            ids = hot[ids]
-        for j, rid in enumerate(rids):
-            key = f"{phase}:{rid}:logits"
-            tensors[key] = row_stats(logits[j:j + 1])
-            step = self.step_of.get(rid, 0) - step_offset
-            meta.append((key, "draft.logits", rid, step, phase, [1, int(logits.shape[-1])], "float32"))
-            self.draft_seed[rid] = (probs[j], ids[j])
+        for j, (_, rid, _) in enumerate(rows):
+            if record:
+                self.draft_seed[rid] = (pending, j, hot)
+            else:
+                self.draft_steps.setdefault(rid, []).append((pending, j, hot))
+        now, V = time.time(), int(logits.shape[-1])
 
-    def _samples(self, copy: HostCopy, meta, at: float) -> List[dict]:
-        host = copy.wait()
-        return [sample_record(point, phase, at, rid, step, shape, dtype, host[key])
-                for key, point, rid, step, phase, shape, dtype in meta]
+        def build() -> dict:
+            s = pending.result()
+            if not record:
+                return {}
+            return {"samples": [sample_record("draft.logits", phase, now, rid, step, [1, V],
+                                              "float32", merged_stats(s, [j]))
+                                for j, (_, rid, step) in enumerate(rows)]}
+
+        self.submit(phase, build, (pending,))
 
     # -- draft decode -----------------------------------------------------------------------------
-    def on_draft_input(self, worker, batch) -> List[int]:
+    def on_draft_input(self, worker, batch) -> List[tuple]:
         """draft.input of the draft steps; returns the sampled rows (topk 1 only) for step logits."""
-        if not self.recording or batch.forward_mode.is_idle() or worker.topk != 1:
+        if batch.forward_mode.is_idle() or worker.topk != 1:
             return []
-        reqs = list(batch.reqs)
-        rows = [i for i, r in enumerate(reqs) if self.step_wanted(r.rid, self.step_of.get(r.rid, 0))]
-        if not rows:
-            return []
-        for i in rows:
-            self.draft_steps[reqs[i].rid] = []
+        rows = self.rows_of(batch.reqs)
+        for _, rid, _ in rows:
+            self.draft_steps[rid] = []
         h = batch.spec_info.hidden_states
-        if h is None:
-            return rows
-        now, tensors, meta = time.time(), {}, []
-        for i in rows:
-            rid = reqs[i].rid
-            self._feature_stats(tensors, meta, worker, h[i:i + 1], rid, self.step_of.get(rid, 0),
-                                "draft_decode", with_aux=False)
-        copy = HostCopy(tensors)
-        self.submit("draft", lambda: {"samples": self._samples(copy, meta, now)})
+        if rows and h is not None:
+            self._features(worker, h, rows, [(i, i + 1) for i, _, _ in rows], "draft_decode", with_aux=False)
         return rows
 
-    def on_draft_step_logits(self, worker, batch, rows: List[int], logits: torch.Tensor) -> None:
-        idx = torch.tensor(rows, device=logits.device)
-        probs, ids = probs_topk(logits[idx], self.config.topk)
-        hot = getattr(worker, "hot_token_id", None)
-        if hot is not None:
-            ids = hot[ids]
-        reqs = batch.reqs
-        for j, i in enumerate(rows):
-            self.draft_steps.setdefault(reqs[i].rid, []).append((probs[j], ids[j]))
+    def on_draft_step_logits(self, worker, rows: List[tuple], logits: torch.Tensor) -> None:
+        self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "draft_decode", record=False)
 
     # -- verify -----------------------------------------------------------------------------------
     def on_verify(self, batch, verify_input, result) -> None:
-        reqs = list(batch.reqs)
-        bs = len(reqs)
-        if bs == 0 or result is None or getattr(result, "accept_lens", None) is None:
+        """Counts the verify step of each sampled request; records the ones whose step is sampled."""
+        reqs = batch.reqs
+        rows = self.rows_of(reqs)
+        live = self.live
+        for r in reqs:
+            n = live.get(r.rid)
+            if n is not None:
+                live[r.rid] = n + 1
+        if not rows or result is None or getattr(result, "accept_lens", None) is None:
             return
-        self.verify_calls += 1
-        vid = self.verify_calls
         N = int(verify_input.draft_token_num)
-        rids = [r.rid for r in reqs]
-        steps = []
-        for rid in rids:
-            s = self.step_of.get(rid, 0)
-            steps.append(s)
-            self.step_of[rid] = s + 1
-        rows = [i for i, rid in enumerate(rids) if self.step_wanted(rid, steps[i])]
-        if not self.recording:
-            return
-        tensors: Dict[str, torch.Tensor] = {"accept_lens": result.accept_lens[:bs]}
-        draft_topk: Dict[str, tuple] = {}
-        if rows:
-            dev = result.accept_lens.device
-            idx = torch.tensor(rows, device=dev)
-            nodes = (idx[:, None] * N + torch.arange(N, device=dev)[None, :]).reshape(-1)
-            lo = result.logits_output
-            tensors["draft_token"] = verify_input.draft_token[nodes]
-            tensors["predict"] = result.next_token_ids[nodes]
-            tensors["seq_lens"] = batch.seq_lens[idx]
-            tprobs, tids = probs_topk(lo.next_token_logits[nodes], self.config.topk)
-            tensors["target_probs"], tensors["target_ids"] = tprobs, tids
-            hidden = lo.hidden_states
-            H = self.target_hidden
-            if hidden is not None and H and hidden.shape[-1] % H == 0:
-                h = hidden[nodes]
-                C = int(hidden.shape[-1]) // H
-                tensors["aux"] = torch.stack([torch.stack([row_stats(h[j * N:(j + 1) * N, c * H:(c + 1) * H])
-                                                           for c in range(C)]) for j in range(len(rows))])
-                tensors["aux_shape"] = torch.tensor([N, H], dtype=torch.int64)
-                aux_dtype = str(hidden.dtype).replace("torch.", "")
-            for i in rows:
-                rid = rids[i]
-                seed = self.draft_seed.pop(rid, None)
-                seq = ([seed] if seed is not None else []) + self.draft_steps.pop(rid, [])
-                if seq:
-                    tensors[f"dp:{rid}"] = torch.stack([p for p, _ in seq])
-                    tensors[f"di:{rid}"] = torch.stack([d for _, d in seq])
-                    draft_topk[rid] = True
-        copy = HostCopy(tensors)
-        now = time.time()
+        dev = result.accept_lens.device
+        nodes = [i * N + p for i, _, _ in rows for p in range(N)]
+        node_t = torch.tensor(nodes, device=dev)
+        idx = torch.tensor([i for i, _, _ in rows], device=dev)
+        ints = HostCopy(torch.cat([verify_input.draft_token[node_t].to(torch.int64),
+                                   result.next_token_ids[node_t].to(torch.int64),
+                                   batch.seq_lens[idx].to(torch.int64),
+                                   result.accept_lens[idx].to(torch.int64)]))
+        lo = result.logits_output
+        hidden, H = lo.hidden_states, self.target_hidden
+        aux = hidden is not None and H and hidden.shape[-1] % H == 0
+        pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
+                                        chunk_width=H if aux else None, logits=lo.next_token_logits)
+        aux_dtype = _dtype(hidden) if aux else None
+        drafts = {rid: ([self.draft_seed.pop(rid)] if rid in self.draft_seed else []) + self.draft_steps.pop(rid, [])
+                  for _, rid, _ in rows}
+        now, B = time.time(), len(rows)
 
         def build() -> dict:
-            host = copy.wait()
-            acc = host["accept_lens"].tolist()
-            for rid, a in zip(rids, acc):
-                self.totals.setdefault(rid, []).append((vid, int(a), N - 1))
+            host = ints.wait().tolist()
+            s = pending.result() if pending is not None else None
+            hot = None
             out = {"steps": [], "samples": []}
-            for j, i in enumerate(rows):
-                rid, a = rids[i], int(acc[i])
-                drafted = host["draft_token"][j * N + 1:(j + 1) * N].tolist()
-                step = {"rid": rid, "step_index": steps[i], "at": now,
-                        "seq_pos": int(host["seq_lens"][j]), "drafted_tokens": [int(t) for t in drafted],
-                        "accept_len": a, "accept_flags": [p <= a - 1 for p in range(1, N)],
-                        "bonus_token": int(host["predict"][j * N + a - 1]),
-                        "target_topk": _topk_lists(host["target_probs"][j * N:j * N + N - 1],
-                                                   host["target_ids"][j * N:j * N + N - 1])}
-                if rid in draft_topk:
-                    step["draft_topk"] = _topk_lists(host[f"dp:{rid}"][:N - 1], host[f"di:{rid}"][:N - 1])
-                out["steps"].append(step)
-                if "aux" in host:
-                    for c, stats in enumerate(host["aux"][j]):
-                        out["samples"].append(sample_record(
-                            f"target.aux[{c}]", "verify", now, rid, steps[i], host["aux_shape"].tolist(),
-                            aux_dtype, stats))
+            for j, (_, rid, step) in enumerate(rows):
+                a = host[2 * B * N + B + j]
+                base = j * N
+                rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": host[2 * B * N + j],
+                       "drafted_tokens": host[base + 1:base + N], "accept_len": a,
+                       "accept_flags": [p <= a - 1 for p in range(1, N)],
+                       "bonus_token": host[B * N + base + a - 1]}
+                if s is not None:
+                    rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
+                    if aux:
+                        for c in range(int(hidden.shape[-1]) // H):
+                            out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step,
+                                                                [N, H], aux_dtype,
+                                                                merged_stats(s, range(base, base + N), [c])))
+                seq = drafts.get(rid) or []
+                if seq:
+                    topks = []
+                    for p, r, hot_t in seq[:N - 1]:
+                        if hot_t is not None and hot is None:
+                            hot = self._hot_ids(hot_t)
+                        topks.append(topk_list(p.result().rows[r].topk, hot if hot_t is not None else None))
+                    rec["draft_topk"] = topks
+                out["steps"].append(rec)
             return out
 
-        self.submit("verify", build)
+        self.submit("verify", build, (pending,))
+
+    def _hot_ids(self, hot: torch.Tensor) -> List[int]:
+        """``hot_token_id`` on the host, read once (writer thread)."""
+        if self._hot_host is None:
+            self._hot_host = hot.tolist()
+        return self._hot_host
 
     # -- draft extend after verify ----------------------------------------------------------------
-    def on_draft_extend(self, worker, batch, batch_result, logits: Optional[torch.Tensor]) -> None:
+    def draft_extend_rows(self, batch) -> tuple:
+        """(rows of the verify step just done, rows whose next step is recorded)."""
+        if batch.forward_mode.is_idle():
+            return [], []
+        return self.rows_of(batch.reqs, back=1), self.rows_of(batch.reqs)
+
+    def on_draft_extend(self, worker, batch, batch_result, logits: Optional[torch.Tensor], done, upcoming) -> None:
         """draft.input/fc.out of the verify step just done; draft logits at the last accepted row, which
         seed position 1 of the next step."""
-        if not self.recording or batch.forward_mode.is_idle():
-            return
-        reqs = list(batch.reqs)
-        done = [i for i, r in enumerate(reqs) if self.step_wanted(r.rid, self.step_of.get(r.rid, 1) - 1)]
-        upcoming = [i for i, r in enumerate(reqs) if self.step_wanted(r.rid, self.step_of.get(r.rid, 0))]
         N = worker.speculative_num_draft_tokens
-        tensors, meta, now = {}, [], time.time()
         h = batch_result.logits_output.hidden_states
-        for i in done if h is not None else ():
-            rid = reqs[i].rid
-            self._feature_stats(tensors, meta, worker, h[i * N:(i + 1) * N], rid,
-                                self.step_of.get(rid, 1) - 1, "draft_extend", with_aux=False)
-        if upcoming and logits is not None and logits.shape[0] == len(reqs) * N:
-            idx = torch.tensor(upcoming, device=logits.device)
+        if done and h is not None:
+            self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
+                                             for i, _, _ in done], "draft_extend", with_aux=False)
+        if upcoming and logits is not None and logits.shape[0] == len(batch.reqs) * N:
+            idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
             sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
-            self._draft_logits(tensors, meta, worker, logits[sel], [reqs[i].rid for i in upcoming],
-                               "draft_extend", 1)
-        if tensors:
-            copy = HostCopy(tensors)
-            self.submit("draft_extend", lambda: {"samples": self._samples(copy, meta, now)})
+            self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
+                               record=True)
 
-    # -- request finished -------------------------------------------------------------------------
-    def on_finished(self, reqs, upto: Optional[int]) -> None:
+    # -- results: per-request totals and finished requests -------------------------------------------
+    def count(self, batch, result, live_reqs) -> None:
+        """The tracer's own totals, from ``accept_lens`` as SGLang's result processing left them on the
+        host: one verify step per request that was live before it, ``accept_len - 1`` accepted drafts."""
+        acc = getattr(result, "accept_lens", None)
+        if acc is None or not batch.forward_mode.is_decode() or not live_reqs:
+            return
+        acc = acc.tolist()
+        proposed = (self.num_draft_tokens or 1) - 1
+        totals = self.totals
+        for i, r in live_reqs:
+            t = totals.get(r.rid)
+            if t is None:
+                t = totals[r.rid] = [0, 0, 0]
+            t[0] += 1
+            t[1] += acc[i] - 1
+            t[2] += proposed
+
+    def on_finished(self, reqs) -> None:
         now = time.time()
-        infos = []
+        out = []
         for req in reqs:
             rid = req.rid
             ct = int(getattr(req, "spec_verify_ct", 0))
             reason = getattr(req, "finished_reason", None)
             reason = facts_mod._safe(lambda: reason.to_json().get("type")) if reason is not None else None
-            infos.append({"rid": rid, "sampled": self.sampled(rid),
-                          "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),
-                          "started_at": self.first_seen.pop(rid, None), "finished_at": now,
-                          "finish_reason": reason, "spec_verify_ct": ct,
-                          "spec_accepted_drafts": int(getattr(req, "spec_num_correct_drafts", 0)),
-                          "spec_proposed_drafts": ct * (self.num_draft_tokens - 1) if self.num_draft_tokens else None})
-            for d in (self.step_of, self._sampled, self.draft_seed, self.draft_steps):
-                d.pop(rid, None)
-        if not self.recording:
-            return
-
-        def build() -> dict:
-            out = []
-            for info in infos:
-                steps = self.totals.pop(info["rid"], [])
-                if upto is not None:
-                    counted = [s for s in steps if s[0] <= upto]
-                    info.update(traced_verify_ct=len(counted),
-                                traced_accepted_drafts=sum(a - 1 for _, a, _ in counted),
-                                traced_proposed_drafts=sum(p for _, _, p in counted))
-                out.append({k: v for k, v in info.items() if v is not None})
-            return {"requests": out}
-
-        self.submit("finish", build)
+            sampled = self.live.pop(rid, None) is not None
+            traced = self.totals.pop(rid, [0, 0, 0])
+            info = {"rid": rid, "sampled": sampled,
+                    "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),
+                    "started_at": self.first_seen.pop(rid, None), "finished_at": now,
+                    "finish_reason": reason, "spec_verify_ct": ct,
+                    "spec_accepted_drafts": int(getattr(req, "spec_num_correct_drafts", 0)),
+                    "spec_proposed_drafts": ct * (self.num_draft_tokens - 1) if self.num_draft_tokens else None,
+                    "traced_verify_ct": traced[0], "traced_accepted_drafts": traced[1],
+                    "traced_proposed_drafts": traced[2] if self.num_draft_tokens else None}
+            if (traced[0], traced[1]) != (ct, info["spec_accepted_drafts"]):
+                self.health.failed("totals_mismatch", RuntimeError(
+                    f"{rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / "
+                    f"{info['spec_accepted_drafts']}"))
+            self.draft_seed.pop(rid, None)
+            self.draft_steps.pop(rid, None)
+            out.append({k: v for k, v in info.items() if v is not None})
+        if self.recording:
+            self.submit("finish", lambda: {"requests": out})
 
 
 def _recompute_fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:

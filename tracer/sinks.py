@@ -6,6 +6,7 @@ import logging
 from typing import Callable, Optional
 
 from .config import TracerConfig
+from .file_sink import FileSink
 from .http_sink import HttpSink
 from .sqlite_sink import SqliteSink, StoreNotReady
 
@@ -13,12 +14,19 @@ log = logging.getLogger("draftscope.tracer")
 
 
 def open_sink(config: TracerConfig, drop: Callable[[str, int], None]):
-    """The SQLite sink when DRAFTSCOPE_DB is set, else the HTTP sink; None (logged) when unusable."""
+    """The SQLite sink when DRAFTSCOPE_DB is set, else the file sink (DRAFTSCOPE_FILE), else the HTTP
+    sink; None (logged) when unusable."""
     if config.db:
         try:
             return SqliteSink(config.db)
         except (StoreNotReady, OSError, Exception) as exc:  # sqlite3 errors included
             log.error("draftscope: tracer off: %s", exc)
+            return None
+    if config.file:
+        try:
+            return FileSink(config.file, drop)
+        except OSError as exc:
+            log.error("draftscope: tracer off: DRAFTSCOPE_FILE=%s cannot be opened for appending: %s", config.file, exc)
             return None
     if config.url:
         return HttpSink(config.url, drop, token=config.ingest_token)

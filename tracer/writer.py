@@ -21,7 +21,7 @@ log = logging.getLogger("draftscope.tracer")
 
 Records = Dict[str, List[dict]]  # wire batch keys -> records
 Job = Callable[[], Optional[Records]]
-_STOP = object()
+STOP_POLL_S = 0.25  # how often the writer looks for a close request
 
 
 class Sink(Protocol):
@@ -46,6 +46,8 @@ class Writer:
         self._pending_n = 0
         self._run_sent = False
         self._closed = False
+        self._final_status = "ended"
+        self._stop = threading.Event()
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._loop, name="draftscope-writer", daemon=True)
         self._thread.start()
@@ -69,21 +71,19 @@ class Writer:
     def depth(self) -> int:
         return self._queue.qsize()
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Drain what is queued, send the final run and health records, stop the thread. Idempotent."""
+    def close(self, timeout_s: float = 10.0, status: str = "ended") -> None:
+        """Drain what is queued, send the final run (``status``) and health records, stop the thread;
+        waits at most ``timeout_s``. Idempotent. Takes no lock, so a signal handler may call it."""
         if self._closed:
             return
         self._closed = True
+        self._final_status = status
         if os.getpid() != self._pid or not self._thread.is_alive():
             return
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            self.health.drop("shutdown", self._queue.qsize())
-            return
+        self._stop.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("draftscope: writer did not finish within %.0f s; unsent records are lost", timeout_s)
+            log.warning("draftscope: writer did not finish within %.1f s; unsent records are lost", timeout_s)
 
     # -- writer thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -91,10 +91,13 @@ class Writer:
         next_health = time.monotonic()  # the first health snapshot goes out with the first flush
         while True:
             try:
-                job = self._queue.get(timeout=max(0.0, next_flush - time.monotonic()))
+                job = self._queue.get(timeout=min(STOP_POLL_S, max(0.0, next_flush - time.monotonic())))
             except queue.Empty:
                 job = None
-            if job is _STOP:
+            if self._stop.is_set():
+                if job is not None:
+                    self._run_job(job)
+                self._drain()
                 self._add({"health": [self.health.snapshot(0)]})
                 self._flush(final=True)
                 try:
@@ -111,6 +114,16 @@ class Writer:
             if self._pending_n >= self.max_batch_items or now >= next_flush:
                 self._flush()
                 next_flush = time.monotonic() + self.flush_interval_s
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._run_job(job)
+            if self._pending_n >= self.max_batch_items:
+                self._flush()
 
     def _run_job(self, job: Job) -> None:
         probe = getattr(job, "probe", "job")
@@ -135,7 +148,7 @@ class Writer:
         if not self._run_sent or final:
             run = self._run()
             if final:
-                run = {**run, "status": "ended", "ended_at": time.time()}
+                run = {**run, "status": self._final_status, "ended_at": time.time()}
         batch = {"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
                  "run_id": self.run_id, "sent_at": time.time(), "run": run, **self._pending}
         n = self._pending_n

@@ -18,10 +18,10 @@ import torch
 from testbed import models, scenarios, train_draft
 from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
-pytestmark = pytest.mark.sglang
+sglang = pytest.mark.sglang
 
-HEALTHY_FLOOR = 1.5  # measured 1.67 (docs/testbed.md)
-COLLAPSED_CEILING = 1.3  # aux-off measured 1.20: the draft reads tokens too, so a little survives
+HEALTHY_FLOOR = 1.9  # measured 2.16 (docs/testbed.md)
+COLLAPSED_CEILING = 1.25  # aux-off measured 1.17: the draft reads tokens too, so a little survives
 
 
 def test_unknown_scenario_names_the_known_ones():
@@ -71,11 +71,13 @@ def healthy(sglang_server):
     return run_demo(sglang_server("healthy"))
 
 
+@sglang
 def test_healthy_draft_is_accepted(healthy):
     assert all(r["meta_info"]["completion_tokens"] == DEMO_NEW_TOKENS for r in healthy)
     assert mean_accept(healthy) >= HEALTHY_FLOOR
 
 
+@sglang
 def test_server_acceptance_equals_the_reimplemented_draft(healthy, offline):
     ids = json.loads((models.ensure_models().draft / "config.json").read_text())["eagle_config"][
         "eagle_aux_hidden_state_layer_ids"
@@ -83,6 +85,7 @@ def test_server_acceptance_equals_the_reimplemented_draft(healthy, offline):
     assert per_prompt(healthy) == pytest.approx(offline(ids), abs=1e-6)
 
 
+@sglang
 def test_aux_off_collapses_silently(sglang_server, healthy, offline):
     results = run_demo(sglang_server("aux-off"))
     assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]  # verification hides it
@@ -91,18 +94,21 @@ def test_aux_off_collapses_silently(sglang_server, healthy, offline):
     assert per_prompt(results) == pytest.approx(offline(None), abs=1e-6)
 
 
+@sglang
 def test_algo_eagle_collapses_silently(sglang_server, healthy):
     results = run_demo(sglang_server("algo-eagle"))
     assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
     assert mean_accept(results) <= COLLAPSED_CEILING
 
 
+@sglang
 def test_dropped_weights_collapse_silently(sglang_server, healthy):
     results = run_demo(sglang_server("weights-dropped"))
     assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
     assert mean_accept(results) <= 1.1
 
 
+@sglang
 def test_top_level_ids_fall_back_to_sglangs_default_layers(sglang_server, healthy, offline):
     results = run_demo(sglang_server("top-level-ids"))
     assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
@@ -120,6 +126,7 @@ def _wait_dead(server, timeout_s: float = 60.0) -> bool:
     return False
 
 
+@sglang
 def test_last_layer_id_fails_at_the_first_request_and_the_server_exits(sglang_server):
     server = sglang_server("last-layer-id")
     with pytest.raises((RuntimeError, OSError)):
@@ -128,6 +135,7 @@ def test_last_layer_id_fails_at_the_first_request_and_the_server_exits(sglang_se
     assert "mat1 and mat2 shapes cannot be multiplied" in server.log_path.read_text()
 
 
+@sglang
 def test_d2t_absolute_kills_the_server_when_a_high_draft_id_is_drafted(sglang_server):
     server = sglang_server("d2t-absolute")
     with pytest.raises((RuntimeError, OSError)):

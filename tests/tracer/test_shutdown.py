@@ -1,0 +1,72 @@
+"""On the real CPU SGLang server: the file sink, a SIGTERM stop and a scheduler crash end the trace
+properly (two server starts).
+
+- SIGTERM to the process group (how the test bed stops servers): the last line of DRAFTSCOPE_FILE holds
+  the run with ``status: "ended"``, and ``draftscope import`` stores the run and its requests.
+- ``last-layer-id`` (the scheduler dies of an exception at the first request): ``status: "crashed"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from draftscope import db as store_db
+from testbed import scenarios
+from testbed.models import ensure_models
+from testbed.server import ServerStartError, start_server
+
+pytestmark = pytest.mark.sglang
+PY = os.environ.get("DRAFTSCOPE_VENV", "/tmp/vb/venv") + "/bin/python"
+
+
+def _batches(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_sigterm_ends_the_run_and_the_file_imports(tmp_path):
+    models = ensure_models()
+    trace = tmp_path / "trace.jsonl"
+    env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "30"}
+    with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env, python=PY) as server:
+        outs = [server.generate(p, max_new_tokens=12) for p in ("The quick brown fox", "Hello world")]
+        t0 = time.monotonic()
+        server.stop()
+        stopped_in = time.monotonic() - t0
+    batches = _batches(trace)
+    final = [b["run"] for b in batches if b["run"]][-1]
+    assert final["status"] == "ended" and final["ended_at"] >= final["started_at"]
+    # the flush interval is 30 s: the requests and steps got out only through the SIGTERM flush
+    assert {o["meta_info"]["id"] for o in outs} <= {r["rid"] for b in batches for r in b["requests"]}
+    assert sum(len(b["steps"]) for b in batches) > 0 and stopped_in < 15
+
+    db = tmp_path / "store.db"
+    store_db.upgrade(f"sqlite:///{db}")
+    done = subprocess.run([sys.executable, "-m", "draftscope.cli", "import", str(trace), "--db", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    conn = sqlite3.connect(db)
+    assert conn.execute("select status from runs").fetchall() == [("ended",)]
+    rows = dict(conn.execute("select rid, traced_verify_ct from requests"))
+    assert {o["meta_info"]["id"]: o["meta_info"]["spec_verify_ct"] for o in outs}.items() <= rows.items()
+
+
+def test_scheduler_crash_marks_the_run_crashed(tmp_path):
+    prepared = scenarios.prepare("last-layer-id", tmp_path / "scenarios")
+    trace = tmp_path / "trace.jsonl"
+    env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1"}
+    # SGLang's own health check already sends a one-token request: the server may die while starting
+    with pytest.raises((ServerStartError, RuntimeError, OSError)):
+        with start_server(prepared.target_dir, prepared.draft_dir, list(prepared.server_args),
+                          tmp_path / "server.log", env=env, python=PY) as server:
+            server.generate("The quick brown fox", max_new_tokens=8)
+    final = [b["run"] for b in _batches(trace) if b["run"]][-1]
+    assert final["status"] == "crashed" and final["ended_at"]
+    health = [h for b in _batches(trace) for h in b["health"]][-1]
+    assert health["errors"].get("scheduler") == 1

@@ -1,0 +1,52 @@
+"""Append each wire batch as one JSON line to a file (``DRAFTSCOPE_FILE``); ``draftscope import`` reads it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Callable, Dict
+
+log = logging.getLogger("draftscope.tracer")
+
+
+def _count(batch: Dict[str, Any]) -> int:
+    return sum(len(batch.get(k) or ()) for k in ("requests", "steps", "samples", "health", "findings"))
+
+
+class FileSink:
+    """Used only by the writer thread. Never raises from ``send``: a failed write (full disk, ...) is
+    rolled back to the last whole line, counted as ``sink_error`` drops and logged once."""
+
+    def __init__(self, path: str, drop: Callable[[str, int], None]):
+        self.path = path
+        self._drop = drop
+        self._warned = False
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # OSError: caller logs it
+
+    def send(self, batch: Dict[str, Any]) -> None:
+        line = (json.dumps(batch, allow_nan=False, separators=(",", ":")) + "\n").encode()
+        end = None
+        try:
+            end = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except (OSError, ValueError) as exc:
+            self._drop("sink_error", max(_count(batch), 1))
+            if end is not None:
+                try:
+                    os.ftruncate(self._fd, end)  # no half line for the importer to trip over
+                except OSError:
+                    pass
+            if not self._warned:
+                log.warning("draftscope: cannot write %s (%s); dropping batches until writes succeed", self.path, exc)
+                self._warned = True
+            return
+        self._warned = False
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass

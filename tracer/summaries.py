@@ -1,0 +1,82 @@
+"""The hooks' side of ``summarize.Summarizer``: one per tensor layout, created lazily, and the records.
+
+A launch takes the rows to summarise (a host list or a device int64 tensor), pads them into the
+Summarizer's static ``rows`` buffer and returns the :class:`~draftscope_tracer.summarize.Pending`;
+the writer thread turns each ``Summary`` into ``SampleRecord`` fields or top-k lists.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .health import Health
+from .summarize import ChunkStats, Pending, Summarizer, Summary
+
+RING_SIZE = 16  # unread launches per layout before launches drop (counted as `summary_ring_full`)
+
+
+class Summaries:
+    """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two."""
+
+    def __init__(self, health: Health, topk: int):
+        self.health, self.topk = health, topk
+        self._by_shape: Dict[tuple, Tuple[Summarizer, torch.Tensor]] = {}
+
+    def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
+               chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
+               tag=None) -> Optional[Pending]:
+        """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted)."""
+        n = len(rows)
+        if n == 0 or hidden.shape[0] == 0:
+            return None
+        width = int(hidden.shape[-1])
+        chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
+        vocab = None if logits is None else int(logits.shape[-1])
+        if logits is not None and logits.dtype != torch.float32:
+            logits = logits.float()
+        key = (width, chunk, vocab, hidden.device)
+        summ, buf = self._by_shape.get(key, (None, None))
+        if summ is None or summ.max_rows < n:
+            max_rows = max(8, 1 << (n - 1).bit_length())
+            summ = Summarizer(max_rows=max_rows, width=width, chunk_width=chunk, vocab_size=vocab,
+                              topk=min(self.topk, vocab) if vocab else self.topk, ring_size=RING_SIZE,
+                              device=hidden.device)
+            buf = torch.empty(max_rows, dtype=torch.int64, device=hidden.device)
+            self._by_shape[key] = (summ, buf)
+        buf.fill_(-1)
+        src = rows if isinstance(rows, torch.Tensor) else torch.tensor(list(rows), dtype=torch.int64)
+        buf[:n].copy_(src, non_blocking=True)
+        pending = summ.summarize(hidden.detach(), buf, logits=None if logits is None else logits.detach(), tag=tag)
+        if pending is None:
+            self.health.drop("summary_ring_full")
+        return pending
+
+
+def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
+    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``."""
+    rows = [summary.rows[p] for p in positions]
+    if not rows:
+        raise ValueError("merged_stats needs at least one row")
+    pick = [[r.chunks[c] for c in (range(len(r.chunks)) if chunks is None else chunks)] for r in rows]
+    cells: List[ChunkStats] = [c for row in pick for c in row]
+    total = sum(c.width for c in cells)
+    mean = sum(c.mean * c.width for c in cells) / total
+    var = sum(c.width * (c.std ** 2 + (c.mean - mean) ** 2) for c in cells) / total
+    l2 = [math.sqrt(sum(c.l2 ** 2 for c in row)) for row in pick]
+    return {"rows": len(rows), "width": sum(c.width for c in pick[0]),
+            "l2_mean": _finite(sum(l2) / len(l2)), "l2_max": _finite(max(l2)), "mean": _finite(mean),
+            "std": _finite(math.sqrt(var) if var >= 0 else math.nan),
+            "absmax": _finite(max(c.absmax for c in cells)),
+            "nan_count": sum(c.nan_count for c in cells), "inf_count": sum(c.inf_count for c in cells)}
+
+
+def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[List[float]]:
+    """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``."""
+    return [[int(id_map[i] if id_map is not None else i), round(float(p), 6)] for i, p in topk]
+
+
+def _finite(v: float) -> Optional[float]:
+    return v if math.isfinite(v) else None
