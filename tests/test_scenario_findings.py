@@ -1,0 +1,162 @@
+"""The traced test-bed servers show at runtime the root cause `draftscope doctor` finds statically.
+
+For each scenario of `testbed.scenarios`: `draftscope doctor` names the root cause from the
+checkpoint alone; the same scenario served by the real SGLang 0.5.23 engine on the CPU, traced into
+a SQLite store by the `sglang_server` fixture, is then diagnosed from what the tracer recorded:
+
+- the runtime rules on the tracer's observation alone (attach-time facts, sample widths, weights
+  check, acceptance; no checkpoint read) must name the same root cause, or its documented runtime
+  twin (`docs/findings.md`);
+- `analyze_run` (runtime plus static rules, as the dashboard runs it) must put it first, and so
+  must the run page.
+
+Scenarios that crash the server at a request are still diagnosed: the attach-time facts reach the
+store before any request is served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+from typer.testing import CliRunner
+
+from draftscope import db
+from draftscope.analyze import analyze_run, build_observation
+from draftscope.cli import app as cli
+from draftscope.findings import runtime_findings
+from draftscope.settings import Settings
+from draftscope.web import create_app
+from testbed import scenarios
+from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+
+pytestmark = pytest.mark.sglang
+
+
+# scenario -> (doctor's root cause, the runtime root cause, the server dies serving the demo prompts)
+EXPECTED = {
+    "healthy": (None, None, False),
+    "aux-off": ("fc-bypassed", "fc-bypassed", False),
+    "algo-eagle": ("eagle-algorithm-with-eagle3-draft", "eagle-algorithm-with-eagle3-draft", False),
+    "weights-dropped": ("draft-weights-not-loaded", "draft-weights-not-loaded", False),
+    "d2t-absolute": ("d2t-not-offsets", "d2t-not-offsets", True),
+    "last-layer-id": ("aux-count-short", "aux-count-short", True),
+    # Static: the ids sit outside eagle_config. Runtime twin: the captured layers are SGLang's
+    # fallback, not the trained ones.
+    "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
+}
+FLUSH_TIMEOUT_S = 60.0
+
+
+def test_the_table_covers_every_scenario():
+    assert set(EXPECTED) == set(scenarios.SCENARIOS)
+
+
+def doctor_findings(prepared) -> list[dict]:
+    args = shlex.join(prepared.server_args)
+    result = CliRunner().invoke(cli, ["doctor", str(prepared.draft_dir), "--target",
+                                      str(prepared.target_dir), "--server-args", args, "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.output)["findings"]
+
+
+def serve_demo(server, crashes: bool) -> int:
+    """Send the demo prompts; returns how many were answered. A crashing scenario may fail any."""
+    answered = 0
+    for prompt in DEMO_PROMPTS:
+        try:
+            server.generate(prompt, DEMO_NEW_TOKENS)
+        except (RuntimeError, OSError):
+            if not crashes:
+                raise
+            break
+        answered += 1
+    return answered
+
+
+def wait_for_run(url: str, finished: int, crashes: bool) -> str:
+    """The run's id once the tracer's store holds it, `finished` finished requests, or (for a
+    crashing scenario) the run marked crashed/ended; bounded by FLUSH_TIMEOUT_S."""
+    engine = db.make_engine(url)
+    deadline = time.monotonic() + FLUSH_TIMEOUT_S
+    state = None
+    try:
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                runs = conn.execute(sa.text("SELECT id, status FROM runs")).all()
+                done = conn.execute(sa.text("SELECT count(*) FROM requests "
+                                            "WHERE finished_at IS NOT NULL")).scalar_one()
+            state = (runs, done)
+            if len(runs) == 1:
+                run_id, status = runs[0]
+                if done >= finished and (not crashes or status in ("crashed", "ended")):
+                    return run_id
+            assert len(runs) <= 1, f"one server, one scheduler: expected one run, got {runs}"
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    pytest.fail(f"the tracer's store {url} did not show the run within {FLUSH_TIMEOUT_S:.0f} s "
+                f"(runs, finished requests: {state}; wanted {finished} finished)")
+
+
+def first_finding_on_run_page(url: str, run_id: str) -> tuple[str, str] | None:
+    with TestClient(create_app(Settings(database_url=url))) as client:
+        page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200, page.text[:500]
+    found = re.search(r'<div class="finding (\w+)">\s*<strong[^>]*>\w+</strong> <code>([\w-]+)</code>',
+                      page.text)
+    return (found.group(1), found.group(2)) if found else None
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_runtime_diagnosis_matches_doctor(name, sglang_server):
+    static_cause, runtime_cause, crashes = EXPECTED[name]
+    prepared = scenarios.prepare(name)
+
+    doctor = doctor_findings(prepared)
+    doctor_errors = [f["rule_id"] for f in doctor if f["severity"] in ("error", "warning")]
+    assert doctor_errors == ([static_cause] if static_cause else []), doctor
+
+    server = sglang_server(name)
+    assert server.trace_db_url, "the fixture traces every server unless told otherwise"
+    with db.make_engine(server.trace_db_url).connect() as conn:
+        finished_before = conn.execute(sa.text("SELECT count(*) FROM requests "
+                                               "WHERE finished_at IS NOT NULL")).scalar_one()
+    answered = serve_demo(server, crashes)
+    run_id = wait_for_run(server.trace_db_url, finished_before + answered, crashes)
+
+    engine = db.make_engine(server.trace_db_url)
+    try:
+        with Session(engine) as session:
+            observation = build_observation(session, run_id)
+            traced = runtime_findings(None, observation)  # the tracer's record alone
+            analyzed = analyze_run(session, run_id)
+    finally:
+        engine.dispose()
+    facts = observation.facts
+    assert facts and facts.get("draft") and facts.get("target"), f"no attach-time facts: {facts}"
+    report = (f"doctor: {[f['rule_id'] for f in doctor]}\n"
+              f"runtime (facts + samples only): {[(f.rule_id, f.severity) for f in traced]}\n"
+              f"analyze_run: {[(f.rule_id, f.severity, f.source) for f in analyzed]}\n"
+              f"draft.input widths: {observation.draft_input_widths}, verify steps "
+              f"{observation.verify_steps}, accepted {observation.accepted_drafts}/"
+              f"{observation.proposed_drafts}\nlayers_to_capture: "
+              f"{facts['target'].get('layers_to_capture')}, weights: {facts['draft'].get('weights')}")
+    serious = [f for f in analyzed if f.severity in ("error", "warning")]
+    page_first = first_finding_on_run_page(server.trace_db_url, run_id)
+
+    if static_cause is None:
+        assert not [f for f in traced if f.severity in ("error", "warning")], report
+        assert not serious, report
+        assert page_first is None or page_first[0] == "info", report
+        assert observation.verify_steps and observation.accepted_drafts, report
+        return
+    assert traced and traced[0].rule_id == runtime_cause, report
+    assert analyzed[0].rule_id == static_cause, report
+    assert page_first == ("error", static_cause), report
