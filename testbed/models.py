@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Bump when a change in this module, eagle3_draft.py or train_draft.py changes what gets written.
+# Bump when a code change in this module, eagle3_draft.py or train_draft.py changes what gets written
+# (the spec, the texts and the library versions are hashed on their own).
 BUILD_VERSION = 2
 
 
@@ -91,14 +92,19 @@ def cache_root(override: Path | str | None = None) -> Path:
 
 
 def build_hash(spec: BuildSpec) -> str:
-    """Content hash of everything that decides the bytes written: code version, spec, library versions."""
+    """Content hash of what decides the bytes written: code version, spec, texts, library versions."""
     import tokenizers
     import torch
     import transformers
 
+    from testbed import train_draft
+    from testbed.scenarios import DEMO_PROMPTS
+
     inputs = {
         "build_version": BUILD_VERSION,
         "spec": asdict(spec),
+        "tokenizer_corpus": TOKENIZER_CORPUS,
+        "training_prompts": [DEMO_PROMPTS, train_draft.DEMO_REPEATS],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
