@@ -6,7 +6,7 @@ GETs `/` and `/api/v1/runs` every --page-interval-s. Prints sustained rows/s, th
 seconds (rows per server-CPU-second, which other load on the machine does not distort), batch
 latency p50/p99 and page latency p50/p99.
 
-    /tmp/vb/venv/bin/python bench/ingest_bench.py --seconds 20 --batch-rows 5000
+    .venv/bin/python bench/ingest_bench.py --seconds 20 --batch-rows 5000
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--python", default=os.environ.get("DRAFTSCOPE_VENV", "/tmp/vb/venv") + "/bin/python")
+    ap.add_argument("--python", default=None, help="the test bed Python (default: $DRAFTSCOPE_VENV or .venv)")
     args = ap.parse_args()
     models = ensure_models()
     work = Path(tempfile.mkdtemp(prefix="draftscope-bench-"))

@@ -124,14 +124,13 @@ class ServerHandle:
             ) from e
 
     def is_healthy(self) -> bool:
-        for path in ("/health", "/model_info"):
-            try:
-                with urllib.request.urlopen(self.url + path, timeout=2) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                continue
-        return False
+        """`/model_info` answers: the server is up. (`/health` would run a one-token generation,
+        making the probe the server's first request, which some scenarios crash on.)"""
+        try:
+            with urllib.request.urlopen(self.url + "/model_info", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the process group, wait, then SIGKILL it. Safe to call twice."""
@@ -183,7 +182,7 @@ def start_server(
     timeout: float = 240.0,
 ) -> ServerHandle:
     """Start `sglang.launch_server` for `target_dir` (plus an EAGLE-3 `draft_dir`, or None for no
-    speculation) on a free local port and wait until it answers `/health` or `/model_info`.
+    speculation) on a free local port and wait until it answers `/model_info`.
 
     Raises `ServerStartError` with the log tail if the process exits or `timeout` seconds pass
     (and then leaves no process behind).

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from draftscope import db as store_db
-from draftscope_tracer import wire
 from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
 from draftscope_tracer.health import Health
 from draftscope_tracer.http_sink import HttpSink

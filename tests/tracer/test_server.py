@@ -25,7 +25,6 @@ pytestmark = pytest.mark.sglang
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D"]
 NEW_TOKENS = 24
-PY = os.environ.get("DRAFTSCOPE_VENV", "/tmp/vb/venv") + "/bin/python"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def models():
 
 
 def _answers(models, log, env):
-    with start_server(models.target, models.draft, [], log, env=env, python=PY) as server:
+    with start_server(models.target, models.draft, [], log, env=env) as server:
         outs = [server.generate(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
         time.sleep(1.5 if env else 0)  # a few flush intervals: every finished request is delivered
         log_text = open(log).read()

@@ -9,7 +9,6 @@ properly (two server starts).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from testbed.models import ensure_models
 from testbed.server import ServerStartError, start_server
 
 pytestmark = pytest.mark.sglang
-PY = os.environ.get("DRAFTSCOPE_VENV", "/tmp/vb/venv") + "/bin/python"
 
 
 def _batches(path):
@@ -34,7 +32,7 @@ def test_sigterm_ends_the_run_and_the_file_imports(tmp_path):
     models = ensure_models()
     trace = tmp_path / "trace.jsonl"
     env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "30"}
-    with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env, python=PY) as server:
+    with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env) as server:
         outs = [server.generate(p, max_new_tokens=12) for p in ("The quick brown fox", "Hello world")]
         t0 = time.monotonic()
         server.stop()
@@ -64,7 +62,7 @@ def test_scheduler_crash_marks_the_run_crashed(tmp_path):
     # SGLang's own health check already sends a one-token request: the server may die while starting
     with pytest.raises((ServerStartError, RuntimeError, OSError)):
         with start_server(prepared.target_dir, prepared.draft_dir, list(prepared.server_args),
-                          tmp_path / "server.log", env=env, python=PY) as server:
+                          tmp_path / "server.log", env=env) as server:
             server.generate("The quick brown fox", max_new_tokens=8)
     final = [b["run"] for b in _batches(trace) if b["run"]][-1]
     assert final["status"] == "crashed" and final["ended_at"]
