@@ -71,8 +71,8 @@ class StepRecord(_Record):
     accept_len: int
     accept_flags: list[bool]
     bonus_token: int | None = None
-    draft_topk: list[list[list[float]]] | None = None
-    target_topk: list[list[list[float]]] | None = None
+    draft_topk: list[list[list[float | None]]] | None = None  # [id, prob]; prob null when not finite
+    target_topk: list[list[list[float | None]]] | None = None
 
 
 class SampleRecord(_Record):

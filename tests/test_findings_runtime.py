@@ -95,3 +95,15 @@ def test_collapse_is_not_quality_when_plumbing_is_broken(spec):
 def test_position_first_step(spec):
     f = runtime_findings(spec, healthy(max_seq_pos=5000, max_seq_pos_at=("r1", 77)))[0]
     assert f.first_step == 77 and f.evidence["rid"] == "r1"
+
+
+def test_captured_layers_differ_from_the_recorded_draft_config_alone():
+    """With the draft directory unreadable here, the config the tracer recorded names the trained layers."""
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_aux_hidden_state_layer_ids": [1, 4, 6]}
+    same = healthy(facts=_facts(draft__config={**config, "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 4, 6]}}))
+    assert runtime_findings(None, same) == []
+    fallback = healthy(facts=_facts(draft__config=config, target__layers_to_capture=[2, 4, 5]))
+    [finding] = runtime_findings(None, fallback)
+    assert finding.rule_id == "captured-layers-differ"
+    assert "output of layers [1, 3, 4]" in finding.message and "trained on [1, 4, 6]" in finding.message

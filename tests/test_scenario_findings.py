@@ -54,9 +54,6 @@ EXPECTED = {
     "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
 }
 # Scenarios whose runtime root cause needs the draft checkpoint: from the trace alone it is missed.
-# captured-layers-differ compares the captured layers with spec.aux_layers_physical, which only
-# read_draft() provides; facts.draft.config holds the same ids (see the report of this test's author).
-TRACE_ALONE_MISSES = {"top-level-ids"}
 FLUSH_TIMEOUT_S = 60.0
 
 
@@ -165,9 +162,6 @@ def test_runtime_diagnosis_matches_doctor(name, sglang_server):
         assert observation.verify_steps and observation.accepted_drafts, report
         return
     assert runtime and runtime[0].rule_id == runtime_cause, report
-    if name in TRACE_ALONE_MISSES:  # a known gap: when it is closed, take the scenario out of the set
-        assert runtime_cause not in [f.rule_id for f in trace_alone], report
-    else:
-        assert trace_alone and trace_alone[0].rule_id == runtime_cause, report
+    assert trace_alone and trace_alone[0].rule_id == runtime_cause, report
     assert analyzed[0].rule_id == static_cause, report
     assert page_first == ("error", static_cause), report

@@ -75,7 +75,7 @@ def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Se
 
 def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[List[float]]:
     """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``."""
-    return [[int(id_map[i] if id_map is not None else i), round(float(p), 6)] for i, p in topk]
+    return [[int(id_map[i] if id_map is not None else i), _finite(round(float(p), 6))] for i, p in topk]
 
 
 def _finite(v: float) -> Optional[float]:

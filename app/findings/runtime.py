@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftscope.findings.model import Finding, Observation
-from draftscope.spec.draft import DraftFeatureSpec
+from draftscope.spec.draft import DraftFeatureSpec, trained_layers_from_config
 from draftscope.spec.feature_stats import relative_gap
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
@@ -97,13 +97,15 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
                         f"the draft received {bad[0]}-wide features after a target forward; its fc "
                         f"expects {expected}",
                         "make the captured aux layers match the draft's eagle_config ids", ev))
-    if captured is not None and spec is not None and spec.aux_layers_physical is not None \
-            and not found and [i - 1 for i in captured] != spec.aux_layers_physical:
+    trained = spec.aux_layers_physical if spec is not None else \
+        trained_layers_from_config(draft.get("config") or {}, n)
+    if captured is not None and trained is not None and not found \
+            and [i - 1 for i in captured] != trained:
         found.append(_f("captured-layers-differ", "error",
                         f"the target captures the output of layers {[i - 1 for i in captured]} but "
-                        f"the draft was trained on {spec.aux_layers_physical}",
+                        f"the draft was trained on {trained}",
                         "write eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's output-of "
-                        f"convention: {spec.aux_layers_physical}", {**ev, "captured": captured}))
+                        f"convention: {trained}", {**ev, "captured": captured}))
     return found
 
 

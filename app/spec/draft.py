@@ -143,6 +143,22 @@ def physical_layers(ids: list[int] | None, convention: str,
     return list(ids) if convention == "output_of" else [i - 1 for i in ids]
 
 
+def trained_layers_from_config(config: dict, target_layers: int | None) -> list[int] | None:
+    """The trained aux layers ("output of decoder layer j") from a draft config alone, e.g. the
+    config the tracer recorded, when the checkpoint directory cannot be read here."""
+    archs = [a for a in config.get("architectures") or [] if a in FORMATS]
+    if config.get("speculators_model_type") == "eagle3":
+        fmt = "speculators"
+    elif archs:
+        fmt = FORMATS[archs[0]]
+    else:
+        return None
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids, _ = _aux_ids(config, eagle_config)
+    convention, _ = _convention(fmt, ids, target_layers)
+    return physical_layers(ids, convention, target_layers)
+
+
 def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
     archs = config.get("architectures") or []
     if config.get("speculators_model_type") == "eagle3" and "Eagle3Speculator" not in archs:

@@ -223,3 +223,10 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
     assert sink._buffer[0]["run"] == RUN  # the evicted first batch handed its run record on
     sink.close(deadline_s=0.1)
     assert drops.count("shutdown") == 2
+
+
+def test_topk_probabilities_that_are_not_finite_become_null():
+    """Uninitialised draft weights give NaN probabilities; the batch must still be valid JSON."""
+    from draftscope_tracer.summaries import topk_list
+
+    assert topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12]) == [[12, None], [10, 0.5]]
