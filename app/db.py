@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,12 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
-def make_engine(url: str) -> sa.Engine:
+def make_engine(url: str, autocheckpoint: bool = True) -> sa.Engine:
     """An engine for ``url``; SQLite files get WAL, a busy timeout and enforced foreign keys.
 
     Connections opened with ``execution_options(draftscope_write=True)`` begin SQLite
-    transactions with ``BEGIN IMMEDIATE``.
+    transactions with ``BEGIN IMMEDIATE``. ``autocheckpoint=False`` leaves WAL checkpoints to a
+    ``WalCheckpointer`` instead of the committing writer.
     """
     sa_url = sa.make_url(url)
     if sa_url.get_backend_name() != "sqlite":
@@ -43,6 +47,8 @@ def make_engine(url: str) -> sa.Engine:
         cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA cache_size=-65536")  # 64 MiB: index pages stay in memory under ingest
+        if not autocheckpoint:
+            cur.execute("PRAGMA wal_autocheckpoint=0")
         cur.close()
         dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
 
@@ -54,6 +60,41 @@ def make_engine(url: str) -> sa.Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+class WalCheckpointer:
+    """Copies a SQLite store's WAL back into the database from a thread of its own.
+
+    With autocheckpoint off (``make_engine(url, autocheckpoint=False)``) commits stay short and
+    the page copying, during which sqlite3 releases the GIL, runs beside the request thread.
+    """
+
+    def __init__(self, url: str, interval_s: float = 0.5):
+        self.path = sa.make_url(url).database
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="draftscope-wal-checkpoint", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        try:
+            while not self._stop.wait(self.interval_s):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+
+
+def is_sqlite_file(url: str) -> bool:
+    sa_url = sa.make_url(url)
+    return sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "", ":memory:")
 
 
 def alembic_config(url: str) -> Config:

@@ -56,7 +56,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = db.make_engine(settings.database_url)
+        checkpointer = None
+        if db.is_sqlite_file(settings.database_url):
+            checkpointer = db.WalCheckpointer(settings.database_url)
+            checkpointer.start()
+        engine = db.make_engine(settings.database_url, autocheckpoint=checkpointer is None)
         app.state.engine = engine
         app.state.writer = BatchWriter(engine)
         app.state.findings = FindingsRefresher(engine)
@@ -64,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             engine.dispose()
+            if checkpointer is not None:
+                checkpointer.stop()
 
     app = FastAPI(title="draftscope", lifespan=lifespan)
     app.state.settings = settings
