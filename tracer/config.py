@@ -21,6 +21,8 @@ OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_FLUSH_INTERVAL_S": "seconds between flushes of a partial batch (default 1.0)",
     "DRAFTSCOPE_MAX_QUEUE_ITEMS": "bounded queue size between hooks and the writer thread (default 4096)",
     "DRAFTSCOPE_HEALTH_INTERVAL_S": "seconds between health snapshots (default 10)",
+    "DRAFTSCOPE_REDUCE": "where statistics are computed: auto (default: CPU tensors on the writer thread, "
+                         "CUDA tensors on the device) or device (always the device summariser)",
     "DRAFTSCOPE_FAULT": "comma list of probes made to raise on purpose (testing the fault path)",
 }
 
@@ -43,6 +45,7 @@ class TracerConfig:
     max_batch_items: int = 256
     health_interval_s: float = 10.0
     probe_failure_limit: int = 5
+    reduce: str = "auto"
     fault: frozenset = frozenset()
 
     @property
@@ -79,6 +82,7 @@ class TracerConfig:
             flush_interval_s=_positive_float(env, "DRAFTSCOPE_FLUSH_INTERVAL_S", 1.0),
             max_queue_items=_positive_int(env, "DRAFTSCOPE_MAX_QUEUE_ITEMS", 4096),
             health_interval_s=_positive_float(env, "DRAFTSCOPE_HEALTH_INTERVAL_S", 10.0),
+            reduce=_choice(env, "DRAFTSCOPE_REDUCE", ("auto", "device")),
             fault=frozenset(p.strip() for p in env.get("DRAFTSCOPE_FAULT", "").split(",") if p.strip()),
         )
 
@@ -91,6 +95,13 @@ def _rate(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"DRAFTSCOPE_SAMPLE_RATE={text!r} must lie in [0, 1]")
     return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple) -> str:
+    text = (env.get(name) or choices[0]).strip()
+    if text not in choices:
+        raise ConfigError(f"{name}={text!r} must be one of: {', '.join(choices)}")
+    return text
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

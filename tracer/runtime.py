@@ -64,7 +64,7 @@ class Tracer:
         self.writer: Optional[Writer] = None
         self.recording = False  # this rank writes records (first TP rank of its DP group, last PP rank)
         self.active = True
-        self.summaries = Summaries(self.health, config.topk)
+        self.summaries = Summaries(self.health, config.topk, config.reduce)
         # hook-thread state
         self.live: Dict[str, int] = {}  # sampled, unfinished rid -> verify steps seen so far
         self.first_seen: Dict[str, float] = {}

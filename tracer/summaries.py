@@ -1,8 +1,11 @@
-"""The hooks' side of ``summarize.Summarizer``: one per tensor layout, created lazily, and the records.
+"""The hooks' side of the summaries: where each launch is reduced, and the records built from them.
 
-A launch takes the rows to summarise (a host list or a device int64 tensor), pads them into the
-Summarizer's static ``rows`` buffer and returns the :class:`~draftscope_tracer.summarize.Pending`;
-the writer thread turns each ``Summary`` into ``SampleRecord`` fields or top-k lists.
+A launch takes the rows to summarise (a host list or an int64 tensor) and returns a handle whose
+``result()`` the writer thread reads. CUDA tensors go to a ``summarize.Summarizer`` per tensor layout
+(created lazily): the rows are padded into its static ``rows`` buffer and reduced on the device. CPU
+tensors are copied by ``host_reduce.HostRows`` and reduced on the writer thread (``reduce="device"``
+sends them through the Summarizer's torch path instead). The writer turns each ``Summary`` into
+``SampleRecord`` fields or top-k lists.
 """
 
 from __future__ import annotations
@@ -13,27 +16,37 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .health import Health
+from .host_reduce import HostRows
 from .summarize import ChunkStats, Pending, Summarizer, Summary
 
-RING_SIZE = 16  # unread launches per layout before launches drop (counted as `summary_ring_full`)
+RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
+REDUCE_MODES = ("auto", "device")
 
 
 class Summaries:
-    """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two."""
+    """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two.
 
-    def __init__(self, health: Health, topk: int):
-        self.health, self.topk = health, topk
+    ``reduce="auto"`` reduces CPU tensors on the reading thread (``HostRows``) and CUDA tensors on the
+    device; ``"device"`` always uses the Summarizer (its torch path on a CPU).
+    """
+
+    def __init__(self, health: Health, topk: int, reduce: str = "auto"):
+        if reduce not in REDUCE_MODES:
+            raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
+        self.health, self.topk, self.reduce = health, topk, reduce
         self._by_shape: Dict[tuple, Tuple[Summarizer, torch.Tensor]] = {}
 
     def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
-               tag=None) -> Optional[Pending]:
+               tag=None) -> Optional[Union[Pending, HostRows]]:
         """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted)."""
         n = len(rows)
         if n == 0 or hidden.shape[0] == 0:
             return None
         width = int(hidden.shape[-1])
         chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
+        if hidden.device.type == "cpu" and self.reduce == "auto":
+            return HostRows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, tag=tag)
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()

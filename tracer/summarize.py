@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -156,8 +156,7 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-@dataclass(frozen=True)
-class ChunkStats:
+class ChunkStats(NamedTuple):
     """Statistics of one row of one aux chunk (plain Python numbers)."""
 
     l2: float
@@ -169,8 +168,7 @@ class ChunkStats:
     width: int
 
 
-@dataclass(frozen=True)
-class RowSummary:
+class RowSummary(NamedTuple):
     """One selected row: its index into the input, its chunks, and its target top-k."""
 
     row: int

@@ -1,14 +1,16 @@
 """One background thread between the hooks and a sink: bounded queue, batches, flush on size or interval.
 
 Hooks ``submit`` jobs (callables run on the writer thread that return record lists, typically after
-waiting on a device event). ``submit`` never blocks: a full queue drops the job and counts it.
+waiting on a device event). ``submit`` never blocks and never wakes the writer: it appends to a bounded
+deque (a full one drops the job and counts it), and the writer takes everything queued every
+``POLL_S``. Waking the writer per job would hand it the GIL several times per scheduler iteration.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -21,7 +23,7 @@ log = logging.getLogger("draftscope.tracer")
 
 Records = Dict[str, List[dict]]  # wire batch keys -> records
 Job = Callable[[], Optional[Records]]
-STOP_POLL_S = 0.25  # how often the writer looks for a close request
+POLL_S = 0.05  # how often the writer takes the queued jobs (and looks for a close request)
 
 
 class Sink(Protocol):
@@ -41,7 +43,8 @@ class Writer:
         self.max_batch_items = max_batch_items
         self.flush_interval_s = flush_interval_s
         self.health_interval_s = health_interval_s
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue_items)
+        self.max_queue_items = max_queue_items
+        self._jobs: collections.deque = collections.deque()
         self._pending: Records = {k: [] for k in wire.RECORD_TABLES}
         self._pending_n = 0
         self._run_sent = False
@@ -61,15 +64,14 @@ class Writer:
         if os.getpid() != self._pid:
             self.health.drop("forked")
             return False
-        try:
-            self._queue.put_nowait(job)
-            return True
-        except queue.Full:
+        if len(self._jobs) >= self.max_queue_items:
             self.health.drop("queue_full")
             return False
+        self._jobs.append(job)  # atomic under the GIL; the writer polls
+        return True
 
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._jobs)
 
     def close(self, timeout_s: float = 10.0, status: str = "ended") -> None:
         """Drain what is queued, send the final run (``status``) and health records, stop the thread;
@@ -90,14 +92,9 @@ class Writer:
         next_flush = time.monotonic() + self.flush_interval_s
         next_health = time.monotonic()  # the first health snapshot goes out with the first flush
         while True:
-            try:
-                job = self._queue.get(timeout=min(STOP_POLL_S, max(0.0, next_flush - time.monotonic())))
-            except queue.Empty:
-                job = None
-            if self._stop.is_set():
-                if job is not None:
-                    self._run_job(job)
-                self._drain()
+            stopping = self._stop.wait(POLL_S)
+            self._drain()
+            if stopping:
                 self._add({"health": [self.health.snapshot(0)]})
                 self._flush(final=True)
                 try:
@@ -105,23 +102,19 @@ class Writer:
                 except Exception as exc:
                     self.health.failed("sink", exc)
                 return
-            if job is not None:
-                self._run_job(job)
             now = time.monotonic()
             if now >= next_health:
                 self._add({"health": [self.health.snapshot(self.depth())]})
                 next_health = now + self.health_interval_s
-            if self._pending_n >= self.max_batch_items or now >= next_flush:
+            if now >= next_flush:
                 self._flush()
                 next_flush = time.monotonic() + self.flush_interval_s
 
     def _drain(self) -> None:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            self._run_job(job)
+        """Run every queued job, flushing whenever a full batch has built up."""
+        jobs = self._jobs
+        while jobs:
+            self._run_job(jobs.popleft())
             if self._pending_n >= self.max_batch_items:
                 self._flush()
 

@@ -37,6 +37,7 @@ def test_config_dormant_without_a_sink_and_kill_switch_wins():
     ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_SAMPLE_RATE": "2"}, "DRAFTSCOPE_SAMPLE_RATE"),
     ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_SAMPLE_RATE": "often"}, "is not a number"),
     ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_TOPK": "0"}, "DRAFTSCOPE_TOPK"),
+    ({"DRAFTSCOPE_DB": "x", "DRAFTSCOPE_REDUCE": "gpu"}, "DRAFTSCOPE_REDUCE='gpu' must be one of: auto, device"),
 ])
 def test_config_bad_values_name_the_variable(env, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -141,3 +141,36 @@ def test_faulty_tracer_and_dashboard_down_change_nothing(models, reference, tmp_
     assert [o["text"] for o in outs] == [o["text"] for o in reference]
     assert [o["meta_info"]["spec_verify_ct"] for o in outs] == [o["meta_info"]["spec_verify_ct"] for o in reference]
     assert "disabled" in log_text and "cannot deliver" in log_text
+
+
+def _ordered(conn, sql: str) -> list:
+    """Rows of ``sql`` (first column a rid) with the rid replaced by the request's position in time."""
+    order = {rid: i for i, (rid,) in enumerate(conn.execute("select rid from requests order by started_at"))}
+    return sorted((order[r[0]], *r[1:]) for r in conn.execute(sql))
+
+
+def test_device_summariser_records_what_host_reduction_records(models, traced, tmp_path):
+    """``DRAFTSCOPE_REDUCE=device`` sends every launch through the Summarizer (the path CUDA tensors take);
+    its records equal the default CPU path's (rows copied in the hook, reduced on the writer thread)."""
+    path = tmp_path / "device.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    env = {"DRAFTSCOPE_DB": str(path), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2",
+           "DRAFTSCOPE_REDUCE": "device"}
+    outs, _ = _answers(models, tmp_path / "server.log", env)
+    assert [o["text"] for o in outs] == [o["text"] for o in traced[0]]
+    device, host = sqlite3.connect(path), traced[2]
+    samples = ("select rid, point, phase, step_index, shape, dtype, rows, width, nan_count, inf_count, l2_mean, "
+               "l2_max, mean, std, absmax from tensor_samples")
+    got, want = _ordered(device, samples), _ordered(host, samples)
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert g[:10] == w[:10]
+        assert g[10:] == pytest.approx(w[10:], rel=1e-4, abs=1e-5), g[:4]
+    steps = "select rid, step_index, drafted_tokens, accept_len, draft_topk, target_topk from verify_steps"
+    got, want = _ordered(device, steps), _ordered(host, steps)
+    assert len(got) == len(want) > 0
+    ids = lambda topk: [[e[0] for e in pos] for pos in json.loads(topk)] if topk else None  # noqa: E731
+    probs = lambda topk: [e[1] for pos in json.loads(topk) for e in pos] if topk else []  # noqa: E731
+    for g, w in zip(got, want):
+        assert g[:4] == w[:4] and ids(g[4]) == ids(w[4]) and ids(g[5]) == ids(w[5])
+        assert probs(g[4]) + probs(g[5]) == pytest.approx(probs(w[4]) + probs(w[5]), rel=1e-4, abs=1e-6)
