@@ -1,8 +1,8 @@
 """Store one wire batch: validate it, then write all of it in one transaction, or nothing.
 
-Rows follow ``draftscope_tracer.wire.TABLE_COLUMNS`` (the mapping ``wire.batch_rows`` makes for the
-tracer's direct SQLite sink: one column per record field, absent fields NULL, JSON columns as JSON
-text) and go in with one DBAPI ``executemany`` per table; runs and requests are upserts.
+Rows follow ``draftscope_tracer.wire.TABLE_COLUMNS`` (as the tracer's direct SQLite sink writes them:
+one column per record field, absent fields NULL, JSON columns as JSON text) and go in with one DBAPI
+``executemany`` per table; runs and requests are upserts.
 """
 
 from __future__ import annotations

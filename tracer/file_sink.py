@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Callable, Dict
+
+from . import wire
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -25,7 +26,7 @@ class FileSink:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # OSError: caller logs it
 
     def send(self, batch: Dict[str, Any]) -> None:
-        line = (json.dumps(batch, allow_nan=False, separators=(",", ":")) + "\n").encode()
+        line = wire.to_json(batch) + b"\n"
         end = None
         try:
             end = os.lseek(self._fd, 0, os.SEEK_END)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import urllib.error
 import urllib.request
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional
+
+from . import wire
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -89,7 +90,7 @@ class HttpSink:
         return True
 
     def _post(self, batch: Dict[str, Any]) -> None:
-        body = json.dumps(batch, allow_nan=False, separators=(",", ":")).encode()
+        body = wire.to_json(batch)
         req = urllib.request.Request(self.endpoint, data=body, headers=self._headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:

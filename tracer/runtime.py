@@ -35,6 +35,9 @@ from .writer import Writer
 
 log = logging.getLogger("draftscope.tracer")
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
+# Points that describe the draft's wiring rather than its input (draft.input in draft_decode: the
+# draft's own hidden state; draft.logits statistics) are recorded at every PERIODIC_STEPS-th step.
+PERIODIC_STEPS = 8
 SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM or a crash waits for the final flush
 
 
@@ -71,6 +74,7 @@ class Tracer:
         self.totals: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
         self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row) of the draft's next position 1
         self.draft_steps: Dict[str, list] = {}  # rid -> [(Pending, row)] for positions 2.. of this round
+        self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
         self._hot_host: Optional[List[int]] = None
@@ -188,11 +192,12 @@ class Tracer:
                  for i, _, _ in rows]
         self._features(worker, target_hidden, rows, spans, "prefill", with_aux=True)
         if logits is not None:
-            self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "prefill", record=True)
+            self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "prefill", seed=True)
 
     def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
-                  with_aux: bool) -> None:
-        """draft.input (+ target.aux[i] chunks) and draft.fc.out of the given row spans: two launches."""
+                  with_aux: bool, p_in=None) -> None:
+        """draft.input (+ target.aux[i] chunks) and draft.fc.out of the given row spans: two launches
+        (one when ``p_in`` already summarises those rows of ``h``)."""
         if h is None or not rows:
             return
         sel = [k for a, b in spans for k in range(a, b)]
@@ -203,7 +208,8 @@ class Tracer:
         H = self.target_hidden
         width = int(h.shape[-1])
         chunks = width // H if H and width % H == 0 else 1
-        p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
+        if p_in is None:
+            p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
         fc_out = _recompute_fc(worker.draft_runner.model, h[torch.tensor(sel, device=h.device)])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
         now, dtype = time.time(), _dtype(h)
@@ -231,15 +237,17 @@ class Tracer:
         self.submit(phase, build, (p_in, p_fc))
 
     def _draft_logits(self, worker, logits: torch.Tensor, sel, rows: List[tuple], phase: str,
-                      record: bool) -> None:
-        """Summary and top-k of the draft's logits at rows ``sel`` (one per entry of ``rows``); top-k at
-        position 1 of each request's next verify step (``record``: also a ``draft.logits`` sample)."""
-        pending = self.summaries.launch(logits, sel, logits=logits)
+                      seed: bool) -> None:
+        """Top-k of the draft's logits at rows ``sel`` (one per entry of ``rows``): position 1 of each
+        request's next verify step (``seed``) or a later one. Seeds of periodic steps also record a
+        ``draft.logits`` sample (statistics of the whole row: non-finite logits show broken weights)."""
+        periodic = [j for j, (_, _, step) in enumerate(rows) if seed and step % PERIODIC_STEPS == 0]
+        pending = self.summaries.launch(logits, sel, logits=logits, stats=bool(periodic))
         if pending is None:
             return
         hot = getattr(worker, "hot_token_id", None)
         for j, (_, rid, _) in enumerate(rows):
-            if record:
+            if seed:
                 self.draft_seed[rid] = (pending, j, hot)
             else:
                 self.draft_steps.setdefault(rid, []).append((pending, j, hot))
@@ -247,29 +255,27 @@ class Tracer:
 
         def build() -> dict:
             s = pending.result()
-            if not record:
-                return {}
-            return {"samples": [sample_record("draft.logits", phase, now, rid, step, [1, V],
-                                              "float32", merged_stats(s, [j]))
-                                for j, (_, rid, step) in enumerate(rows)]}
+            return {"samples": [sample_record("draft.logits", phase, now, rows[j][1], rows[j][2], [1, V],
+                                              "float32", merged_stats(s, [j])) for j in periodic]}
 
         self.submit(phase, build, (pending,))
 
     # -- draft decode -----------------------------------------------------------------------------
     def on_draft_input(self, worker, batch) -> List[tuple]:
-        """draft.input of the draft steps; returns the sampled rows (topk 1 only) for step logits."""
+        """draft.input of the draft steps (periodic); returns the sampled rows (topk 1 only) for step logits."""
         if batch.forward_mode.is_idle() or worker.topk != 1:
             return []
         rows = self.rows_of(batch.reqs)
         for _, rid, _ in rows:
             self.draft_steps[rid] = []
+        periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
         h = batch.spec_info.hidden_states
-        if rows and h is not None:
-            self._features(worker, h, rows, [(i, i + 1) for i, _, _ in rows], "draft_decode", with_aux=False)
+        if periodic and h is not None:
+            self._features(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode", with_aux=False)
         return rows
 
     def on_draft_step_logits(self, worker, rows: List[tuple], logits: torch.Tensor) -> None:
-        self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "draft_decode", record=False)
+        self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "draft_decode", seed=False)
 
     # -- verify -----------------------------------------------------------------------------------
     def on_verify(self, batch, verify_input, result) -> None:
@@ -298,6 +304,9 @@ class Tracer:
         pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
                                         chunk_width=H if aux else None, logits=lo.next_token_logits)
         aux_dtype = _dtype(hidden) if aux else None
+        n_aux = int(hidden.shape[-1]) // H if aux else 0
+        # the draft extend that follows reads the same rows of the same tensor as its input
+        self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: ([self.draft_seed.pop(rid)] if rid in self.draft_seed else []) + self.draft_steps.pop(rid, [])
                   for _, rid, _ in rows}
         now, B = time.time(), len(rows)
@@ -317,7 +326,7 @@ class Tracer:
                 if s is not None:
                     rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
                     if aux:
-                        for c in range(int(hidden.shape[-1]) // H):
+                        for c in range(n_aux):
                             out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step,
                                                                 [N, H], aux_dtype,
                                                                 merged_stats(s, range(base, base + N), [c])))
@@ -352,14 +361,17 @@ class Tracer:
         seed position 1 of the next step."""
         N = worker.speculative_num_draft_tokens
         h = batch_result.logits_output.hidden_states
+        verified, self._verify_hidden = self._verify_hidden, None
         if done and h is not None:
+            same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
             self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
-                                             for i, _, _ in done], "draft_extend", with_aux=False)
+                                             for i, _, _ in done], "draft_extend", with_aux=False,
+                           p_in=verified[2] if same else None)
         if upcoming and logits is not None and logits.shape[0] == len(batch.reqs) * N:
             idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
             sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
             self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
-                               record=True)
+                               seed=True)
 
     # -- results: per-request totals and finished requests -------------------------------------------
     def count(self, batch, result, live_reqs) -> None:

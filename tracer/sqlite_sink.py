@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -21,7 +22,7 @@ class StoreNotReady(RuntimeError):
 
 def _encode(column: str, value: Any) -> Any:
     if value is not None and column in wire.JSON_COLUMNS:
-        return json.dumps(value, separators=(",", ":"))
+        return wire.to_json(value).decode()
     return value
 
 
@@ -45,20 +46,20 @@ class SqliteSink:
                                 f"`draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
 
     def send(self, batch: Dict[str, Any]) -> None:
-        rows = wire.batch_rows(batch)
-        conn = self._conn
+        conn, run_id = self._conn, batch["run_id"]
+        counts = {key: len(batch.get(key) or ()) for key in wire.RECORD_TABLES}
         conn.execute("BEGIN IMMEDIATE")
         try:
             if batch.get("run"):
-                self._upsert_run(batch["run_id"], batch["run"])
-            for table, table_rows in rows.items():
-                if table_rows:
-                    self._insert(table, table_rows)
+                self._upsert_run(run_id, batch["run"])
+            for key, table in wire.RECORD_TABLES.items():
+                if counts[key]:
+                    conn.executemany(_insert_sql(table), _rows(table, run_id, batch[key]))
             conn.execute(
                 "INSERT OR IGNORE INTO ingest_batches (batch_id, run_id, sent_at, received_at, request_rows,"
                 " step_rows, sample_rows, health_rows, finding_rows) VALUES (?,?,?,?,?,?,?,?,?)",
-                (batch["batch_id"], batch["run_id"], batch.get("sent_at"), time.time(),
-                 *(len(rows[wire.RECORD_TABLES[k]]) for k in ("requests", "steps", "samples", "health", "findings"))))
+                (batch["batch_id"], run_id, batch.get("sent_at"), time.time(),
+                 *(counts[k] for k in ("requests", "steps", "samples", "health", "findings"))))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -79,11 +80,28 @@ class SqliteSink:
             f"ON CONFLICT(id) DO UPDATE SET {updates}",
             [_encode(c, values[c]) for c in cols])
 
-    def _insert(self, table: str, table_rows: list) -> None:
-        cols = wire.TABLE_COLUMNS[table]
-        sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        keys = UPSERT_KEYS.get(table)
-        if keys:
-            sets = ", ".join(f"{c} = COALESCE(excluded.{c}, {table}.{c})" for c in cols if c not in keys)
-            sql += f" ON CONFLICT({', '.join(keys)}) DO UPDATE SET {sets}"
-        self._conn.executemany(sql, [[_encode(c, r[c]) for c in cols] for r in table_rows])
+
+@functools.lru_cache(maxsize=None)
+def _insert_sql(table: str) -> str:
+    cols = wire.TABLE_COLUMNS[table]
+    sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    keys = UPSERT_KEYS.get(table)
+    if keys:
+        sets = ", ".join(f"{c} = COALESCE(excluded.{c}, {table}.{c})" for c in cols if c not in keys)
+        sql += f" ON CONFLICT({', '.join(keys)}) DO UPDATE SET {sets}"
+    return sql
+
+
+def _rows(table: str, run_id: str, records: list) -> list:
+    """Positional rows of ``records`` for ``table``'s columns (``run_id`` first); JSON columns as JSON text."""
+    fields = wire.TABLE_COLUMNS[table][1:]
+    json_at = [i for i, c in enumerate(fields, 1) if c in wire.JSON_COLUMNS]
+    to_json = wire.to_json
+    rows = []
+    for r in records:
+        row = [run_id, *map(r.get, fields)]
+        for i in json_at:
+            if row[i] is not None:
+                row[i] = to_json(row[i]).decode()
+        rows.append(row)
+    return rows

@@ -38,15 +38,16 @@ class Summaries:
 
     def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
-               tag=None) -> Optional[Union[Pending, HostRows]]:
-        """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted)."""
+               stats: bool = True, tag=None) -> Optional[Union[Pending, HostRows]]:
+        """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted).
+        ``stats=False``: only the top-k is read (the device path computes the statistics anyway)."""
         n = len(rows)
         if n == 0 or hidden.shape[0] == 0:
             return None
         width = int(hidden.shape[-1])
         chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
         if hidden.device.type == "cpu" and self.reduce == "auto":
-            return HostRows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, tag=tag)
+            return HostRows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
@@ -69,26 +70,43 @@ class Summaries:
 
 
 def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
-    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``."""
-    rows = [summary.rows[p] for p in positions]
-    if not rows:
+    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``.
+
+    One plain loop over the cells (the writer thread runs this for every sample record)."""
+    rows = summary.rows
+    total = wsum = nan = inf = 0
+    absmax = -math.inf
+    l2: List[float] = []
+    cells: List[ChunkStats] = []
+    for p in positions:
+        row = rows[p].chunks if chunks is None else [rows[p].chunks[c] for c in chunks]
+        sq = 0.0
+        for c in row:
+            total += c.width
+            wsum += c.mean * c.width
+            sq += c.l2 * c.l2
+            absmax = c.absmax if c.absmax > absmax or c.absmax != c.absmax else absmax
+            nan += c.nan_count
+            inf += c.inf_count
+        l2.append(math.sqrt(sq))
+        cells += row
+    if not l2:
         raise ValueError("merged_stats needs at least one row")
-    pick = [[r.chunks[c] for c in (range(len(r.chunks)) if chunks is None else chunks)] for r in rows]
-    cells: List[ChunkStats] = [c for row in pick for c in row]
-    total = sum(c.width for c in cells)
-    mean = sum(c.mean * c.width for c in cells) / total
-    var = sum(c.width * (c.std ** 2 + (c.mean - mean) ** 2) for c in cells) / total
-    l2 = [math.sqrt(sum(c.l2 ** 2 for c in row)) for row in pick]
-    return {"rows": len(rows), "width": sum(c.width for c in pick[0]),
-            "l2_mean": _finite(sum(l2) / len(l2)), "l2_max": _finite(max(l2)), "mean": _finite(mean),
-            "std": _finite(math.sqrt(var) if var >= 0 else math.nan),
-            "absmax": _finite(max(c.absmax for c in cells)),
-            "nan_count": sum(c.nan_count for c in cells), "inf_count": sum(c.inf_count for c in cells)}
+    mean = wsum / total
+    var = sum(c.width * (c.std * c.std + (c.mean - mean) ** 2) for c in cells) / total
+    return {"rows": len(l2), "width": total // len(l2), "l2_mean": _finite(sum(l2) / len(l2)),
+            "l2_max": _finite(max(l2)), "mean": _finite(mean),
+            "std": _finite(math.sqrt(var) if var >= 0 else math.nan), "absmax": _finite(absmax),
+            "nan_count": nan, "inf_count": inf}
 
 
 def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[List[float]]:
     """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``."""
-    return [[int(id_map[i] if id_map is not None else i), _finite(round(float(p), 6))] for i, p in topk]
+    if id_map is not None:
+        topk = [(id_map[i], p) for i, p in topk]
+    if math.isfinite(math.fsum(p for _, p in topk)):
+        return [[i, round(p, 6)] for i, p in topk]
+    return [[i, _finite(round(p, 6))] for i, p in topk]
 
 
 def _finite(v: float) -> Optional[float]:

@@ -1,8 +1,10 @@
 """The tracer's wire format: one JSON batch per flush, and how a batch maps onto store rows.
 
 This module is the single contract between the tracer (which builds batches) and the store (the
-dashboard's ingest API and the tracer's direct SQLite sink both write ``batch_rows(batch)``).
-Standard library only: it is imported inside SGLang's scheduler processes.
+dashboard's ingest API and the tracer's direct SQLite sink both write one row per record into the
+table ``RECORD_TABLES`` names, one column per field of ``TABLE_COLUMNS``, absent fields NULL, JSON
+columns as JSON text). Standard library and orjson only: it is imported inside SGLang's scheduler
+processes.
 
 A batch (``schema_version`` 1) is a JSON object::
 
@@ -18,6 +20,8 @@ fields marked ``NotRequired`` may be absent and are stored as NULL.
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, TypedDict
+
+import orjson  # SGLang requires it, and so does the dashboard
 
 try:  # Python 3.11+
     from typing import NotRequired
@@ -147,12 +151,6 @@ JSON_COLUMNS = {"server_args", "tracer_config", "facts", "drafted_tokens", "acce
                 "heartbeats", "disabled_probes", "evidence"}
 
 
-def batch_rows(batch: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
-    """Rows per table for every record list of ``batch`` (the run record is handled by upsert)."""
-    run_id = batch["run_id"]
-    rows: Dict[str, List[Dict[str, Any]]] = {}
-    for key, table in RECORD_TABLES.items():
-        columns = TABLE_COLUMNS[table]
-        rows[table] = [{c: (run_id if c == "run_id" else rec.get(c)) for c in columns}
-                       for rec in batch.get(key) or ()]
-    return rows
+def to_json(value: Any) -> bytes:
+    """Compact JSON of a batch or of one JSON column's value; non-finite floats become null."""
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)

@@ -82,3 +82,10 @@ def test_summaries_choose_where_cpu_tensors_are_reduced(reduce, kind):
 def test_unknown_reduce_mode_is_refused():
     with pytest.raises(ValueError, match="reduce must be one of"):
         Summaries(Health(), topk=4, reduce="gpu")
+
+
+def test_top_k_only_rows_carry_no_statistics():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 1.0, 0.0, 0.0]])
+    s = HostRows(logits, [0, 1], chunk_width=4, logits=logits, topk=2, stats=False).result()
+    assert [r.chunks for r in s.rows] == [[], []]
+    assert [[i for i, _ in r.topk] for r in s.rows] == [[1, 3], [0, 1]]  # ties: smaller id first

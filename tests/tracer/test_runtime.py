@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from draftscope import db as store_db
+from draftscope.ingest import BatchWriter
+from draftscope_tracer import wire
 from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
 from draftscope_tracer.health import Health
 from draftscope_tracer.http_sink import HttpSink
@@ -231,3 +233,30 @@ def test_topk_probabilities_that_are_not_finite_become_null():
     from draftscope_tracer.summaries import topk_list
 
     assert topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12]) == [[12, None], [10, 0.5]]
+
+
+def test_sqlite_sink_writes_what_the_dashboard_ingest_writes(tmp_path):
+    """The tracer's one-statement-per-table insert and the ingest API's executemany give the same rows,
+    on every real batch of the demo traces (upserts, JSON columns, nulls and booleans included)."""
+    demo = Path(__file__).resolve().parents[2] / "demo"
+    stores = {}
+    for name in ("sink", "ingest"):
+        path = tmp_path / f"{name}.db"
+        store_db.upgrade(f"sqlite:///{path}")
+        stores[name] = path
+    sink, writer = SqliteSink(str(stores["sink"])), BatchWriter(store_db.make_engine(f"sqlite:///{stores['ingest']}"))
+    batches = [line for f in sorted(demo.glob("*.jsonl")) for line in f.read_bytes().splitlines() if line.strip()]
+    for line in batches:
+        sink.send(json.loads(line))
+        writer.write(line)
+    sink.close()
+    writer.engine.dispose()
+    for table in wire.TABLE_COLUMNS:
+        cols = ", ".join(wire.TABLE_COLUMNS[table])
+        got, want = ([tuple(json.loads(v) if c in wire.JSON_COLUMNS and v is not None else v
+                            for c, v in zip(wire.TABLE_COLUMNS[table], row))
+                      for row in sqlite3.connect(stores[name]).execute(f"select {cols} from {table} order by id")]
+                     for name in ("sink", "ingest"))
+        assert got == want, table
+    assert len(batches) >= 6 and sqlite3.connect(stores["sink"]).execute(
+        "select count(*) from verify_steps").fetchone()[0] > 100
