@@ -35,8 +35,9 @@ from .writer import Writer
 
 log = logging.getLogger("draftscope.tracer")
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
-# Points that describe the draft's wiring rather than its input (draft.input in draft_decode: the
-# draft's own hidden state; draft.logits statistics) are recorded at every PERIODIC_STEPS-th step.
+# Points that describe the draft's wiring rather than each step's input are recorded at every
+# PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
+# statistics, and draft.input in draft_extend when it is the verify's target.aux rows (recorded every step).
 PERIODIC_STEPS = 8
 SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM or a crash waits for the final flush
 
@@ -195,9 +196,10 @@ class Tracer:
             self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "prefill", seed=True)
 
     def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
-                  with_aux: bool, p_in=None) -> None:
-        """draft.input (+ target.aux[i] chunks) and draft.fc.out of the given row spans: two launches
-        (one when ``p_in`` already summarises those rows of ``h``)."""
+                  with_aux: bool, p_in=None, input_every: int = 1) -> None:
+        """draft.input (at steps that are multiples of ``input_every``; + target.aux[i] chunks) and
+        draft.fc.out of the given row spans: two launches (one when ``p_in`` already summarises those
+        rows of ``h``)."""
         if h is None or not rows:
             return
         sel = [k for a, b in spans for k in range(a, b)]
@@ -222,7 +224,7 @@ class Tracer:
             for (_, rid, step), pos in zip(rows, groups):
                 if not pos:
                     continue
-                if s_in is not None:
+                if s_in is not None and step % input_every == 0:
                     out.append(sample_record("draft.input", phase, now, rid, step, [len(pos), width], dtype,
                                              merged_stats(s_in, pos)))
                     for c in range(chunks if with_aux and chunks > 1 else 0):
@@ -366,7 +368,7 @@ class Tracer:
             same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
             self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
                                              for i, _, _ in done], "draft_extend", with_aux=False,
-                           p_in=verified[2] if same else None)
+                           p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS)
         if upcoming and logits is not None and logits.shape[0] == len(batch.reqs) * N:
             idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
             sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1

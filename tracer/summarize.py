@@ -544,40 +544,40 @@ class Summarizer:
 
     def _check(self, hidden, rows, logits, draft_probs, draft_ids, draft_rows, hot_token_id) -> None:
         """Shape/dtype/device checks only: metadata, never data (no host sync)."""
-        def need(ok: bool, what: str) -> None:
+        def need(ok: bool, what) -> None:  # ``what``: a callable, so the message is built only on failure
             if not ok:
-                raise ValueError(f"Summarizer: {what}")
+                raise ValueError(f"Summarizer: {what()}")
 
         need(hidden.dim() == 2 and hidden.shape[1] == self.width and hidden.shape[0] > 0,
-             f"hidden must be [n>0, {self.width}], got {list(hidden.shape)}")
-        need(hidden.is_floating_point(), f"hidden must be a float tensor, got {hidden.dtype}")
+             lambda: f"hidden must be [n>0, {self.width}], got {list(hidden.shape)}")
+        need(hidden.is_floating_point(), lambda: f"hidden must be a float tensor, got {hidden.dtype}")
         need(rows.shape == (self.max_rows,) and rows.dtype == torch.int64,
-             f"rows must be int64 [{self.max_rows}] (pad with -1), got {rows.dtype} {list(rows.shape)}")
+             lambda: f"rows must be int64 [{self.max_rows}] (pad with -1), got {rows.dtype} {list(rows.shape)}")
         for name, t in (("hidden", hidden), ("rows", rows), ("logits", logits), ("draft_probs", draft_probs),
                         ("draft_ids", draft_ids), ("draft_rows", draft_rows), ("hot_token_id", hot_token_id)):
             need(t is None or t.device.type == self.device.type,
-                 f"{name} is on {t.device if t is not None else None}, the Summarizer on {self.device}")
+                 lambda: f"{name} is on {t.device if t is not None else None}, the Summarizer on {self.device}")
         if self.vocab_size is None:
-            need(logits is None, "logits given but the Summarizer was built without vocab_size")
+            need(logits is None, lambda: "logits given but the Summarizer was built without vocab_size")
         else:
             need(logits is not None and list(logits.shape) == [hidden.shape[0], self.vocab_size]
                  and logits.dtype == torch.float32,
-                 f"logits must be float32 [{hidden.shape[0]}, {self.vocab_size}], got "
+                 lambda: f"logits must be float32 [{hidden.shape[0]}, {self.vocab_size}], got "
                  f"{None if logits is None else (logits.dtype, list(logits.shape))}")
         if not self.draft_k:
-            need(draft_probs is None and draft_ids is None, "draft inputs given but draft_k=0")
+            need(draft_probs is None and draft_ids is None, lambda: "draft inputs given but draft_k=0")
             return
-        need(draft_probs is not None and draft_ids is not None, "draft_probs and draft_ids are both required")
+        need(draft_probs is not None and draft_ids is not None, lambda: "draft_probs and draft_ids are both required")
         need(draft_probs.dim() == 2 and draft_probs.shape[1] == self.draft_k and draft_probs.shape[0] > 0
              and draft_ids.shape == draft_probs.shape and not draft_ids.is_floating_point(),
-             f"draft_probs/draft_ids must be [m>0, {self.draft_k}] (float / integer), got "
+             lambda: f"draft_probs/draft_ids must be [m>0, {self.draft_k}] (float / integer), got "
              f"{list(draft_probs.shape)} {draft_ids.dtype} {list(draft_ids.shape)}")
         need(draft_rows is not None or self.max_draft_rows == self.max_rows,
-             "draft_rows is required when max_draft_rows differs from max_rows")
+             lambda: "draft_rows is required when max_draft_rows differs from max_rows")
         need(draft_rows is None or (draft_rows.shape == (self.max_draft_rows,) and draft_rows.dtype == torch.int64),
-             f"draft_rows must be int64 [{self.max_draft_rows}]")
+             lambda: f"draft_rows must be int64 [{self.max_draft_rows}]")
         need(hot_token_id is None or (hot_token_id.dim() == 1 and hot_token_id.dtype == torch.int64),
-             "hot_token_id must be a 1-D int64 tensor")
+             lambda: "hot_token_id must be a 1-D int64 tensor")
 
     # ----------------------------------------------------------------------------- ring
     def _reserve(self) -> Optional[int]:
