@@ -3,10 +3,11 @@ reduces the copies with numpy.
 
 On a CPU the "device" is the host and there is nothing to overlap. :class:`HostRows` is the CPU
 stand-in for :class:`~draftscope_tracer.summarize.Pending`: in the hook it copies the selected rows
-(SGLang reuses its buffers) and takes the top-k of their logits (softmax, then ``topk``: two torch
-operations, several times cheaper than numpy's partition); :meth:`HostRows.result` computes the
-per-chunk statistics of the same :class:`~draftscope_tracer.summarize.Summary` with a handful of numpy
-operations, which cost less per call than torch's on a few rows.
+with numpy indexing (SGLang reuses its buffers) and takes the top-k of their logits (softmax, then
+``topk``: two torch operations, several times cheaper than numpy's partition);
+:meth:`HostRows.result` computes the per-chunk statistics of the same
+:class:`~draftscope_tracer.summarize.Summary` with a handful of numpy operations, which cost less per
+call than torch's on a few rows.
 
 The reading thread runs no torch operator: on a CPU those share the intra-op thread pool with the
 scheduler's forward pass, which measured a third fewer tokens/s at 1 request in 16.
@@ -20,6 +21,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .devicecopy import host_view
 from .summarize import ChunkStats, RowSummary, Summary
 
 
@@ -29,16 +31,13 @@ class HostRows:
 
     def __init__(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *, chunk_width: int,
                  logits: Optional[torch.Tensor], topk: int, stats: bool = True, tag: Any = None):
-        idx = rows if isinstance(rows, torch.Tensor) else torch.tensor(list(rows), dtype=torch.int64)
-        idx = idx.to(torch.int64)
         self.tag, self.chunk_width = tag, chunk_width
-        self._rows = idx.tolist()
-        x = hidden.detach().index_select(0, idx) if stats or logits is hidden else None
-        self._x: Optional[np.ndarray] = _host_array(x) if stats else None
+        self._rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+        self._x: Optional[np.ndarray] = _rows_of(hidden, self._rows) if stats else None
         self._top: Optional[tuple] = None
         if logits is not None:
-            rows_l = x if logits is hidden else logits.detach().index_select(0, idx)
-            self._top = torch.softmax(rows_l.float(), -1).topk(min(topk, rows_l.shape[-1]), dim=-1)
+            rows_l = self._x if logits is hidden and stats else _rows_of(logits, self._rows)
+            self._top = torch.softmax(torch.from_numpy(rows_l), -1).topk(min(topk, rows_l.shape[-1]), dim=-1)
         self._summary: Optional[Summary] = None
         self._released = False
         self._lock = threading.Lock()
@@ -90,8 +89,14 @@ def _chunk_stats(x: np.ndarray, H: int) -> list:
     return [[ChunkStats(*cells, H) for cells in zip(*(col[r] for col in cols))] for r in range(n)]
 
 
-def _host_array(t: torch.Tensor) -> np.ndarray:
-    return (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy()
+def _rows_of(t: torch.Tensor, rows: list) -> np.ndarray:
+    """A float32/float64 copy of ``t[rows]`` (numpy indexing: a few microseconds, where torch's
+    indexing operators cost several times that on small tensors)."""
+    view = host_view(t.detach())
+    if view is None:  # bfloat16: numpy has no such type
+        return t.detach().index_select(0, torch.tensor(rows, dtype=torch.int64)).float().numpy()
+    out = view[rows]
+    return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
 
 
 def _best_first(probs: torch.Tensor, ids: torch.Tensor) -> list:

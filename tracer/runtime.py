@@ -27,7 +27,7 @@ import torch
 
 from . import facts as facts_mod
 from .config import TracerConfig
-from .devicecopy import HostCopy
+from .devicecopy import HostInts, host_view
 from .health import Health
 from .sampling import request_sampled, step_sampled
 from .summaries import Summaries, merged_stats, topk_list
@@ -292,14 +292,10 @@ class Tracer:
         if not rows or result is None or getattr(result, "accept_lens", None) is None:
             return
         N = int(verify_input.draft_token_num)
-        dev = result.accept_lens.device
         nodes = [i * N + p for i, _, _ in rows for p in range(N)]
-        node_t = torch.tensor(nodes, device=dev)
-        idx = torch.tensor([i for i, _, _ in rows], device=dev)
-        ints = HostCopy(torch.cat([verify_input.draft_token[node_t].to(torch.int64),
-                                   result.next_token_ids[node_t].to(torch.int64),
-                                   batch.seq_lens[idx].to(torch.int64),
-                                   result.accept_lens[idx].to(torch.int64)]))
+        reqs_at = [i for i, _, _ in rows]
+        ints = HostInts([(verify_input.draft_token, nodes), (result.next_token_ids, nodes),
+                         (batch.seq_lens, reqs_at), (result.accept_lens, reqs_at)])
         lo = result.logits_output
         hidden, H = lo.hidden_states, self.target_hidden
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
@@ -314,7 +310,7 @@ class Tracer:
         now, B = time.time(), len(rows)
 
         def build() -> dict:
-            host = ints.wait().tolist()
+            host = ints.wait()
             s = pending.result() if pending is not None else None
             hot = None
             out = {"steps": [], "samples": []}
@@ -370,8 +366,12 @@ class Tracer:
                                              for i, _, _ in done], "draft_extend", with_aux=False,
                            p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS)
         if upcoming and logits is not None and logits.shape[0] == len(batch.reqs) * N:
-            idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
-            sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
+            accepted = host_view(batch_result.accept_lens)
+            if accepted is not None:  # CPU: read the accept lengths directly
+                sel = [i * N + int(accepted[i]) - 1 for i, _, _ in upcoming]
+            else:  # device: the last accepted row of each request, computed on the device (no sync)
+                idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
+                sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
             self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
                                seed=True)
 
