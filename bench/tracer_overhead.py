@@ -6,7 +6,7 @@ table of medians, spread (min-max) and ratios, for two measures: wall-clock toke
 the server's whole process group (scheduler with the tracer's thread, tokenizer, detokenizer) spends
 per generated token, which a shared, loaded machine disturbs far less than wall-clock time.
 
-    python bench/tracer_overhead.py --rounds 3 --requests 16 --new-tokens 32 --concurrency 4
+    python bench/tracer_overhead.py --rounds 5 --requests 64 --new-tokens 32 --concurrency 4
 """
 
 from __future__ import annotations
