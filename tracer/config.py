@@ -27,6 +27,9 @@ OPTIONS: Dict[str, str] = {
 }
 
 
+REDUCE_MODES = ("auto", "device")  # DRAFTSCOPE_REDUCE; the first is the default
+
+
 class ConfigError(ValueError):
     """A DRAFTSCOPE_* variable has a value the tracer cannot use."""
 
@@ -82,7 +85,7 @@ class TracerConfig:
             flush_interval_s=_positive_float(env, "DRAFTSCOPE_FLUSH_INTERVAL_S", 1.0),
             max_queue_items=_positive_int(env, "DRAFTSCOPE_MAX_QUEUE_ITEMS", 4096),
             health_interval_s=_positive_float(env, "DRAFTSCOPE_HEALTH_INTERVAL_S", 10.0),
-            reduce=_choice(env, "DRAFTSCOPE_REDUCE", ("auto", "device")),
+            reduce=_choice(env, "DRAFTSCOPE_REDUCE", REDUCE_MODES),
             fault=frozenset(p.strip() for p in env.get("DRAFTSCOPE_FAULT", "").split(",") if p.strip()),
         )
 

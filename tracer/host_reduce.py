@@ -42,9 +42,6 @@ class HostRows:
         self._released = False
         self._lock = threading.Lock()
 
-    def ready(self) -> bool:
-        return True
-
     def result(self) -> Summary:
         """The summary (computed once, by whichever thread asks first)."""
         with self._lock:

@@ -15,12 +15,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .config import REDUCE_MODES
 from .health import Health
 from .host_reduce import HostRows
 from .summarize import ChunkStats, Pending, Summarizer, Summary
 
 RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
-REDUCE_MODES = ("auto", "device")
 
 
 class Summaries:
