@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracer.health import Health  # noqa: E402  (the tracer package, by path: only torch is installed)
-from tracer.summaries import Summaries, merged_stats, topk_list  # noqa: E402
+from tracer.summaries import Summaries, topk_list  # noqa: E402
+from tracer.summarize import merged_stats  # noqa: E402
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 

@@ -1,12 +1,20 @@
 """Tracer overhead on the real CPU SGLang server: tokens/s without the tracer, at 1/16, at every request.
 
 One run, variants interleaved: each round starts the three servers in turn (order rotated per round)
-and times the same greedy request set on each, ``--concurrency`` requests in flight. Prints a Markdown
-table of medians, spread (min-max) and ratios, for two measures: wall-clock tokens/s, and the CPU time
-the server's whole process group (scheduler with the tracer's thread, tokenizer, detokenizer) spends
-per generated token, which a shared, loaded machine disturbs far less than wall-clock time.
+and times the same greedy request set on each, ``--concurrency`` requests in flight. The request ids
+are chosen so that the tracer samples exactly every 16th request at rate 1/16 (SGLang's own ids are
+random, which makes the number of sampled requests vary from run to run).
 
-    python bench/tracer_overhead.py --rounds 5 --requests 64 --new-tokens 32 --concurrency 4
+The server's torch runs ``--server-threads`` intra-op threads (default 1). On this 2-core machine two
+threads fill both cores, and then any other runnable thread (the benchmark's client, SGLang's tokenizer
+and detokenizer, the tracer's writer) stalls the forward pass's parallel regions: the noise of the
+machine dominates. One thread leaves a core for them, as a GPU host's spare cores do.
+
+Prints Markdown tables for two measures: wall-clock tokens/s, and the CPU time the server's whole
+process group (scheduler with the tracer's thread, tokenizer, detokenizer) spends per generated token.
+The overhead column is the median over rounds of each round's ratio to that round's "no tracer" run.
+
+    python bench/tracer_overhead.py --rounds 8 --requests 64 --new-tokens 32 --concurrency 4
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from draftscope import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
 from testbed.server import start_server  # noqa: E402
+from draftscope_tracer.sampling import request_sampled  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
            "In the beginning", "She said that the"]
@@ -43,18 +52,31 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure(models, env, requests: int, new_tokens: int, concurrency: int, log: Path, python: str) -> tuple[float, float]:
+def request_ids(n: int, rate: float = 1 / 16) -> list[str]:
+    """``n`` request ids of which exactly every ``1/rate``-th is sampled at ``rate``."""
+    every, out = round(1 / rate), []
+    for i in range(n):
+        j = 0
+        while request_sampled(f"bench-{i}-{j}", rate) != (i % every == 0):
+            j += 1
+        out.append(f"bench-{i}-{j}")
+    return out
+
+
+def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log: Path,
+            python: str) -> tuple[float, float]:
     """(tokens/s, server CPU milliseconds per token) for one server with ``env``."""
     with start_server(models.target, models.draft, [], log, env=env, python=python) as server:
         server.generate(PROMPTS[0], max_new_tokens=4)  # warm-up, not timed
 
         def one(i: int) -> int:
-            out = server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=new_tokens)
+            out = server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=new_tokens,
+                                  rid=rids[i])
             return out["meta_info"]["completion_tokens"]
 
         cpu0, t0 = group_cpu_seconds(server.pid), time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
-            tokens = sum(pool.map(one, range(requests)))
+            tokens = sum(pool.map(one, range(len(rids))))
         wall, cpu = time.perf_counter() - t0, group_cpu_seconds(server.pid) - cpu0
         return tokens / wall, 1000 * cpu / tokens
 
@@ -65,21 +87,25 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--server-threads", type=int, default=1, help="the server's torch intra-op threads")
     ap.add_argument("--python", default=None, help="the test bed Python (default: $DRAFTSCOPE_VENV or .venv)")
     args = ap.parse_args()
     models = ensure_models()
     work = Path(tempfile.mkdtemp(prefix="draftscope-bench-"))
     store = work / "store.db"
     store_db.upgrade(f"sqlite:///{store}")
-    variants = {"no tracer": {}, "rate 1/16": {"DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
-                "every request": {"DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1"}}
+    threads = {"OMP_NUM_THREADS": str(args.server_threads)}
+    variants = {"no tracer": threads,
+                "rate 1/16": {**threads, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
+                "every request": {**threads, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1"}}
+    rids = request_ids(args.requests)
     tps = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.rounds):
         for name in names[r % 3:] + names[:r % 3]:
-            t, c = measure(models, variants[name], args.requests, args.new_tokens, args.concurrency,
-                           work / f"{r}-{name}.log", args.python)
+            t, c = measure(models, variants[name], rids, args.new_tokens, args.concurrency,
+                           work / f"{r}-{name.replace('/', '-in-')}.log", args.python)
             tps[name].append(t)
             cpu[name].append(c)
             print(f"round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
@@ -88,12 +114,13 @@ def main() -> None:
 
 
 def table(title: str, results: dict[str, list[float]], higher_is_better: bool) -> None:
-    """Markdown table: median, spread, runs, and the cost of each variant against no tracer."""
-    base = statistics.median(results["no tracer"])
+    """Markdown table: median, spread, runs, and the cost of each variant against no tracer (the median
+    of the per-round ratios)."""
+    base = results["no tracer"]
     print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs no tracer |\n|---|---|---|---|---|")
     for name, xs in results.items():
         med = statistics.median(xs)
-        overhead = base / med - 1 if higher_is_better else med / base - 1
+        overhead = statistics.median(b / x - 1 if higher_is_better else x / b - 1 for b, x in zip(base, xs))
         print(f"| {name} | {med:.2f} | {min(xs):.2f}-{max(xs):.2f} | {', '.join(f'{x:.2f}' for x in xs)} | "
               f"{100 * overhead:+.1f}% |")
 

@@ -101,10 +101,12 @@ class ServerHandle:
     def pid(self) -> int:
         return self.process.pid
 
-    def generate(self, text: str, max_new_tokens: int = 16, **sampling) -> dict:
-        """`POST /generate`; greedy unless `sampling` says otherwise. Returns the JSON (with `meta_info`)."""
+    def generate(self, text: str, max_new_tokens: int = 16, rid: str | None = None, **sampling) -> dict:
+        """`POST /generate`; greedy unless `sampling` says otherwise; SGLang picks the request id unless
+        `rid` is given. Returns the JSON (with `meta_info`)."""
         params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
-        return self._post("/generate", {"text": text, "sampling_params": params})
+        body = {"text": text, "sampling_params": params, **({"rid": rid} if rid else {})}
+        return self._post("/generate", body)
 
     def get(self, path: str, timeout: float = 10.0) -> dict:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as response:

@@ -72,18 +72,19 @@ def _chunk_stats(x: np.ndarray, H: int) -> list:
     n, K = x.shape[0], x.shape[1] // H
     v = x.reshape(n, K, H).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        sums = v.sum(-1)
+        mean = v.sum(-1) / H
         sumsq = np.einsum("rkh,rkh->rk", v, v)
         absmax = np.abs(v).max(-1)
+        var = sumsq / H - mean * mean
         if np.isfinite(sumsq).all():  # every value finite
-            nan = inf = np.zeros((n, K), dtype=np.int64)
+            nan = inf = [0] * (n * K)
+            np.maximum(var, 0.0, out=var)
         else:
-            nan, inf = np.isnan(v).sum(-1), np.isinf(v).sum(-1)
-        mean = sums / H
-        var = np.where(np.isfinite(sumsq) & np.isfinite(mean), np.maximum(sumsq / H - mean * mean, 0.0), np.nan)
+            nan, inf = np.isnan(v).sum(-1).ravel().tolist(), np.isinf(v).sum(-1).ravel().tolist()
+            var = np.where(np.isfinite(sumsq) & np.isfinite(mean), np.maximum(var, 0.0), np.nan)
         l2, std = np.sqrt(sumsq), np.sqrt(var)
-    cols = [a.tolist() for a in (l2, mean, std, absmax, nan, inf)]
-    return [[ChunkStats(*cells, H) for cells in zip(*(col[r] for col in cols))] for r in range(n)]
+    cells = list(map(ChunkStats, *(a.ravel().tolist() for a in (l2, mean, std, absmax)), nan, inf, [H] * (n * K)))
+    return [cells[r * K:(r + 1) * K] for r in range(n)]
 
 
 def _rows_of(t: torch.Tensor, rows: list) -> np.ndarray:

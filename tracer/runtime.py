@@ -30,7 +30,8 @@ from .config import TracerConfig
 from .devicecopy import HostInts, host_view
 from .health import Health
 from .sampling import request_sampled, step_sampled
-from .summaries import Summaries, merged_stats, topk_list
+from .summaries import Summaries, topk_list
+from .summarize import merged_stats
 from .writer import Writer
 
 log = logging.getLogger("draftscope.tracer")

@@ -10,7 +10,6 @@ sends them through the Summarizer's torch path instead). The writer turns each `
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from .config import REDUCE_MODES
 from .health import Health
 from .host_reduce import HostRows
-from .summarize import ChunkStats, Pending, Summarizer, Summary
+from .summarize import Pending, Summarizer
 
 RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
 
@@ -69,45 +68,9 @@ class Summaries:
         return pending
 
 
-def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
-    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``.
-
-    One plain loop over the cells (the writer thread runs this for every sample record)."""
-    rows = summary.rows
-    total = wsum = nan = inf = 0
-    absmax = -math.inf
-    l2: List[float] = []
-    cells: List[ChunkStats] = []
-    for p in positions:
-        row = rows[p].chunks if chunks is None else [rows[p].chunks[c] for c in chunks]
-        sq = 0.0
-        for c in row:
-            total += c.width
-            wsum += c.mean * c.width
-            sq += c.l2 * c.l2
-            absmax = c.absmax if c.absmax > absmax or c.absmax != c.absmax else absmax
-            nan += c.nan_count
-            inf += c.inf_count
-        l2.append(math.sqrt(sq))
-        cells += row
-    if not l2:
-        raise ValueError("merged_stats needs at least one row")
-    mean = wsum / total
-    var = sum(c.width * (c.std * c.std + (c.mean - mean) ** 2) for c in cells) / total
-    return {"rows": len(l2), "width": total // len(l2), "l2_mean": _finite(sum(l2) / len(l2)),
-            "l2_max": _finite(max(l2)), "mean": _finite(mean),
-            "std": _finite(math.sqrt(var) if var >= 0 else math.nan), "absmax": _finite(absmax),
-            "nan_count": nan, "inf_count": inf}
-
-
-def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[List[float]]:
-    """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``."""
+def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[list]:
+    """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``; probabilities
+    to 6 decimals (a NaN one is written as JSON null by ``wire.to_json``)."""
     if id_map is not None:
-        topk = [(id_map[i], p) for i, p in topk]
-    if math.isfinite(math.fsum(p for _, p in topk)):
-        return [[i, round(p, 6)] for i, p in topk]
-    return [[i, _finite(round(p, 6))] for i, p in topk]
-
-
-def _finite(v: float) -> Optional[float]:
-    return v if math.isfinite(v) else None
+        return [[id_map[i], round(p, 6)] for i, p in topk]
+    return [[i, round(p, 6)] for i, p in topk]

@@ -193,29 +193,41 @@ class Summary:
     draft: Optional[list[DraftRow]]
 
     def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
-        """Statistics of ``chunk`` over several summarised rows, as ``SampleRecord`` fields.
+        """Statistics of ``chunk`` over several summarised rows (positions in :attr:`rows`, default
+        all), as ``SampleRecord`` fields: see :func:`merged_stats`."""
+        return merged_stats(self, range(len(self.rows)) if rows is None else rows, [chunk])
 
-        ``rows`` are positions in :attr:`rows` (default: all). Mean and std are those of all the
-        values of those rows together; ``l2_mean`` / ``l2_max`` are over the rows' L2 norms.
-        A statistic made undefined by NaN/Inf values is ``None`` (the counts say why).
-        """
-        picked = [self.rows[i].chunks[chunk] for i in (range(len(self.rows)) if rows is None else rows)]
-        if not picked:
-            raise ValueError("sample() needs at least one row; pass rows=None or non-empty positions")
-        count = len(picked)
-        mean = sum(c.mean for c in picked) / count
-        var = sum(c.std**2 + (c.mean - mean) ** 2 for c in picked) / count
-        return {
-            "rows": count,
-            "width": picked[0].width,
-            "l2_mean": _finite(sum(c.l2 for c in picked) / count),
-            "l2_max": _finite(max(c.l2 for c in picked)),
-            "mean": _finite(mean),
-            "std": _finite(math.sqrt(var) if var >= 0 else math.nan),
-            "absmax": _finite(max(c.absmax for c in picked)),
-            "nan_count": sum(c.nan_count for c in picked),
-            "inf_count": sum(c.inf_count for c in picked),
-        }
+
+def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
+    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``.
+
+    Mean and std are those of all the values together; ``l2_mean`` / ``l2_max`` are over the rows'
+    L2 norms. A statistic made undefined by NaN/Inf values is ``None`` (the counts say why). One pass
+    over the cells: the writer thread runs this for every sample record.
+    """
+    rows = summary.rows
+    total = wsum = nan = inf = 0
+    absmax = -math.inf
+    sq: list[float] = []
+    for p in positions:
+        row_sq = 0.0
+        for c in (rows[p].chunks if chunks is None else [rows[p].chunks[i] for i in chunks]):
+            total += c.width
+            wsum += c.mean * c.width
+            row_sq += c.l2 * c.l2
+            if not c.absmax <= absmax:  # NaN wins
+                absmax = c.absmax
+            nan += c.nan_count
+            inf += c.inf_count
+        sq.append(row_sq)
+    if not sq:
+        raise ValueError("merged_stats needs at least one row")
+    n, mean = len(sq), wsum / total
+    var = sum(sq) / total - mean * mean
+    l2 = [math.sqrt(v) for v in sq]
+    return {"rows": n, "width": total // n, "l2_mean": _finite(sum(l2) / n), "l2_max": _finite(max(l2)),
+            "mean": _finite(mean), "std": _finite(math.sqrt(max(var, 0.0)) if var == var else math.nan),
+            "absmax": _finite(absmax), "nan_count": nan, "inf_count": inf}
 
 
 def _finite(value: float) -> Optional[float]:

@@ -10,7 +10,8 @@ import torch
 
 from draftscope_tracer.file_sink import FileSink
 from draftscope_tracer.health import Health
-from draftscope_tracer.summaries import Summaries, merged_stats, topk_list
+from draftscope_tracer.summaries import Summaries, topk_list
+from draftscope_tracer.summarize import merged_stats
 from draftscope_tracer.writer import Writer
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}

@@ -231,8 +231,10 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
 def test_topk_probabilities_that_are_not_finite_become_null():
     """Uninitialised draft weights give NaN probabilities; the batch must still be valid JSON."""
     from draftscope_tracer.summaries import topk_list
+    from draftscope_tracer.wire import to_json
 
-    assert topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12]) == [[12, None], [10, 0.5]]
+    top = topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12])
+    assert json.loads(to_json({"target_topk": [top]})) == {"target_topk": [[[12, None], [10, 0.5]]]}
 
 
 def test_sqlite_sink_writes_what_the_dashboard_ingest_writes(tmp_path):
