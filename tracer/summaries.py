@@ -5,7 +5,7 @@ A launch takes the rows to summarise (a host list or an int64 tensor) and return
 (created lazily): the rows are padded into its static ``rows`` buffer and reduced on the device. CPU
 tensors are copied by ``host_reduce.HostRows`` and reduced on the writer thread (``reduce="device"``
 sends them through the Summarizer's torch path instead). The writer turns each ``Summary`` into
-``SampleRecord`` fields or top-k lists.
+``SampleRecord`` fields (``summarize.merged_stats``) or top-k lists (:func:`topk_list`).
 """
 
 from __future__ import annotations
