@@ -10,6 +10,11 @@ threads fill both cores, and then any other runnable thread (the benchmark's cli
 and detokenizer, the tracer's writer) stalls the forward pass's parallel regions: the noise of the
 machine dominates. One thread leaves a core for them, as a GPU host's spare cores do.
 
+``--sink sqlite`` (default) has the tracer write the store file itself (``DRAFTSCOPE_DB``); ``--sink
+http`` starts one ``draftscope serve`` on the same machine for the whole run and has the tracer send
+to its ingest API (``DRAFTSCOPE_URL``), as ``docker compose up`` does: the store's writes then happen
+in the dashboard's process, whose CPU the second measure does not count.
+
 Prints Markdown tables for two measures: wall-clock tokens/s, and the CPU time the server's whole
 process group (scheduler with the tracer's thread, tokenizer, detokenizer) spends per generated token.
 The overhead column is the median over rounds of each round's ratio to that round's "no tracer" run.
@@ -20,19 +25,22 @@ The overhead column is the median over rounds of each round's ratio to that roun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from draftscope import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
-from testbed.server import start_server  # noqa: E402
+from testbed.server import free_port, start_server  # noqa: E402
 from draftscope_tracer.sampling import request_sampled  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
@@ -81,6 +89,30 @@ def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log
         return tokens / wall, 1000 * cpu / tokens
 
 
+@contextlib.contextmanager
+def dashboard(store: Path, log: Path):
+    """``draftscope serve`` on ``store``; yields its URL once it answers."""
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{store}",
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"draftscope serve did not start; see {log}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -88,16 +120,28 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--server-threads", type=int, default=1, help="the server's torch intra-op threads")
+    ap.add_argument("--sink", choices=("sqlite", "http"), default="sqlite",
+                    help="the tracer writes the SQLite store itself, or sends to a local dashboard's ingest API")
     ap.add_argument("--python", default=None, help="the test bed Python (default: $DRAFTSCOPE_VENV or .venv)")
     args = ap.parse_args()
     models = ensure_models()
     work = Path(tempfile.mkdtemp(prefix="draftscope-bench-"))
     store = work / "store.db"
     store_db.upgrade(f"sqlite:///{store}")
+    with contextlib.ExitStack() as stack:
+        if args.sink == "http":
+            sink = {"DRAFTSCOPE_URL": stack.enter_context(dashboard(store, work / "dashboard.log"))}
+        else:
+            sink = {"DRAFTSCOPE_DB": str(store)}
+        run(args, models, work, sink)
+
+
+def run(args, models, work: Path, sink: dict) -> None:
+    """All rounds, then the tables."""
     threads = {"OMP_NUM_THREADS": str(args.server_threads)}
     variants = {"no tracer": threads,
-                "rate 1/16": {**threads, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
-                "every request": {**threads, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1"}}
+                "rate 1/16": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
+                "every request": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1"}}
     rids = request_ids(args.requests)
     tps = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
