@@ -27,20 +27,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from draftscope import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
-from testbed.server import free_port, start_server  # noqa: E402
+from testbed.server import start_dashboard, start_server  # noqa: E402
 from draftscope_tracer.sampling import request_sampled  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
@@ -89,30 +87,6 @@ def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log
         return tokens / wall, 1000 * cpu / tokens
 
 
-@contextlib.contextmanager
-def dashboard(store: Path, log: Path):
-    """``draftscope serve`` on ``store``; yields its URL once it answers."""
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{store}",
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"draftscope serve did not start; see {log}")
-                time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -130,7 +104,7 @@ def main() -> None:
     store_db.upgrade(f"sqlite:///{store}")
     with contextlib.ExitStack() as stack:
         if args.sink == "http":
-            sink = {"DRAFTSCOPE_URL": stack.enter_context(dashboard(store, work / "dashboard.log"))}
+            sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
         else:
             sink = {"DRAFTSCOPE_DB": str(store)}
         run(args, models, work, sink)

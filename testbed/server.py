@@ -7,7 +7,9 @@ build, which is not on PyPI, is replaced by the pure-PyTorch stand-ins in `testb
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import os
 import signal
 import socket
@@ -216,6 +218,32 @@ def start_server(
             handle.stop()
             raise ServerStartError(_failure(f"the server was not healthy after {timeout:.0f} s", log_path))
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def start_dashboard(store: Path, log_path: Path, timeout: float = 60.0):
+    """A real ``draftscope serve`` on the migrated SQLite ``store``; yields its URL once it answers and
+    stops its process group on exit."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{store}",
+                                    "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(url + "/", timeout=1)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"draftscope serve did not answer at {url}:\n{log_tail(log_path)}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        _signal_group(process.pid, signal.SIGTERM)
+        process.wait(10)
 
 
 def _failure(what: str, log_path: Path) -> str:

@@ -8,18 +8,14 @@ Three server starts in all (each ~30 s of CPU): no tracer (the reference answers
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
 from draftscope import db as store_db
 from testbed.models import ensure_models
-from testbed.server import free_port, start_server
+from testbed.server import free_port, start_dashboard, start_server
 
 pytestmark = pytest.mark.sglang
 
@@ -49,23 +45,11 @@ def reference(models, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     """A real ``draftscope serve`` on a migrated SQLite store; yields (url, db path)."""
-    path = tmp_path_factory.mktemp("store") / "store.db"
+    folder = tmp_path_factory.mktemp("store")
+    path = folder / "store.db"
     store_db.upgrade(f"sqlite:///{path}")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{path}",
-                             "--port", str(port)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.3)
-    yield url, path
-    os.killpg(proc.pid, 15)
-    proc.wait(10)
+    with start_dashboard(path, folder / "dashboard.log") as url:
+        yield url, path
 
 
 @pytest.fixture(scope="module")
