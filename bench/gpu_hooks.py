@@ -5,7 +5,7 @@ for the verify step's aux hidden states with the target logits, the draft extend
 and two step draft logits) on CUDA tensors at Kimi-K2.5 widths, with 1 request in 16 sampled:
 
 1. Records: the writer-side results (``merged_stats``, ``topk_list``) of every launch equal those of
-   the CPU path (``host_reduce.HostRows``) on the same rows copied to the host (1e-4).
+   the CPU path (``host_reduce.host_rows``) on the same rows copied to the host (1e-4).
 2. Host time: wall-clock microseconds the hook thread spends issuing the launches of one iteration
    (median of 200 iterations, GPU idle-synchronised between them so that queueing is not counted).
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracer.health import Health  # noqa: E402  (the tracer package, by path: only torch is installed)
 from tracer.summaries import Summaries, topk_list  # noqa: E402
-from tracer.summarize import merged_stats  # noqa: E402
+from tracer.stats import merged_stats  # noqa: E402
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 

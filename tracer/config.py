@@ -19,9 +19,9 @@ OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_TOPK": "how many top-k entries are kept per position, draft and target (default 8)",
     "DRAFTSCOPE_INGEST_TOKEN": "bearer token sent with every HTTP batch",
     "DRAFTSCOPE_FLUSH_INTERVAL_S": "seconds between flushes of a partial batch (default 1.0)",
-    "DRAFTSCOPE_MAX_QUEUE_ITEMS": "bounded queue size between hooks and the writer thread (default 4096)",
+    "DRAFTSCOPE_MAX_QUEUE_ITEMS": "bounded queue size between hooks and the relay thread (default 4096)",
     "DRAFTSCOPE_HEALTH_INTERVAL_S": "seconds between health snapshots (default 10)",
-    "DRAFTSCOPE_REDUCE": "where statistics are computed: auto (default: CPU tensors on the writer thread, "
+    "DRAFTSCOPE_REDUCE": "where statistics are computed: auto (default: CPU tensors in the recorder process, "
                          "CUDA tensors on the device) or device (always the device summariser)",
     "DRAFTSCOPE_FAULT": "comma list of probes made to raise on purpose (testing the fault path)",
 }

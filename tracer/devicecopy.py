@@ -1,7 +1,7 @@
 """Selected elements of a few device tensors, brought to the host without a host sync.
 
 On CUDA: one gather per tensor, one concatenation, one non-blocking copy into pinned memory and an
-event that ``wait()`` (on the writer thread) synchronises. On a CPU the elements are read through
+event that ``result()`` (on the relay thread, when the job is pickled for the recorder) synchronises. On a CPU the elements are read through
 numpy views at once (a few microseconds; there is no device to wait for).
 """
 
@@ -11,6 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from .stats import Resolved
 
 
 def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
@@ -39,7 +41,10 @@ class HostInts:
             self.event = torch.cuda.Event()
             self.event.record()
 
-    def wait(self) -> list:
+    def __reduce__(self):
+        return Resolved, (self.result(),)
+
+    def result(self) -> list:
         if self._values is None:
             if self.event is not None:
                 self.event.synchronize()

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 
 class Health:
-    """Cumulative counters, shared by the hooks and the writer thread."""
+    """Cumulative counters, shared by the hooks and the relay thread (the recorder process has its own)."""
 
     def __init__(self, failure_limit: int = 5):
         self._lock = threading.Lock()
@@ -52,3 +52,15 @@ class Health:
             return {"at": time.time(), "drops": dict(self.drops), "errors": dict(self.errors),
                     "heartbeats": dict(self.heartbeats), "disabled_probes": list(self.disabled),
                     "queue_depth": queue_depth}
+
+
+def combined(scheduler: dict, recorder: dict) -> dict:
+    """One ``HealthRecord`` from the scheduler's snapshot and the recorder's: counters added up,
+    disabled probes joined, the queue depths added."""
+    out = {"at": recorder["at"], "queue_depth": scheduler.get("queue_depth", 0) + recorder["queue_depth"],
+           "disabled_probes": sorted(set(scheduler.get("disabled_probes", [])) | set(recorder["disabled_probes"]))}
+    for key in ("drops", "errors", "heartbeats"):
+        total = Counter(scheduler.get(key, {}))
+        total.update(recorder[key])
+        out[key] = dict(total)
+    return out

@@ -3,12 +3,12 @@
 Unsampled requests cost nothing in the forward hooks: the hooks return at once when no live request is
 sampled (``Tracer.live`` is empty), and otherwise touch only the sampled rows. Sampled rows are
 summarised on the device by ``summarize.Summarizer`` (one launch per tensor layout and hook call),
-copied once without blocking, and turned into records by the writer thread. Per-request totals are
-counted from ``accept_lens`` where SGLang has already brought them to the host (its result processing).
+copied once without blocking, and turned into records in the recorder process (each hook queues a
+``records.Call``; ``relay.Relay`` pickles it there). Per-request totals are counted from ``accept_lens``
+where SGLang has already brought them to the host (its result processing).
 
 Hook-thread state (sampled requests and their step counters, totals, draft top-k waiting for their
-verify) is touched only by SGLang's scheduler thread; jobs on the writer thread read only what they
-were handed.
+verify) is touched only by SGLang's scheduler thread; queued calls carry only what they were handed.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import facts as facts_mod
+from . import records
 from .config import TracerConfig
 from .devicecopy import HostInts, host_view
 from .health import Health
 from .sampling import request_sampled, step_sampled
-from .summaries import Summaries, topk_list
-from .summarize import merged_stats
-from .writer import Writer
+from .recorder import Shared
+from .relay import Relay
+from .summaries import Summaries
 
 log = logging.getLogger("draftscope.tracer")
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
@@ -51,12 +52,6 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def sample_record(point: str, phase: str, at: float, rid: Optional[str], step: Optional[int],
-                  shape: List[int], dtype: str, stats: dict) -> dict:
-    return {"point": point, "phase": phase, "at": at, "rid": rid, "step_index": step, "shape": shape,
-            "dtype": dtype, **stats}
-
-
 class Tracer:
     def __init__(self, config: TracerConfig, sglang_version: str):
         self.config = config
@@ -66,7 +61,7 @@ class Tracer:
         self.run: Dict[str, Any] = {"engine": "sglang", "engine_version": sglang_version, "source": "tracer",
                                     "status": "running", "started_at": time.time(), "host": socket.gethostname(),
                                     "pid": os.getpid(), "tracer_config": config.public()}
-        self.writer: Optional[Writer] = None
+        self.writer: Optional[Relay] = None
         self.recording = False  # this rank writes records (first TP rank of its DP group, last PP rank)
         self.active = True
         self.summaries = Summaries(self.health, config.topk, config.reduce)
@@ -79,7 +74,7 @@ class Tracer:
         self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
-        self._hot_host: Optional[List[int]] = None
+        self._hot: Optional[Shared] = None  # hot_token_id, sent to the recorder once
         self._previous_sigterm: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -99,14 +94,13 @@ class Tracer:
                             probe, self.health.failure_limit, self.health.last_error[probe])
             return None
 
-    def submit(self, probe: str, job: Callable, pendings=()) -> bool:
-        """Queue ``job`` for the writer; a refused job frees the summary slots it would have read."""
-        job.probe = probe
-        if self.writer is not None and self.writer.submit(job):
+    def submit(self, probe: str, fn: Callable, *args, pendings=()) -> bool:
+        """Queue ``fn(*args)`` (a ``records`` function) for the recorder; a refused call frees the
+        summary slots it would have read."""
+        call = records.Call(probe, fn, args, pendings)
+        if self.writer is not None and self.writer.submit(call):
             return True
-        for p in pendings:
-            if p is not None:
-                p.release()
+        call.release()
         return False
 
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
@@ -136,14 +130,12 @@ class Tracer:
             return
         facts, run_fields = facts_mod.collect(scheduler, self.sglang_version)
         self.run.update(run_fields, facts=facts)
-        sink = open_sink(self.config, self.health.drop)
+        sink = open_sink(self.config, self.health.drop)  # the recorder opens its own: fail here, once, if unusable
         if sink is None:
             self.active = False
             return
-        c = self.config
-        self.writer = Writer(sink, self.health, lambda: dict(self.run), run_id=self.run_id,
-                             max_queue_items=c.max_queue_items, max_batch_items=c.max_batch_items,
-                             flush_interval_s=c.flush_interval_s, health_interval_s=c.health_interval_s)
+        sink.close()
+        self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
         self._chain_sigterm()
 
@@ -215,29 +207,8 @@ class Tracer:
             p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
         fc_out = _recompute_fc(worker.draft_runner.model, h[torch.tensor(sel, device=h.device)])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
-        now, dtype = time.time(), _dtype(h)
-        fc_dtype = None if fc_out is None else _dtype(fc_out)
-
-        def build() -> dict:
-            s_in = p_in.result() if p_in is not None else None
-            s_fc = p_fc.result() if p_fc is not None else None
-            out = []
-            for (_, rid, step), pos in zip(rows, groups):
-                if not pos:
-                    continue
-                if s_in is not None and step % input_every == 0:
-                    out.append(sample_record("draft.input", phase, now, rid, step, [len(pos), width], dtype,
-                                             merged_stats(s_in, pos)))
-                    for c in range(chunks if with_aux and chunks > 1 else 0):
-                        out.append(sample_record(f"target.aux[{c}]", phase, now, rid, step, [len(pos), H],
-                                                 dtype, merged_stats(s_in, pos, [c])))
-                if s_fc is not None:
-                    out.append(sample_record("draft.fc.out", phase, now, rid, step,
-                                             [len(pos), s_fc.rows[0].chunks[0].width], fc_dtype,
-                                             merged_stats(s_fc, pos)))
-            return {"samples": out}
-
-        self.submit(phase, build, (p_in, p_fc))
+        self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
+                    chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
 
     def _draft_logits(self, worker, logits: torch.Tensor, sel, rows: List[tuple], phase: str,
                       seed: bool) -> None:
@@ -249,19 +220,16 @@ class Tracer:
         if pending is None:
             return
         hot = getattr(worker, "hot_token_id", None)
+        if hot is not None and self._hot is None:
+            self._hot = Shared("hot_token_id", hot.tolist)  # read once, on the relay thread
         for j, (_, rid, _) in enumerate(rows):
             if seed:
-                self.draft_seed[rid] = (pending, j, hot)
+                self.draft_seed[rid] = (pending, j, hot is not None)
             else:
-                self.draft_steps.setdefault(rid, []).append((pending, j, hot))
-        now, V = time.time(), int(logits.shape[-1])
-
-        def build() -> dict:
-            s = pending.result()
-            return {"samples": [sample_record("draft.logits", phase, now, rows[j][1], rows[j][2], [1, V],
-                                              "float32", merged_stats(s, [j])) for j in periodic]}
-
-        self.submit(phase, build, (pending,))
+                self.draft_steps.setdefault(rid, []).append((pending, j, hot is not None))
+        # always queued, so that every launch is read (a device launch holds a ring slot until then)
+        self.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
+                    pendings=(pending,))
 
     # -- draft decode -----------------------------------------------------------------------------
     def on_draft_input(self, worker, batch) -> List[tuple]:
@@ -308,45 +276,8 @@ class Tracer:
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: ([self.draft_seed.pop(rid)] if rid in self.draft_seed else []) + self.draft_steps.pop(rid, [])
                   for _, rid, _ in rows}
-        now, B = time.time(), len(rows)
-
-        def build() -> dict:
-            host = ints.wait()
-            s = pending.result() if pending is not None else None
-            hot = None
-            out = {"steps": [], "samples": []}
-            for j, (_, rid, step) in enumerate(rows):
-                a = host[2 * B * N + B + j]
-                base = j * N
-                rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": host[2 * B * N + j],
-                       "drafted_tokens": host[base + 1:base + N], "accept_len": a,
-                       "accept_flags": [p <= a - 1 for p in range(1, N)],
-                       "bonus_token": host[B * N + base + a - 1]}
-                if s is not None:
-                    rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
-                    if aux:
-                        for c in range(n_aux):
-                            out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step,
-                                                                [N, H], aux_dtype,
-                                                                merged_stats(s, range(base, base + N), [c])))
-                seq = drafts.get(rid) or []
-                if seq:
-                    topks = []
-                    for p, r, hot_t in seq[:N - 1]:
-                        if hot_t is not None and hot is None:
-                            hot = self._hot_ids(hot_t)
-                        topks.append(topk_list(p.result().rows[r].topk, hot if hot_t is not None else None))
-                    rec["draft_topk"] = topks
-                out["steps"].append(rec)
-            return out
-
-        self.submit("verify", build, (pending,))
-
-    def _hot_ids(self, hot: torch.Tensor) -> List[int]:
-        """``hot_token_id`` on the host, read once (writer thread)."""
-        if self._hot_host is None:
-            self._hot_host = hot.tolist()
-        return self._hot_host
+        self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
+                    drafts, self._hot, pendings=(pending,))
 
     # -- draft extend after verify ----------------------------------------------------------------
     def draft_extend_rows(self, batch) -> tuple:
@@ -420,7 +351,7 @@ class Tracer:
             self.draft_steps.pop(rid, None)
             out.append({k: v for k, v in info.items() if v is not None})
         if self.recording:
-            self.submit("finish", lambda: {"requests": out})
+            self.submit("finish", records.finished, out)
 
 
 def _recompute_fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:

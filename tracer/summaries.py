@@ -1,22 +1,23 @@
 """The hooks' side of the summaries: where each launch is reduced, and the records built from them.
 
 A launch takes the rows to summarise (a host list or an int64 tensor) and returns a handle whose
-``result()`` the writer thread reads. CUDA tensors go to a ``summarize.Summarizer`` per tensor layout
-(created lazily): the rows are padded into its static ``rows`` buffer and reduced on the device. CPU
-tensors are copied by ``host_reduce.HostRows`` and reduced on the writer thread (``reduce="device"``
-sends them through the Summarizer's torch path instead). The writer turns each ``Summary`` into
-``SampleRecord`` fields (``summarize.merged_stats``) or top-k lists (:func:`topk_list`).
+``result()`` the recorder process reads (the handle is pickled to it: see ``stats.py``). CUDA tensors
+go to a ``summarize.Summarizer`` per tensor layout (created lazily): the rows are padded into its
+static ``rows`` buffer and reduced on the device. CPU tensors are copied by ``host_reduce.host_rows``
+and reduced in the recorder (``reduce="device"`` sends them through the Summarizer's torch path
+instead). ``records.py`` turns each ``Summary`` into records.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .config import REDUCE_MODES
 from .health import Health
-from .host_reduce import HostRows
+from .host_reduce import host_rows
+from .stats import RowCopies
 from .summarize import Pending, Summarizer
 
 RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
@@ -25,7 +26,7 @@ RING_SIZE = 128  # unread launches per layout before launches drop (counted as `
 class Summaries:
     """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two.
 
-    ``reduce="auto"`` reduces CPU tensors on the reading thread (``HostRows``) and CUDA tensors on the
+    ``reduce="auto"`` reduces CPU tensors in the recorder (``host_rows``) and CUDA tensors on the
     device; ``"device"`` always uses the Summarizer (its torch path on a CPU).
     """
 
@@ -37,7 +38,7 @@ class Summaries:
 
     def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
-               stats: bool = True, tag=None) -> Optional[Union[Pending, HostRows]]:
+               stats: bool = True, tag=None) -> Optional[Union[Pending, RowCopies]]:
         """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted).
         ``stats=False``: only the top-k is read (the device path computes the statistics anyway)."""
         n = len(rows)
@@ -46,7 +47,7 @@ class Summaries:
         width = int(hidden.shape[-1])
         chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
         if hidden.device.type == "cpu" and self.reduce == "auto":
-            return HostRows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
+            return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
@@ -67,10 +68,3 @@ class Summaries:
             self.health.drop("summary_ring_full")
         return pending
 
-
-def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[list]:
-    """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``; probabilities
-    to 6 decimals (a NaN one is written as JSON null by ``wire.to_json``)."""
-    if id_map is not None:
-        return [[id_map[i], round(p, 6)] for i, p in topk]
-    return [[i, round(p, 6)] for i, p in topk]

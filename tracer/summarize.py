@@ -59,10 +59,11 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Optional
 
 import torch
+
+from .stats import ChunkStats, DraftRow, RowSummary, Summary, Resolved
 
 try:  # Triton ships with every SGLang GPU install; without it the pure-torch path runs.
     import triton
@@ -156,84 +157,6 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class ChunkStats(NamedTuple):
-    """Statistics of one row of one aux chunk (plain Python numbers)."""
-
-    l2: float
-    mean: float
-    std: float
-    absmax: float
-    nan_count: int
-    inf_count: int
-    width: int
-
-
-class RowSummary(NamedTuple):
-    """One selected row: its index into the input, its chunks, and its target top-k."""
-
-    row: int
-    chunks: list[ChunkStats]
-    topk: Optional[list[tuple[int, float]]]  # (target token id, probability), best first
-
-
-@dataclass(frozen=True)
-class DraftRow:
-    """One selected row of the draft top-k inputs (ids already mapped to target ids)."""
-
-    row: int
-    topk: list[tuple[int, float]]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A decoded summary of one launch; padding rows (``-1``) are left out."""
-
-    tag: Any
-    rows: list[RowSummary]
-    draft: Optional[list[DraftRow]]
-
-    def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
-        """Statistics of ``chunk`` over several summarised rows (positions in :attr:`rows`, default
-        all), as ``SampleRecord`` fields: see :func:`merged_stats`."""
-        return merged_stats(self, range(len(self.rows)) if rows is None else rows, [chunk])
-
-
-def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
-    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``.
-
-    Mean and std are those of all the values together; ``l2_mean`` / ``l2_max`` are over the rows'
-    L2 norms. A statistic made undefined by NaN/Inf values is ``None`` (the counts say why). One pass
-    over the cells: the writer thread runs this for every sample record.
-    """
-    rows = summary.rows
-    total = wsum = nan = inf = 0
-    absmax = -math.inf
-    sq: list[float] = []
-    for p in positions:
-        row_sq = 0.0
-        for c in (rows[p].chunks if chunks is None else [rows[p].chunks[i] for i in chunks]):
-            total += c.width
-            wsum += c.mean * c.width
-            row_sq += c.l2 * c.l2
-            if not c.absmax <= absmax:  # NaN wins
-                absmax = c.absmax
-            nan += c.nan_count
-            inf += c.inf_count
-        sq.append(row_sq)
-    if not sq:
-        raise ValueError("merged_stats needs at least one row")
-    n, mean = len(sq), wsum / total
-    var = sum(sq) / total - mean * mean
-    l2 = [math.sqrt(v) for v in sq]
-    return {"rows": n, "width": total // n, "l2_mean": _finite(sum(l2) / n), "l2_max": _finite(max(l2)),
-            "mean": _finite(mean), "std": _finite(math.sqrt(max(var, 0.0)) if var == var else math.nan),
-            "absmax": _finite(absmax), "nan_count": nan, "inf_count": inf}
-
-
-def _finite(value: float) -> Optional[float]:
-    return value if math.isfinite(value) else None
-
-
 class Pending:
     """Handle of one launch: wait for it and decode it on a background thread."""
 
@@ -241,6 +164,10 @@ class Pending:
         self._owner, self._slot, self._event, self.tag = owner, slot, event, tag
         self._summary: Optional[Summary] = None
         self._lock = threading.Lock()
+
+    def __reduce__(self):
+        """Pickled (for the recorder process) as its decoded summary: waits for the copy first."""
+        return Resolved, (self.result(),)
 
     def ready(self) -> bool:
         """True once the host buffer holds the results (never blocks)."""

@@ -1,9 +1,11 @@
-"""One background thread between the hooks and a sink: bounded queue, batches, flush on size or interval.
+"""Bounded job queues drained by one background thread; the :class:`Writer` that turns jobs into
+batches for a sink (flush on size or interval).
 
-Hooks ``submit`` jobs (callables run on the writer thread that return record lists, typically after
-waiting on a device event). ``submit`` never blocks and never wakes the writer: it appends to a bounded
-deque (a full one drops the job and counts it), and the writer takes everything queued every
-``POLL_S``. Waking the writer per job would hand it the GIL several times per scheduler iteration.
+``submit`` never blocks and never wakes the thread: it appends to a bounded deque (a full one drops
+the job and counts it), and the thread takes everything queued every ``POLL_S``. Waking it per job
+would hand it the GIL several times per scheduler iteration. In the tracer the scheduler's queue is a
+``relay.Relay`` (pickles jobs to the recorder process) and the recorder's is a :class:`Writer` (runs
+them: callables that return records by table).
 """
 
 from __future__ import annotations
@@ -32,30 +34,21 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class Writer:
-    """Owns the sink; the only thread that writes."""
+class JobQueue:
+    """The producer side: a bounded deque, and closing (drain, then stop the thread ``_loop``)."""
 
-    def __init__(self, sink: Sink, health: Health, run: Callable[[], dict], *, run_id: str,
-                 max_queue_items: int = 4096, max_batch_items: int = 256,
-                 flush_interval_s: float = 1.0, health_interval_s: float = 10.0):
-        self.sink, self.health, self._run = sink, health, run
-        self.run_id = run_id
-        self.max_batch_items = max_batch_items
-        self.flush_interval_s = flush_interval_s
-        self.health_interval_s = health_interval_s
-        self.max_queue_items = max_queue_items
+    def __init__(self, health: Health, max_queue_items: int, thread_name: str):
+        self.health, self.max_queue_items = health, max_queue_items
         self._jobs: collections.deque = collections.deque()
-        self._pending: Records = {k: [] for k in wire.RECORD_TABLES}
-        self._pending_n = 0
-        self._run_sent = False
         self._closed = False
         self._final_status = "ended"
         self._stop = threading.Event()
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._loop, name="draftscope-writer", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
 
-    # -- producer side (hook threads) -------------------------------------------------------------
+    def _loop(self) -> None:
+        raise NotImplementedError
+
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False (and a counted drop) when closed, forked or full. Never blocks."""
         if self._closed:
@@ -85,9 +78,29 @@ class Writer:
         self._stop.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("draftscope: writer did not finish within %.1f s; unsent records are lost", timeout_s)
+            log.warning("draftscope: %s did not finish within %.1f s; unsent records are lost",
+                        self._thread.name, timeout_s)
 
-    # -- writer thread ----------------------------------------------------------------------------
+
+class Writer(JobQueue):
+    """Owns the sink; the only thread that writes. ``snapshot(queue_depth)`` gives the health records
+    (default: ``health``'s own counters)."""
+
+    def __init__(self, sink: Sink, health: Health, run: Callable[[], dict], *, run_id: str,
+                 max_queue_items: int = 4096, max_batch_items: int = 256,
+                 flush_interval_s: float = 1.0, health_interval_s: float = 10.0,
+                 snapshot: Optional[Callable[[int], dict]] = None):
+        super().__init__(health, max_queue_items, "draftscope-writer")
+        self.sink, self._run, self.run_id = sink, run, run_id
+        self._snapshot = snapshot or health.snapshot
+        self.max_batch_items = max_batch_items
+        self.flush_interval_s = flush_interval_s
+        self.health_interval_s = health_interval_s
+        self._pending: Records = {k: [] for k in wire.RECORD_TABLES}
+        self._pending_n = 0
+        self._run_sent = False
+        self._thread.start()
+
     def _loop(self) -> None:
         next_flush = time.monotonic() + self.flush_interval_s
         next_health = time.monotonic()  # the first health snapshot goes out with the first flush
@@ -95,7 +108,7 @@ class Writer:
             stopping = self._stop.wait(POLL_S)
             self._drain()
             if stopping:
-                self._add({"health": [self.health.snapshot(0)]})
+                self._add({"health": [self._snapshot(0)]})
                 self._flush(final=True)
                 try:
                     self.sink.close()
@@ -104,7 +117,7 @@ class Writer:
                 return
             now = time.monotonic()
             if now >= next_health:
-                self._add({"health": [self.health.snapshot(self.depth())]})
+                self._add({"health": [self._snapshot(self.depth())]})
                 next_health = now + self.health_interval_s
             if now >= next_flush:
                 self._flush()

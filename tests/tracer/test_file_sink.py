@@ -10,8 +10,9 @@ import torch
 
 from draftscope_tracer.file_sink import FileSink
 from draftscope_tracer.health import Health
-from draftscope_tracer.summaries import Summaries, topk_list
-from draftscope_tracer.summarize import merged_stats
+from draftscope_tracer.records import topk_list
+from draftscope_tracer.stats import merged_stats
+from draftscope_tracer.summaries import Summaries
 from draftscope_tracer.writer import Writer
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}

@@ -1,14 +1,17 @@
-"""CPU tensors are reduced on the reading thread (HostRows); the results equal the device summariser's."""
+"""CPU tensors are copied in the hook and reduced in the recorder (host_rows); the results equal the device
+summariser's, also after crossing to the recorder by pickle."""
 
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
 
 from draftscope_tracer.health import Health
-from draftscope_tracer.host_reduce import HostRows
+from draftscope_tracer.host_reduce import host_rows
+from draftscope_tracer.stats import Resolved, RowCopies
 from draftscope_tracer.summaries import Summaries
 from draftscope_tracer.summarize import Summarizer
 
@@ -31,9 +34,12 @@ def test_host_rows_equal_the_summarizer_torch_path():
     h = _adversarial_hidden()
     logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(8)) * 3
     rows = [5, 2, 0, 11]
-    host = HostRows(h, rows, chunk_width=16, logits=logits, topk=5).result()
-    dev = Summarizer(max_rows=8, width=48, chunk_width=16, vocab_size=300, topk=5).summarize(
-        h, torch.tensor(rows + [-1] * 4), logits).result()
+    host = pickle.loads(pickle.dumps(host_rows(h, rows, chunk_width=16, logits=logits, topk=5))).result()
+    launched = Summarizer(max_rows=8, width=48, chunk_width=16, vocab_size=300, topk=5).summarize(
+        h, torch.tensor(rows + [-1] * 4), logits)
+    crossed = pickle.loads(pickle.dumps(launched))  # a device launch crosses as its decoded summary
+    assert isinstance(crossed, Resolved)
+    dev = crossed.result()
     assert [r.row for r in host.rows] == [r.row for r in dev.rows] == rows
     for hr, dr in zip(host.rows, dev.rows):
         assert [i for i, _ in hr.topk] == [i for i, _ in dr.topk]
@@ -48,7 +54,7 @@ def test_host_rows_equal_the_summarizer_torch_path():
 def test_host_rows_copy_the_rows_at_launch():
     """SGLang reuses its buffers: what was launched is what is summarised, whatever happens later."""
     h = torch.ones(4, 8)
-    pending = HostRows(h, torch.tensor([1, 3]), chunk_width=8, logits=None, topk=8)
+    pending = host_rows(h, torch.tensor([1, 3]), chunk_width=8, logits=None, topk=8)
     h.fill_(100.0)
     s = pending.result()
     assert [c.mean for r in s.rows for c in r.chunks] == [1.0, 1.0] and s.rows[0].topk is None
@@ -56,15 +62,17 @@ def test_host_rows_copy_the_rows_at_launch():
 
 
 def test_released_host_rows_refuse_to_be_read():
-    pending = HostRows(torch.ones(2, 4), [0], chunk_width=4, logits=None, topk=1)
+    pending = host_rows(torch.ones(2, 4), [0], chunk_width=4, logits=None, topk=1)
     pending.release()
     with pytest.raises(RuntimeError, match="released"):
         pending.result()
+    with pytest.raises(RuntimeError, match="released"):  # nor sent to the recorder
+        pickle.dumps(pending)
 
 
 def test_bf16_rows_and_draft_logits_that_are_the_hidden_tensor():
     logits = (torch.randn(3, 40, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
-    s = HostRows(logits, [2], chunk_width=40, logits=logits, topk=3).result()
+    s = host_rows(logits, [2], chunk_width=40, logits=logits, topk=3).result()
     probs = torch.softmax(logits[2].float(), -1).tolist()
     best = sorted(range(40), key=lambda i: (-probs[i], i))[:3]  # bf16 has ties: best first, then by id
     assert [i for i, _ in s.rows[0].topk] == best
@@ -72,10 +80,10 @@ def test_bf16_rows_and_draft_logits_that_are_the_hidden_tensor():
     assert s.rows[0].chunks[0].mean == pytest.approx(logits[2].float().mean().item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("reduce, kind", [("auto", HostRows), ("device", None)])
+@pytest.mark.parametrize("reduce, kind", [("auto", RowCopies), ("device", None)])
 def test_summaries_choose_where_cpu_tensors_are_reduced(reduce, kind):
     out = Summaries(Health(), topk=4, reduce=reduce).launch(torch.randn(6, 8), [1, 2])
-    assert isinstance(out, HostRows) if kind else not isinstance(out, HostRows)
+    assert isinstance(out, RowCopies) if kind else not isinstance(out, RowCopies)
     assert [r.row for r in out.result().rows] == [1, 2]
 
 
@@ -86,6 +94,6 @@ def test_unknown_reduce_mode_is_refused():
 
 def test_top_k_only_rows_carry_no_statistics():
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 1.0, 0.0, 0.0]])
-    s = HostRows(logits, [0, 1], chunk_width=4, logits=logits, topk=2, stats=False).result()
+    s = host_rows(logits, [0, 1], chunk_width=4, logits=logits, topk=2, stats=False).result()
     assert [r.chunks for r in s.rows] == [[], []]
     assert [[i for i, _ in r.topk] for r in s.rows] == [[1, 3], [0, 1]]  # ties: smaller id first

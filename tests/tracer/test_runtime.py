@@ -230,7 +230,7 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
 
 def test_topk_probabilities_that_are_not_finite_become_null():
     """Uninitialised draft weights give NaN probabilities; the batch must still be valid JSON."""
-    from draftscope_tracer.summaries import topk_list
+    from draftscope_tracer.records import topk_list
     from draftscope_tracer.wire import to_json
 
     top = topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12])

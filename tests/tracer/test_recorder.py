@@ -1,0 +1,120 @@
+"""The recorder process and the relay that feeds it, without a server: records built from summaries
+crossing the pipe, a killed recorder replaced, a scheduler that vanishes, a frame that does not load."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from draftscope_tracer import records, relay as relay_mod
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.devicecopy import HostInts
+from draftscope_tracer.health import Health
+from draftscope_tracer.host_reduce import host_rows
+from draftscope_tracer.recorder import Shared, frame
+from draftscope_tracer.relay import Relay
+
+RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}
+N = 4  # draft tokens per verify step
+
+
+def _batches(path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _verify_call(step: int, hot: Shared) -> records.Call:
+    """One sampled request's verify step: drafts 10, 11, 12 after token 9; the target accepts two."""
+    hidden = torch.arange(N * 12, dtype=torch.float32).reshape(N, 12)
+    logits = torch.zeros(N, 50)
+    logits[torch.arange(N), torch.tensor([10, 11, 30, 31])] = 5.0
+    target = host_rows(hidden, range(N), chunk_width=4, logits=logits, topk=2)
+    draft_logits = torch.zeros(N - 1, 40)
+    draft_logits[torch.arange(N - 1), torch.tensor([0, 1, 2])] = 5.0  # draft ids 0, 1, 2 -> 10, 11, 12
+    draft = host_rows(draft_logits, range(N - 1), chunk_width=40, logits=draft_logits, topk=2, stats=False)
+    ints = HostInts([(torch.tensor([9, 10, 11, 12]), list(range(N))), (torch.tensor([10, 11, 30, 31]), list(range(N))),
+                     (torch.tensor([7]), [0]), (torch.tensor([3]), [0])])
+    drafts = {"a": [(draft, p, True) for p in range(N - 1)]}
+    return records.Call("verify", records.verify,
+                        (ints, target, [(0, "a", step)], N, time.time(), "float32", 3, 4, drafts, hot), (target,))
+
+
+def _relay(tmp_path, **config) -> tuple:
+    path = tmp_path / "trace.jsonl"
+    health = Health()
+    cfg = TracerConfig(file=str(path), flush_interval_s=0.05, **config)
+    return Relay(cfg, health, dict(RUN), "r1"), health, path
+
+
+def test_records_are_built_in_the_recorder_from_what_crossed_the_pipe(tmp_path):
+    relay, health, path = _relay(tmp_path)
+    hot = Shared("hot_token_id", lambda: list(range(10, 50)))
+    health.beat("verify")
+    for step in range(3):
+        assert relay.submit(_verify_call(step, hot))
+    relay.submit(records.Call("finish", records.finished, ([{"rid": "a", "sampled": True}],)))
+    relay.close(10)
+    batches = _batches(path)
+    steps = [s for b in batches for s in b["steps"]]
+    assert [s["step_index"] for s in steps] == [0, 1, 2]
+    assert steps[0]["drafted_tokens"] == [10, 11, 12] and steps[0]["accept_len"] == 3
+    assert steps[0]["accept_flags"] == [True, True, False] and steps[0]["bonus_token"] == 30
+    assert [pos[0][0] for pos in steps[0]["draft_topk"]] == [10, 11, 12]  # mapped through hot_token_id
+    assert [pos[0][0] for pos in steps[0]["target_topk"]] == [10, 11, 30]
+    aux = [s for b in batches for s in b["samples"] if s["step_index"] == 0]
+    assert [s["point"] for s in aux] == ["target.aux[0]", "target.aux[1]", "target.aux[2]"]
+    assert aux[0]["mean"] == torch.tensor([[12 * r + c for c in range(4)] for r in range(N)]).float().mean().item()
+    assert [r["rid"] for b in batches for r in b["requests"]] == ["a"]
+    assert batches[-1]["run"]["status"] == "ended"
+    final = batches[-1]["health"][-1]
+    assert final["heartbeats"] == {"verify": 1} and final["drops"] == {} and final["errors"] == {}
+
+
+def test_the_recorder_imports_no_torch():
+    code = ("import sys, draftscope_tracer.recorder, draftscope_tracer.records; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_killed_recorder_is_replaced_and_its_losses_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(relay_mod, "RESTART_S", 1.0)
+    relay, health, path = _relay(tmp_path)
+    hot = Shared("hot_token_id", lambda: list(range(10, 50)))
+    relay.submit(_verify_call(0, hot))
+    time.sleep(0.5)
+    first = relay.pid
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.1)
+    relay.submit(_verify_call(1, hot))  # the relay finds the recorder dead: dropped, counted
+    deadline = time.monotonic() + 10
+    while relay.pid in (None, first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert relay.pid not in (None, first)
+    relay.submit(_verify_call(2, hot))  # the new recorder is sent hot_token_id again
+    relay.close(10)
+    batches = _batches(path)
+    assert [s["step_index"] for b in batches for s in b["steps"]] == [0, 2]
+    assert health.drops["recorder_down"] == 1 and health.errors["recorder"] >= 1
+    assert batches[-1]["health"][-1]["drops"] == {"recorder_down": 1}
+    assert batches[-1]["run"]["status"] == "ended"
+
+
+def test_a_vanished_scheduler_ends_the_run_as_crashed_and_a_bad_frame_costs_one_job(tmp_path):
+    """End of input without ``close``: the recorder flushes and marks the run crashed."""
+    path = tmp_path / "trace.jsonl"
+    cfg = TracerConfig(file=str(path), flush_interval_s=30)
+    rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"], stdin=subprocess.PIPE)
+    job = lambda step: frame(pickle.dumps(_verify_call(step, Shared("k", lambda: list(range(40))))))  # noqa: E731
+    rec.stdin.write(frame(pickle.dumps(("start", cfg, dict(RUN), "r1"))) + job(0) + frame(b"not a pickle") + job(1))
+    rec.stdin.close()
+    assert rec.wait(30) == 0
+    batches = _batches(path)
+    assert [s["step_index"] for b in batches for s in b["steps"]] == [0, 1]
+    assert batches[-1]["run"]["status"] == "crashed"
+    assert batches[-1]["health"][-1]["drops"] == {"bad_frame": 1}

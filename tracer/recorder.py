@@ -1,0 +1,111 @@
+"""The recorder process: builds records from the scheduler's summaries and writes them to the sink.
+
+``python -m draftscope_tracer.recorder`` is started by the scheduler's ``relay.Relay`` and reads
+frames from its stdin (a 4-byte little-endian length, then a pickle), a pipe that only that scheduler
+process writes to (nothing from users is unpickled):
+
+* ``("start", config, run, run_id)`` first: open the sink, start a ``writer.Writer``;
+* a job (a ``records.Call`` over summary handles): queued for the writer;
+* ``("health", snapshot)``: the scheduler's counters, added to the recorder's own in health records;
+* ``("close", status)``: drain, send the final run with ``status``, exit.
+
+End of input without ``close`` (the scheduler died) ends the run as ``crashed``. Building records here
+keeps their CPU time off the scheduler's GIL. No torch is imported: summaries arrive as plain data.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import struct
+import sys
+from typing import Any, Dict
+
+from . import health as health_mod
+from .health import Health
+from .sinks import open_sink
+from .writer import Writer
+
+log = logging.getLogger("draftscope.tracer")
+SHARED: Dict[str, Any] = {}  # values the relay sends once (``Shared``), by key
+CLOSE_TIMEOUT_S = 10.0
+
+
+class Shared:
+    """A value every job may refer to but that crosses the pipe once per recorder (e.g. ``hot_token_id``
+    as a list): ``load`` runs on the relay thread the first time; later jobs carry only ``key``."""
+
+    def __init__(self, key: str, load):
+        self.key, self.load = key, load
+
+    def __reduce__(self):
+        return _remember, (self.key, self.load())
+
+
+def _remember(key: str, value: Any) -> Any:
+    SHARED[key] = value
+    return value
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, key: str) -> Any:
+        return SHARED[key]
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload)) + payload
+
+
+def read_frame(stream) -> Any:
+    """The next frame's object; EOFError at the end of input (also a frame cut short)."""
+    head = stream.read(4)
+    if len(head) < 4:
+        raise EOFError
+    n = struct.unpack("<I", head)[0]
+    payload = stream.read(n)
+    if len(payload) < n:
+        raise EOFError
+    return _Unpickler(io.BytesIO(payload)).load()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stdin = sys.stdin.buffer
+    _, config, run, run_id = read_frame(stdin)
+    health = Health(config.probe_failure_limit)
+    scheduler: dict = {}
+    sink = open_sink(config, health.drop)
+    if sink is None:
+        return 2  # logged by open_sink
+    writer = Writer(sink, health, lambda: dict(run), run_id=run_id, max_queue_items=config.max_queue_items,
+                    max_batch_items=config.max_batch_items, flush_interval_s=config.flush_interval_s,
+                    health_interval_s=config.health_interval_s,
+                    snapshot=lambda depth: health_mod.combined(scheduler, health.snapshot(depth)))
+    status = "crashed"
+    while True:
+        try:
+            frame = read_frame(stdin)
+        except EOFError:
+            break
+        except Exception as exc:  # a frame that does not unpickle: count it, read the next
+            health.failed("recorder", exc)
+            health.drop("bad_frame")
+            log.warning("draftscope: recorder dropped a frame it could not read: %s: %s", type(exc).__name__, exc)
+            continue
+        if isinstance(frame, tuple):
+            if frame[0] == "health":
+                scheduler = frame[1]
+            elif frame[0] == "close":
+                status = frame[1]
+                break
+        else:
+            writer.submit(frame)
+    writer.close(CLOSE_TIMEOUT_S, status)
+    return 0
+
+
+if __name__ == "__main__":  # run the package's module, not this ``__main__`` copy: one SHARED table
+    from draftscope_tracer.recorder import main as package_main
+
+    sys.exit(package_main())

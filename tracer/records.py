@@ -1,0 +1,110 @@
+"""The records built from each hook's summaries: functions the recorder process runs (no torch).
+
+Each hook queues one call of a function below with plain arguments and summary handles
+(``stats.RowCopies``, a device ``Pending`` or ``HostInts``, pickled as ``stats.Resolved``); the relay
+pickles the call to the recorder, whose writer runs it. Each returns wire records by table.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .stats import merged_stats
+
+Records = Dict[str, List[dict]]
+
+
+def sample_record(point: str, phase: str, at: float, rid: Optional[str], step: Optional[int],
+                  shape: List[int], dtype: str, stats: dict) -> dict:
+    return {"point": point, "phase": phase, "at": at, "rid": rid, "step_index": step, "shape": shape,
+            "dtype": dtype, **stats}
+
+
+def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = None) -> List[list]:
+    """``[[target id, prob], ...]`` of one row's top-k, draft ids mapped through ``id_map``; probabilities
+    to 6 decimals (a NaN one is written as JSON null by ``wire.to_json``)."""
+    if id_map is not None:
+        return [[id_map[i], round(p, 6)] for i, p in topk]
+    return [[i, round(p, 6)] for i, p in topk]
+
+
+def features(p_in, p_fc, rows: list, groups: list, phase: str, now: float, width: int, dtype: str, H: int,
+             chunks: int, with_aux: bool, input_every: int, fc_dtype: Optional[str]) -> Records:
+    """draft.input (+ target.aux[i] chunks) and draft.fc.out of each sampled request's rows ``groups``."""
+    s_in = p_in.result() if p_in is not None else None
+    s_fc = p_fc.result() if p_fc is not None else None
+    out = []
+    for (_, rid, step), pos in zip(rows, groups):
+        if not pos:
+            continue
+        if s_in is not None and step % input_every == 0:
+            out.append(sample_record("draft.input", phase, now, rid, step, [len(pos), width], dtype,
+                                     merged_stats(s_in, pos)))
+            for c in range(chunks if with_aux and chunks > 1 else 0):
+                out.append(sample_record(f"target.aux[{c}]", phase, now, rid, step, [len(pos), H], dtype,
+                                         merged_stats(s_in, pos, [c])))
+        if s_fc is not None:
+            out.append(sample_record("draft.fc.out", phase, now, rid, step, [len(pos), s_fc.rows[0].chunks[0].width],
+                                     fc_dtype, merged_stats(s_fc, pos)))
+    return {"samples": out}
+
+
+def draft_logits(pending, rows: list, periodic: list, phase: str, now: float, V: int) -> Records:
+    """``draft.logits`` statistics of the rows at positions ``periodic`` of ``rows``."""
+    s = pending.result()
+    return {"samples": [sample_record("draft.logits", phase, now, rows[j][1], rows[j][2], [1, V], "float32",
+                                      merged_stats(s, [j])) for j in periodic]}
+
+
+def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[str], n_aux: int, H: Optional[int],
+           drafts: dict, hot: Optional[List[int]]) -> Records:
+    """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
+    target.aux[i] samples. ``ints``: draft tokens, target tokens (``N`` per request), then sequence
+    lengths and accept lengths (one per request); ``drafts``: rid -> [(summary, row, mapped)] of the
+    draft's positions 1.., ``mapped`` when its ids go through ``hot``."""
+    host = ints.result()
+    s = pending.result() if pending is not None else None
+    B = len(rows)
+    out = {"steps": [], "samples": []}
+    for j, (_, rid, step) in enumerate(rows):
+        a = host[2 * B * N + B + j]
+        base = j * N
+        rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": host[2 * B * N + j],
+               "drafted_tokens": host[base + 1:base + N], "accept_len": a,
+               "accept_flags": [p <= a - 1 for p in range(1, N)],
+               "bonus_token": host[B * N + base + a - 1]}
+        if s is not None:
+            rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
+            for c in range(n_aux):
+                out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, H], aux_dtype,
+                                                    merged_stats(s, range(base, base + N), [c])))
+        seq = drafts.get(rid) or []
+        if seq:
+            rec["draft_topk"] = [topk_list(p.result().rows[r].topk, hot if mapped else None)
+                                 for p, r, mapped in seq[:N - 1]]
+        out["steps"].append(rec)
+    return out
+
+
+def finished(requests: list) -> Records:
+    return {"requests": requests}
+
+
+class Call:
+    """One queued call of a function above: what the hooks submit and the recorder's writer runs.
+    ``pendings`` (the summary handles among ``args``) are released when the call is dropped; they
+    do not travel, the arguments do."""
+
+    def __init__(self, probe: str, fn, args: tuple, pendings: tuple = ()):
+        self.probe, self.fn, self.args, self.pendings = probe, fn, args, pendings
+
+    def __call__(self) -> Records:
+        return self.fn(*self.args)
+
+    def __reduce__(self):
+        return Call, (self.probe, self.fn, self.args)
+
+    def release(self) -> None:
+        for p in self.pendings:
+            if p is not None:
+                p.release()

@@ -1,0 +1,157 @@
+"""The scheduler's end of the recorder process: a thread that pickles the hooks' jobs down a pipe.
+
+The hooks queue jobs (``records`` functions over summary handles); every ``POLL_S`` the relay thread
+pickles what is queued and writes it to the recorder's stdin, with the scheduler's health counters.
+Pickling is where a device summary is waited for and read (``summarize.Pending`` pickles as its
+decoded summary) and where CPU row copies become arrays; building the records and writing the sink
+happen in the recorder (``recorder.py``), off this process's GIL.
+
+A recorder that has died loses the jobs meant for it (counted as ``recorder_down``); a new one is
+started ``RESTART_S`` after the last one was lost. The recorder runs in its own session, so a signal sent to the
+server's process group does not cut its final flush short.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from .config import TracerConfig
+from .health import Health
+from .recorder import Shared, frame
+from .writer import POLL_S, JobQueue
+
+log = logging.getLogger("draftscope.tracer")
+RESTART_S = 5.0
+
+
+class _Pickler(pickle.Pickler):
+    """Sends each :class:`~draftscope_tracer.recorder.Shared` value once per recorder."""
+
+    def __init__(self, file, sent: set):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.sent, self.new = sent, set()
+
+    def persistent_id(self, obj) -> Optional[str]:
+        if isinstance(obj, Shared):
+            if obj.key in self.sent:
+                return obj.key
+            self.new.add(obj.key)
+        return None
+
+
+class Relay(JobQueue):
+    """Starts the recorder process and feeds it; ``submit``/``close`` as any ``writer.JobQueue``."""
+
+    def __init__(self, config: TracerConfig, health: Health, run: dict, run_id: str):
+        super().__init__(health, config.max_queue_items, "draftscope-relay")
+        self.health_interval_s = config.health_interval_s
+        self._start_frame = frame(pickle.dumps(("start", config, run, run_id), protocol=pickle.HIGHEST_PROTOCOL))
+        self._proc: Optional[subprocess.Popen] = None
+        self._sent: set = set()
+        self._next_start = 0.0
+        self._deadline = 0.0
+        self._start()
+        self._thread.start()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self._proc is None else self._proc.pid
+
+    def close(self, timeout_s: float = 10.0, status: str = "ended") -> None:
+        self._deadline = time.monotonic() + timeout_s
+        super().close(timeout_s, status)
+
+    def _start(self) -> bool:
+        self._next_start = time.monotonic() + RESTART_S
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"],
+                                          stdin=subprocess.PIPE, start_new_session=True)
+            self._proc.stdin.write(self._start_frame)
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self._lost(exc)
+            return False
+        self._sent = set()
+        return True
+
+    def _lost(self, exc: BaseException) -> None:
+        self.health.failed("recorder", exc)
+        self._next_start = time.monotonic() + RESTART_S
+        log.warning("draftscope: recorder process lost (%s: %s); records are dropped until a new one starts",
+                    type(exc).__name__, exc)
+        self._proc = None
+
+    def _loop(self) -> None:
+        next_health = time.monotonic()
+        while True:
+            stopping = self._stop.wait(POLL_S)
+            jobs = [self._jobs.popleft() for _ in range(len(self._jobs))]
+            if not self._alive():
+                self.health.drop("recorder_down", len(jobs))
+                for job in jobs:
+                    job.release()
+                if stopping:
+                    return
+                continue
+            frames = [frame(p) for p in map(self._pickle, jobs) if p is not None]
+            now = time.monotonic()
+            if jobs or stopping or now >= next_health:
+                frames.append(frame(pickle.dumps(("health", self.health.snapshot(self.depth())))))
+                next_health = now + self.health_interval_s
+            if stopping:
+                frames.append(frame(pickle.dumps(("close", self._final_status))))
+            self._write(b"".join(frames), len(jobs))
+            if stopping:
+                self._finish()
+                return
+
+    def _alive(self) -> bool:
+        """A recorder is running (a new one is started ``RESTART_S`` after the last one was lost)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            return True
+        if proc is not None:
+            self._lost(RuntimeError(f"recorder exited with code {proc.returncode}"))
+        return time.monotonic() >= self._next_start and self._start()
+
+    def _pickle(self, job) -> Optional[bytes]:
+        """The job's frame payload; None (counted) when it cannot be pickled (e.g. a summary released)."""
+        buf = io.BytesIO()
+        pickler = _Pickler(buf, self._sent)
+        try:
+            pickler.dump(job)
+        except Exception as exc:
+            self.health.failed(f"{job.probe}.build", exc)
+            self.health.drop("build_error")
+            job.release()
+            return None
+        self._sent |= pickler.new
+        return buf.getvalue()
+
+    def _write(self, data: bytes, jobs: int) -> None:
+        try:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self.health.drop("recorder_down", jobs)
+            self._lost(exc)
+
+    def _finish(self) -> None:
+        """End of input for the recorder; wait for it until the close deadline."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(max(0.0, self._deadline - time.monotonic()))
+        except (OSError, ValueError) as exc:
+            self.health.failed("recorder", exc)
+        except subprocess.TimeoutExpired:
+            log.warning("draftscope: the recorder is still writing at shutdown (pid %d); it finishes on its own",
+                        proc.pid)

@@ -1,0 +1,179 @@
+"""Summaries as plain data, and the arithmetic the recorder process does on them (numpy, no torch).
+
+A summary handle crosses from the scheduler process to the recorder process (``recorder.py``) by
+pickling: a device :class:`~draftscope_tracer.summarize.Pending` is read on the relay thread and
+travels as a :class:`Resolved` :class:`Summary`; a CPU launch travels as :class:`RowCopies` (the
+copied rows and their top-k), which the recorder reduces. Nothing here imports torch, so the recorder
+starts fast and small.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+
+class ChunkStats(NamedTuple):
+    """Statistics of one row of one aux chunk (plain Python numbers)."""
+
+    l2: float
+    mean: float
+    std: float
+    absmax: float
+    nan_count: int
+    inf_count: int
+    width: int
+
+
+class RowSummary(NamedTuple):
+    """One selected row: its index into the input, its chunks, and its target top-k."""
+
+    row: int
+    chunks: list[ChunkStats]
+    topk: Optional[list[tuple[int, float]]]  # (target token id, probability), best first
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    """One selected row of the draft top-k inputs (ids already mapped to target ids)."""
+
+    row: int
+    topk: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A decoded summary of one launch; padding rows (``-1``) are left out."""
+
+    tag: Any
+    rows: list[RowSummary]
+    draft: Optional[list[DraftRow]]
+
+    def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
+        """Statistics of ``chunk`` over several summarised rows (positions in :attr:`rows`, default
+        all), as ``SampleRecord`` fields: see :func:`merged_stats`."""
+        return merged_stats(self, range(len(self.rows)) if rows is None else rows, [chunk])
+
+
+def merged_stats(summary: Summary, positions: Sequence[int], chunks: Optional[Sequence[int]] = None) -> dict:
+    """``SampleRecord`` statistics over whole rows made of ``chunks`` (default: all) of ``positions``.
+
+    Mean and std are those of all the values together; ``l2_mean`` / ``l2_max`` are over the rows'
+    L2 norms. A statistic made undefined by NaN/Inf values is ``None`` (the counts say why). One pass
+    over the cells: the recorder runs this for every sample record.
+    """
+    rows = summary.rows
+    total = wsum = nan = inf = 0
+    absmax = -math.inf
+    sq: list[float] = []
+    for p in positions:
+        row_sq = 0.0
+        for c in (rows[p].chunks if chunks is None else [rows[p].chunks[i] for i in chunks]):
+            total += c.width
+            wsum += c.mean * c.width
+            row_sq += c.l2 * c.l2
+            if not c.absmax <= absmax:  # NaN wins
+                absmax = c.absmax
+            nan += c.nan_count
+            inf += c.inf_count
+        sq.append(row_sq)
+    if not sq:
+        raise ValueError("merged_stats needs at least one row")
+    n, mean = len(sq), wsum / total
+    var = sum(sq) / total - mean * mean
+    l2 = [math.sqrt(v) for v in sq]
+    return {"rows": n, "width": total // n, "l2_mean": _finite(sum(l2) / n), "l2_max": _finite(max(l2)),
+            "mean": _finite(mean), "std": _finite(math.sqrt(max(var, 0.0)) if var == var else math.nan),
+            "absmax": _finite(absmax), "nan_count": nan, "inf_count": inf}
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+class Resolved:
+    """A value that is already on the host (a read summary, host ints): ``result()`` returns it."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+    def release(self) -> None:
+        pass
+
+
+class RowCopies:
+    """Host copies of some rows (``x``, float32/64) and their top-k (``probs``/``ids``, best-first by
+    probability, not yet tie-broken), reduced to a :class:`Summary` by :meth:`result` on whichever
+    thread or process asks first. Pickles as its arrays."""
+
+    def __init__(self, rows: list, chunk_width: int, x: Optional[np.ndarray], probs: Optional[np.ndarray],
+                 ids: Optional[np.ndarray], tag: Any = None):
+        self._rows, self.chunk_width, self.tag = rows, chunk_width, tag
+        self._x, self._probs, self._ids = x, probs, ids
+        self._summary: Optional[Summary] = None
+        self._released = False
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        if self._released:
+            raise RuntimeError("these rows were released without being read")
+        return RowCopies, (self._rows, self.chunk_width, self._x, self._probs, self._ids, self.tag)
+
+    def result(self) -> Summary:
+        """The summary (computed once)."""
+        with self._lock:
+            if self._summary is None:
+                if self._released:
+                    raise RuntimeError("these rows were released without being read")
+                topk = None if self._ids is None else best_first(self._probs, self._ids)
+                cells = [[] for _ in self._rows] if self._x is None else chunk_stats(self._x, self.chunk_width)
+                self._summary = Summary(tag=self.tag, rows=[
+                    RowSummary(row=row, chunks=cells[r], topk=None if topk is None else topk[r])
+                    for r, row in enumerate(self._rows)], draft=None)
+                self._x = self._probs = self._ids = None
+            return self._summary
+
+    def release(self) -> None:
+        with self._lock:
+            if self._summary is None:
+                self._released = True
+                self._x = self._probs = self._ids = None
+
+
+def chunk_stats(x: np.ndarray, H: int) -> list:
+    """Per row, the :class:`ChunkStats` of each ``H``-wide chunk (float64; NaN/Inf values make the
+    statistics they enter NaN/Inf, as on the device)."""
+    n, K = x.shape[0], x.shape[1] // H
+    v = x.reshape(n, K, H).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = v.sum(-1) / H
+        sumsq = np.einsum("rkh,rkh->rk", v, v)
+        absmax = np.abs(v).max(-1)
+        var = sumsq / H - mean * mean
+        if np.isfinite(sumsq).all():  # every value finite
+            nan = inf = [0] * (n * K)
+            np.maximum(var, 0.0, out=var)
+        else:
+            nan, inf = np.isnan(v).sum(-1).ravel().tolist(), np.isinf(v).sum(-1).ravel().tolist()
+            var = np.where(np.isfinite(sumsq) & np.isfinite(mean), np.maximum(var, 0.0), np.nan)
+        l2, std = np.sqrt(sumsq), np.sqrt(var)
+    cells = list(map(ChunkStats, *(a.ravel().tolist() for a in (l2, mean, std, absmax)), nan, inf, [H] * (n * K)))
+    return [cells[r * K:(r + 1) * K] for r in range(n)]
+
+
+def best_first(probs: np.ndarray, ids: np.ndarray) -> list:
+    """Per row: ``(id, probability)`` pairs by probability, then id (``topk`` sorts by value only)."""
+    out = []
+    for i, p in zip(ids.tolist(), probs.tolist()):
+        if len(set(p)) == len(p):  # no ties: topk's order is the order
+            out.append(list(zip(i, p)))
+        else:
+            out.append([(t, -q) for q, t in sorted(zip([-q for q in p], i))])
+    return out
