@@ -5,7 +5,7 @@ frames from its stdin (a 4-byte little-endian length, then a pickle), a pipe tha
 process writes to (nothing from users is unpickled):
 
 * ``("start", config, run, run_id)`` first: open the sink, start a ``writer.Writer``;
-* a job (a ``records.Call`` over summary handles): queued for the writer;
+* a list of jobs (``records.Call`` over summary handles): queued for the writer;
 * ``("health", snapshot)``: the scheduler's counters, added to the recorder's own in health records;
 * ``("close", status)``: drain, send the final run with ``status``, exit.
 
@@ -15,7 +15,6 @@ keeps their CPU time off the scheduler's GIL. No torch is imported: summaries ar
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 import struct
@@ -48,9 +47,9 @@ def _remember(key: str, value: Any) -> Any:
     return value
 
 
-class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, key: str) -> Any:
-        return SHARED[key]
+def recall(key: str) -> Any:
+    """A value sent earlier (what a :class:`Shared` pickles as once the recorder has it)."""
+    return SHARED[key]
 
 
 def frame(payload: bytes) -> bytes:
@@ -66,7 +65,7 @@ def read_frame(stream) -> Any:
     payload = stream.read(n)
     if len(payload) < n:
         raise EOFError
-    return _Unpickler(io.BytesIO(payload)).load()
+    return pickle.loads(payload)
 
 
 def main() -> int:
@@ -100,7 +99,8 @@ def main() -> int:
                 status = frame[1]
                 break
         else:
-            writer.submit(frame)
+            for job in frame:
+                writer.submit(job)
     writer.close(CLOSE_TIMEOUT_S, status)
     return 0
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 from .config import TracerConfig
 from .health import Health
-from .recorder import Shared, frame
+from .recorder import Shared, frame, recall
 from .writer import POLL_S, JobQueue
 
 log = logging.getLogger("draftscope.tracer")
@@ -37,12 +37,12 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.sent, self.new = sent, set()
 
-    def persistent_id(self, obj) -> Optional[str]:
-        if isinstance(obj, Shared):
+    def reducer_override(self, obj):  # not called for ints, strings, lists, tuples, dicts: cheap
+        if type(obj) is Shared:
             if obj.key in self.sent:
-                return obj.key
+                return recall, (obj.key,)
             self.new.add(obj.key)
-        return None
+        return NotImplemented
 
 
 class Relay(JobQueue):
@@ -99,7 +99,7 @@ class Relay(JobQueue):
                 if stopping:
                     return
                 continue
-            frames = [frame(p) for p in map(self._pickle, jobs) if p is not None]
+            frames = [frame(self._pickle(jobs))] if jobs else []
             now = time.monotonic()
             if jobs or stopping or now >= next_health:
                 frames.append(frame(pickle.dumps(("health", self.health.snapshot(self.depth())))))
@@ -120,18 +120,30 @@ class Relay(JobQueue):
             self._lost(RuntimeError(f"recorder exited with code {proc.returncode}"))
         return time.monotonic() >= self._next_start and self._start()
 
-    def _pickle(self, job) -> Optional[bytes]:
-        """The job's frame payload; None (counted) when it cannot be pickled (e.g. a summary released)."""
+    def _pickle(self, jobs: list) -> bytes:
+        """One payload for all ``jobs`` (a summary two jobs share crosses once); when that fails, the
+        jobs that cannot be pickled (e.g. a summary released) are left out, counted."""
+        try:
+            return self._dumps(jobs)
+        except Exception:
+            pass
+        ok = []
+        for job in jobs:
+            try:
+                self._dumps([job], trial=True)
+                ok.append(job)
+            except Exception as exc:
+                self.health.failed(f"{job.probe}.build", exc)
+                self.health.drop("build_error")
+                job.release()
+        return self._dumps(ok)
+
+    def _dumps(self, obj, trial: bool = False) -> bytes:
         buf = io.BytesIO()
         pickler = _Pickler(buf, self._sent)
-        try:
-            pickler.dump(job)
-        except Exception as exc:
-            self.health.failed(f"{job.probe}.build", exc)
-            self.health.drop("build_error")
-            job.release()
-            return None
-        self._sent |= pickler.new
+        pickler.dump(obj)
+        if not trial:  # what a trial carried is not sent
+            self._sent |= pickler.new
         return buf.getvalue()
 
     def _write(self, data: bytes, jobs: int) -> None:

@@ -110,7 +110,7 @@ def test_a_vanished_scheduler_ends_the_run_as_crashed_and_a_bad_frame_costs_one_
     path = tmp_path / "trace.jsonl"
     cfg = TracerConfig(file=str(path), flush_interval_s=30)
     rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"], stdin=subprocess.PIPE)
-    job = lambda step: frame(pickle.dumps(_verify_call(step, Shared("k", lambda: list(range(40))))))  # noqa: E731
+    job = lambda step: frame(pickle.dumps([_verify_call(step, Shared("k", lambda: list(range(40))))]))  # noqa: E731
     rec.stdin.write(frame(pickle.dumps(("start", cfg, dict(RUN), "r1"))) + job(0) + frame(b"not a pickle") + job(1))
     rec.stdin.close()
     assert rec.wait(30) == 0
