@@ -4,8 +4,9 @@ Runs what the tracer's forward hooks run per sampled scheduler iteration (``summ
 for the verify step's aux hidden states with the target logits, the draft extend's fc output, the seed
 and two step draft logits) on CUDA tensors at Kimi-K2.5 widths, with 1 request in 16 sampled:
 
-1. Records: the writer-side results (``merged_stats``, ``topk_list``) of every launch equal those of
-   the CPU path (``host_reduce.host_rows``) on the same rows copied to the host (1e-4).
+1. Records: the recorder-side results (``merged_stats``, ``topk_list``) of every launch, pickled as the
+   relay pickles it for the recorder process, equal those of the CPU path (``host_reduce.host_rows``)
+   on the same rows copied to the host (1e-4).
 2. Host time: wall-clock microseconds the hook thread spends issuing the launches of one iteration
    (median of 200 iterations, GPU idle-synchronised between them so that queueing is not counted).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -26,8 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracer.health import Health  # noqa: E402  (the tracer package, by path: only torch is installed)
-from tracer.summaries import Summaries, topk_list  # noqa: E402
+from tracer.records import topk_list  # noqa: E402
 from tracer.stats import merged_stats  # noqa: E402
+from tracer.summaries import Summaries  # noqa: E402
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 
@@ -43,8 +46,9 @@ def close(a, b) -> bool:
 
 
 def records(pending, groups, chunks) -> list:
-    """What the writer makes of one launch: statistics per (row group, chunk selection), then top-k."""
-    s = pending.result()
+    """What the recorder makes of one launch (after crossing the pipe): statistics per (row group, chunk
+    selection), then top-k."""
+    s = pickle.loads(pickle.dumps(pending)).result()
     out = [merged_stats(s, g, c) for g in groups for c in chunks]
     return out + [topk_list(r.topk) for r in s.rows if r.topk is not None]
 
@@ -63,7 +67,7 @@ def main() -> None:
         draft_logits = torch.randn(batch, V_DRAFT, device=dev) * 4
 
         per_request = [range(j * N, (j + 1) * N) for j in range(len(sampled))]
-        # (launch, row groups, chunk selections) as the hooks issue them and the writer reads them
+        # (launch, row groups, chunk selections) as the hooks issue them and the recorder reads them
         launches = [
             (lambda S, t: S.launch(t[0], nodes, chunk_width=H, logits=t[1]), per_request, [[0], [1], [2], None]),
             (lambda S, t: S.launch(t[2], range(len(nodes))), per_request, [None]),

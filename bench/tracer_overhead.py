@@ -16,17 +16,26 @@ to its ingest API (``DRAFTSCOPE_URL``), as ``docker compose up`` does: the store
 in the dashboard's process, whose CPU the second measure does not count.
 
 Prints Markdown tables for two measures: wall-clock tokens/s, and the CPU time the server's whole
-process group (scheduler with the tracer's thread, tokenizer, detokenizer) spends per generated token.
-The overhead column is the median over rounds of each round's ratio to that round's "no tracer" run.
+process tree (scheduler with the tracer's relay thread, the tracer's recorder process, tokenizer,
+detokenizer) spends per generated token. The overhead column is the median over rounds of each round's
+ratio to that round's "no tracer" run.
+
+``--method waves`` measures the same thing inside one traced server (rate 1/16), so that the machine's
+drift between server starts (several percent on this shared machine) cancels out: requests go in
+waves of ``--concurrency``, and units of 16 requests (four waves) of three kinds are interleaved,
+their order rotated per round: none sampled, exactly 1 sampled ("1 in 16"), all 16 sampled. The
+request ids decide which requests the tracer samples. The baseline is then the tracer installed with
+nothing sampled, which differs from no tracer by the per-request finish record and the hooks'
+"nothing sampled" checks (see docs/benchmarks.md for both measured).
 
     python bench/tracer_overhead.py --rounds 8 --requests 64 --new-tokens 32 --concurrency 4
+    python bench/tracer_overhead.py --method waves --rounds 30 --new-tokens 32
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
@@ -35,6 +44,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil  # noqa: E402
 
 from draftscope import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
@@ -45,28 +56,29 @@ PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, th
            "In the beginning", "She said that the"]
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in process group ``pgid``."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ..., utime (12), stime (13)
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and every live descendant."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
+    """A request id starting with ``name`` that the tracer samples at ``rate`` exactly when ``sampled``."""
+    j = 0
+    while request_sampled(f"{name}-{j}", rate) != sampled:
+        j += 1
+    return f"{name}-{j}"
 
 
 def request_ids(n: int, rate: float = 1 / 16) -> list[str]:
     """``n`` request ids of which exactly every ``1/rate``-th is sampled at ``rate``."""
-    every, out = round(1 / rate), []
-    for i in range(n):
-        j = 0
-        while request_sampled(f"bench-{i}-{j}", rate) != (i % every == 0):
-            j += 1
-        out.append(f"bench-{i}-{j}")
-    return out
+    every = round(1 / rate)
+    return [request_id(f"bench-{i}", i % every == 0, rate) for i in range(n)]
 
 
 def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log: Path,
@@ -80,10 +92,10 @@ def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log
                                   rid=rids[i])
             return out["meta_info"]["completion_tokens"]
 
-        cpu0, t0 = group_cpu_seconds(server.pid), time.perf_counter()
+        cpu0, t0 = tree_cpu_seconds(server.pid), time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
             tokens = sum(pool.map(one, range(len(rids))))
-        wall, cpu = time.perf_counter() - t0, group_cpu_seconds(server.pid) - cpu0
+        wall, cpu = time.perf_counter() - t0, tree_cpu_seconds(server.pid) - cpu0
         return tokens / wall, 1000 * cpu / tokens
 
 
@@ -97,6 +109,8 @@ def main() -> None:
     ap.add_argument("--sink", choices=("sqlite", "http"), default="sqlite",
                     help="the tracer writes the SQLite store itself, or sends to a local dashboard's ingest API")
     ap.add_argument("--python", default=None, help="the test bed Python (default: $DRAFTSCOPE_VENV or .venv)")
+    ap.add_argument("--method", choices=("servers", "waves"), default="servers",
+                    help="a fresh server per variant and round, or request waves inside one traced server")
     args = ap.parse_args()
     models = ensure_models()
     work = Path(tempfile.mkdtemp(prefix="draftscope-bench-"))
@@ -107,7 +121,7 @@ def main() -> None:
             sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
         else:
             sink = {"DRAFTSCOPE_DB": str(store)}
-        run(args, models, work, sink)
+        (run if args.method == "servers" else run_waves)(args, models, work, sink)
 
 
 def run(args, models, work: Path, sink: dict) -> None:
@@ -131,11 +145,42 @@ def run(args, models, work: Path, sink: dict) -> None:
     table("server CPU ms per token (lower is better)", cpu, higher_is_better=False)
 
 
+WAVE_UNITS = {"no request sampled": 0, "1 in 16": 1, "every request": 16}  # sampled among a unit's 16
+
+
+def run_waves(args, models, work: Path, sink: dict) -> None:
+    """``--method waves``: all rounds in one traced server, then the tables (baseline: nothing sampled)."""
+    env = {"OMP_NUM_THREADS": str(args.server_threads), **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"}
+    names, width = list(WAVE_UNITS), args.concurrency
+    tps = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    with start_server(models.target, models.draft, [], work / "waves.log", env=env, python=args.python) as server:
+        server.generate(PROMPTS[0], max_new_tokens=4)  # warm-up, not timed
+        with ThreadPoolExecutor(width) as pool:
+            for r in range(args.rounds):
+                for name in names[r % 3:] + names[:r % 3]:
+                    rids = [request_id(f"w{r}-{names.index(name)}-{i}", i < WAVE_UNITS[name]) for i in range(16)]
+                    tokens, wall, cpu_s = 0, 0.0, tree_cpu_seconds(server.pid)
+                    for w in range(0, 16, width):
+                        t0 = time.perf_counter()
+                        outs = pool.map(lambda i: server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}",
+                                                                  max_new_tokens=args.new_tokens, rid=rids[i]),
+                                        range(w, min(w + width, 16)))
+                        tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
+                        wall += time.perf_counter() - t0
+                    tps[name].append(tokens / wall)
+                    cpu[name].append(1000 * (tree_cpu_seconds(server.pid) - cpu_s) / tokens)
+                    print(f"round {r} {name}: {tps[name][-1]:.1f} tok/s, {cpu[name][-1]:.2f} server CPU ms/token",
+                          flush=True)
+    table("tokens/s in waves (wall clock; higher is better)", tps, higher_is_better=True)
+    table("server CPU ms per token in waves (lower is better)", cpu, higher_is_better=False)
+
+
 def table(title: str, results: dict[str, list[float]], higher_is_better: bool) -> None:
-    """Markdown table: median, spread, runs, and the cost of each variant against no tracer (the median
+    """Markdown table: median, spread, runs, and the cost of each variant against the first (the median
     of the per-round ratios)."""
-    base = results["no tracer"]
-    print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs no tracer |\n|---|---|---|---|---|")
+    base = next(iter(results.values()))
+    print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs the first |\n|---|---|---|---|---|")
     for name, xs in results.items():
         med = statistics.median(xs)
         overhead = statistics.median(b / x - 1 if higher_is_better else x / b - 1 for b, x in zip(base, xs))

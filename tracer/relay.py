@@ -7,8 +7,9 @@ decoded summary) and where CPU row copies become arrays; building the records an
 happen in the recorder (``recorder.py``), off this process's GIL.
 
 A recorder that has died loses the jobs meant for it (counted as ``recorder_down``); a new one is
-started ``RESTART_S`` after the last one was lost. The recorder runs in its own session, so a signal sent to the
-server's process group does not cut its final flush short.
+started ``RESTART_S`` after the last one was lost. After the fifth loss (the probe failure limit)
+tracing stops: the ``recorder`` probe is disabled. The recorder runs in its own session, so a signal
+sent to the server's process group does not cut its final flush short.
 """
 
 from __future__ import annotations
@@ -81,44 +82,58 @@ class Relay(JobQueue):
         return True
 
     def _lost(self, exc: BaseException) -> None:
-        self.health.failed("recorder", exc)
-        self._next_start = time.monotonic() + RESTART_S
-        log.warning("draftscope: recorder process lost (%s: %s); records are dropped until a new one starts",
-                    type(exc).__name__, exc)
         self._proc = None
+        self._next_start = time.monotonic() + RESTART_S
+        if self.health.failed("recorder", exc):
+            log.warning("draftscope: recorder process lost %d times (%s: %s); tracing stops",
+                        self.health.failure_limit, type(exc).__name__, exc)
+        else:
+            log.warning("draftscope: recorder process lost (%s: %s); records are dropped until a new one starts",
+                        type(exc).__name__, exc)
 
     def _loop(self) -> None:
         next_health = time.monotonic()
         while True:
             stopping = self._stop.wait(POLL_S)
             jobs = [self._jobs.popleft() for _ in range(len(self._jobs))]
-            if not self._alive():
-                self.health.drop("recorder_down", len(jobs))
-                for job in jobs:
-                    job.release()
-                if stopping:
-                    return
-                continue
-            frames = [frame(self._pickle(jobs))] if jobs else []
-            now = time.monotonic()
-            if jobs or stopping or now >= next_health:
-                frames.append(frame(pickle.dumps(("health", self.health.snapshot(self.depth())))))
-                next_health = now + self.health_interval_s
+            try:
+                next_health = self._relay(jobs, stopping, next_health)
+            except Exception as exc:  # the relay thread never dies of one round
+                self.health.failed("relay", exc)
+                self.health.drop("relay_error", len(jobs))
             if stopping:
-                frames.append(frame(pickle.dumps(("close", self._final_status))))
-            self._write(b"".join(frames), len(jobs))
-            if stopping:
-                self._finish()
                 return
 
+    def _relay(self, jobs: list, stopping: bool, next_health: float) -> float:
+        """Send ``jobs`` (and health, and at the end ``close``); returns when health is next due."""
+        if not self._alive():
+            self.health.drop("recorder_down", len(jobs))
+            for job in jobs:
+                job.release()
+            return next_health
+        frames = [frame(self._pickle(jobs))] if jobs else []
+        now = time.monotonic()
+        if jobs or stopping or now >= next_health:
+            frames.append(frame(pickle.dumps(("health", self.health.snapshot(self.depth())))))
+            next_health = now + self.health_interval_s
+        if stopping:
+            frames.append(frame(pickle.dumps(("close", self._final_status))))
+        self._write(b"".join(frames), len(jobs))
+        if stopping:
+            self._finish()
+        return next_health
+
     def _alive(self) -> bool:
-        """A recorder is running (a new one is started ``RESTART_S`` after the last one was lost)."""
+        """A recorder is running (a new one is started ``RESTART_S`` after the last one was lost, unless
+        it was lost ``probe_failure_limit`` times)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             return True
         if proc is not None:
             self._lost(RuntimeError(f"recorder exited with code {proc.returncode}"))
-        return time.monotonic() >= self._next_start and self._start()
+        if self.health.is_disabled("recorder") or time.monotonic() < self._next_start:
+            return False
+        return self._start()
 
     def _pickle(self, jobs: list) -> bytes:
         """One payload for all ``jobs`` (a summary two jobs share crosses once); when that fails, the

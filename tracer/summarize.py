@@ -43,7 +43,7 @@ Usage::
     if pending is not None:                               # None: ring full, counted in summ.drops
         queue.put(pending)
 
-    # writer thread
+    # another thread (in the tracer: the relay, which pickles it for the recorder process)
     s = queue.get().result()                              # blocks only this thread
     s.tag                                                 # ("rid-a", 17)
     s.rows[0].row, s.rows[0].chunks[2].l2, s.rows[0].topk[0]   # 0, 381.2, (13, 0.91)

@@ -47,8 +47,8 @@ def _verify_call(step: int, hot: Shared) -> records.Call:
 
 def _relay(tmp_path, **config) -> tuple:
     path = tmp_path / "trace.jsonl"
-    health = Health()
     cfg = TracerConfig(file=str(path), flush_interval_s=0.05, **config)
+    health = Health(cfg.probe_failure_limit)
     return Relay(cfg, health, dict(RUN), "r1"), health, path
 
 
@@ -118,3 +118,18 @@ def test_a_vanished_scheduler_ends_the_run_as_crashed_and_a_bad_frame_costs_one_
     assert [s["step_index"] for b in batches for s in b["steps"]] == [0, 1]
     assert batches[-1]["run"]["status"] == "crashed"
     assert batches[-1]["health"][-1]["drops"] == {"bad_frame": 1}
+
+
+def test_a_recorder_that_keeps_dying_turns_tracing_off(tmp_path, monkeypatch, caplog):
+    """Its sink cannot open (the scheduler checked it at attach; here the folder is gone): after the
+    probe failure limit of losses the relay stops starting recorders, and says so once."""
+    monkeypatch.setattr(relay_mod, "RESTART_S", 0.05)
+    relay, health, _ = _relay(tmp_path / "gone", probe_failure_limit=2)
+    deadline = time.monotonic() + 20
+    while not health.is_disabled("recorder") and time.monotonic() < deadline:
+        relay.submit(records.Call("finish", records.finished, ([{"rid": "a"}],)))
+        time.sleep(0.1)
+    assert health.is_disabled("recorder") and health.errors["recorder"] == 2
+    assert health.drops["recorder_down"] >= 1 and relay.pid is None
+    relay.close(5)
+    assert sum("tracing stops" in r.getMessage() for r in caplog.records) == 1

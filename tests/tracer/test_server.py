@@ -11,6 +11,7 @@ import json
 import sqlite3
 import time
 
+import psutil
 import pytest
 
 from draftscope import db as store_db
@@ -28,9 +29,13 @@ def models():
     return ensure_models()
 
 
-def _answers(models, log, env):
+def _answers(models, log, env, after_first=None):
+    """The answers to PROMPTS and the server log; ``after_first(server)`` runs after the first answer."""
     with start_server(models.target, models.draft, [], log, env=env) as server:
-        outs = [server.generate(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+        outs = [server.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS)]
+        if after_first is not None:
+            after_first(server)
+        outs += [server.generate(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS[1:]]
         time.sleep(1.5 if env else 0)  # a few flush intervals: every finished request is delivered
         log_text = open(log).read()
     return outs, log_text
@@ -118,13 +123,22 @@ def test_answers_unchanged_with_tracer(reference, traced):
     assert [o["text"] for o in traced[0]] == [o["text"] for o in reference]
 
 
+def _kill_recorder(server) -> None:
+    """SIGKILL the tracer's recorder process (a child of the scheduler)."""
+    procs = [p for p in psutil.Process(server.pid).children(recursive=True)
+             if "draftscope_tracer.recorder" in " ".join(p.cmdline())]
+    assert len(procs) == 1, procs
+    procs[0].kill()
+
+
 def test_faulty_tracer_and_dashboard_down_change_nothing(models, reference, tmp_path_factory):
+    """Probes that raise, a dashboard that is not there, and the recorder process killed mid-run."""
     env = {"DRAFTSCOPE_URL": f"http://127.0.0.1:{free_port()}", "DRAFTSCOPE_SAMPLE_RATE": "1",
            "DRAFTSCOPE_FAULT": "verify,draft,draft_extend,finish"}
-    outs, log_text = _answers(models, tmp_path_factory.mktemp("faulty") / "server.log", env)
+    outs, log_text = _answers(models, tmp_path_factory.mktemp("faulty") / "server.log", env, _kill_recorder)
     assert [o["text"] for o in outs] == [o["text"] for o in reference]
     assert [o["meta_info"]["spec_verify_ct"] for o in outs] == [o["meta_info"]["spec_verify_ct"] for o in reference]
-    assert "disabled" in log_text and "cannot deliver" in log_text
+    assert "disabled" in log_text and "cannot deliver" in log_text and "recorder process lost" in log_text
 
 
 def _ordered(conn, sql: str) -> list:
@@ -135,7 +149,7 @@ def _ordered(conn, sql: str) -> list:
 
 def test_device_summariser_records_what_host_reduction_records(models, traced, tmp_path):
     """``DRAFTSCOPE_REDUCE=device`` sends every launch through the Summarizer (the path CUDA tensors take);
-    its records equal the default CPU path's (rows copied in the hook, reduced on the writer thread)."""
+    its records equal the default CPU path's (rows copied in the hook, reduced in the recorder process)."""
     path = tmp_path / "device.db"
     store_db.upgrade(f"sqlite:///{path}")
     env = {"DRAFTSCOPE_DB": str(path), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2",
