@@ -1,4 +1,4 @@
-"""The hooks' side of the summaries: where each launch is reduced, and the records built from them.
+"""The hooks' side of the summaries: where each launch is reduced.
 
 A launch takes the rows to summarise (a host list or an int64 tensor) and returns a handle whose
 ``result()`` the recorder process reads (the handle is pickled to it: see ``stats.py``). CUDA tensors

@@ -124,7 +124,10 @@ def test_answers_unchanged_with_tracer(reference, traced):
 
 
 def _kill_recorder(server) -> None:
-    """SIGKILL the tracer's recorder process (a child of the scheduler)."""
+    """SIGKILL the tracer's recorder process (a child of the scheduler), once it has found the dashboard down."""
+    deadline = time.monotonic() + 30
+    while "cannot deliver" not in open(server.log_path).read() and time.monotonic() < deadline:
+        time.sleep(0.2)
     procs = [p for p in psutil.Process(server.pid).children(recursive=True)
              if "draftscope_tracer.recorder" in " ".join(p.cmdline())]
     assert len(procs) == 1, procs
