@@ -21,8 +21,7 @@ import struct
 import sys
 from typing import Any, Dict
 
-from . import health as health_mod
-from .health import Health
+from .health import Health, combined
 from .sinks import open_sink
 from .writer import Writer
 
@@ -80,7 +79,7 @@ def main() -> int:
     writer = Writer(sink, health, lambda: dict(run), run_id=run_id, max_queue_items=config.max_queue_items,
                     max_batch_items=config.max_batch_items, flush_interval_s=config.flush_interval_s,
                     health_interval_s=config.health_interval_s,
-                    snapshot=lambda depth: health_mod.combined(scheduler, health.snapshot(depth)))
+                    snapshot=lambda depth: combined(scheduler, health.snapshot(depth)))
     status = "crashed"
     while True:
         try:

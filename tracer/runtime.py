@@ -30,9 +30,9 @@ from . import records
 from .config import TracerConfig
 from .devicecopy import HostInts, host_view
 from .health import Health
-from .sampling import request_sampled, step_sampled
 from .recorder import Shared
 from .relay import Relay
+from .sampling import request_sampled, step_sampled
 from .summaries import Summaries
 
 log = logging.getLogger("draftscope.tracer")
