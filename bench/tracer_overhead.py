@@ -18,7 +18,8 @@ in the dashboard's process, whose CPU the second measure does not count.
 Prints Markdown tables for two measures: wall-clock tokens/s, and the CPU time the server's whole
 process tree (scheduler with the tracer's relay thread, the tracer's recorder process, tokenizer,
 detokenizer) spends per generated token. The overhead column is the median over rounds of each round's
-ratio to that round's "no tracer" run.
+ratio to that round's first variant ("no tracer"; in waves, "no request sampled"), with a 95% bootstrap
+interval of that median.
 
 ``--method waves`` measures the same thing inside one traced server (rate 1/16), so that the machine's
 drift between server starts (several percent on this shared machine) cancels out: requests go in
@@ -36,8 +37,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
+import random
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import tempfile
 import time
@@ -125,67 +127,82 @@ def main() -> None:
 
 
 def run(args, models, work: Path, sink: dict) -> None:
-    """All rounds, then the tables."""
+    """``--method servers``: a fresh server per variant and round."""
     threads = {"OMP_NUM_THREADS": str(args.server_threads)}
     variants = {"no tracer": threads,
                 "rate 1/16": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
                 "every request": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1"}}
     rids = request_ids(args.requests)
-    tps = {name: [] for name in variants}
-    cpu = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(args.rounds):
-        for name in names[r % 3:] + names[:r % 3]:
-            t, c = measure(models, variants[name], rids, args.new_tokens, args.concurrency,
-                           work / f"{r}-{name.replace('/', '-in-')}.log", args.python)
-            tps[name].append(t)
-            cpu[name].append(c)
-            print(f"round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
-    table("tokens/s (wall clock; higher is better)", tps, higher_is_better=True)
-    table("server CPU ms per token (lower is better)", cpu, higher_is_better=False)
+    report("", *rounds(list(variants), args.rounds, lambda r, name: measure(
+        models, variants[name], rids, args.new_tokens, args.concurrency,
+        work / f"{r}-{name.replace('/', '-in-')}.log", args.python)))
 
 
 WAVE_UNITS = {"no request sampled": 0, "1 in 16": 1, "every request": 16}  # sampled among a unit's 16
 
 
 def run_waves(args, models, work: Path, sink: dict) -> None:
-    """``--method waves``: all rounds in one traced server, then the tables (baseline: nothing sampled)."""
+    """``--method waves``: all rounds in one traced server (baseline: nothing sampled)."""
     env = {"OMP_NUM_THREADS": str(args.server_threads), **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"}
     names, width = list(WAVE_UNITS), args.concurrency
-    tps = {name: [] for name in names}
-    cpu = {name: [] for name in names}
     with start_server(models.target, models.draft, [], work / "waves.log", env=env, python=args.python) as server:
         server.generate(PROMPTS[0], max_new_tokens=4)  # warm-up, not timed
         with ThreadPoolExecutor(width) as pool:
-            for r in range(args.rounds):
-                for name in names[r % 3:] + names[:r % 3]:
-                    rids = [request_id(f"w{r}-{names.index(name)}-{i}", i < WAVE_UNITS[name]) for i in range(16)]
-                    tokens, wall, cpu_s = 0, 0.0, tree_cpu_seconds(server.pid)
-                    for w in range(0, 16, width):
-                        t0 = time.perf_counter()
-                        outs = pool.map(lambda i: server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}",
-                                                                  max_new_tokens=args.new_tokens, rid=rids[i]),
-                                        range(w, min(w + width, 16)))
-                        tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
-                        wall += time.perf_counter() - t0
-                    tps[name].append(tokens / wall)
-                    cpu[name].append(1000 * (tree_cpu_seconds(server.pid) - cpu_s) / tokens)
-                    print(f"round {r} {name}: {tps[name][-1]:.1f} tok/s, {cpu[name][-1]:.2f} server CPU ms/token",
-                          flush=True)
-    table("tokens/s in waves (wall clock; higher is better)", tps, higher_is_better=True)
-    table("server CPU ms per token in waves (lower is better)", cpu, higher_is_better=False)
+
+            def unit(r: int, name: str) -> tuple[float, float]:
+                rids = [request_id(f"w{r}-{names.index(name)}-{i}", i < WAVE_UNITS[name]) for i in range(16)]
+                tokens, wall, cpu0 = 0, 0.0, tree_cpu_seconds(server.pid)
+                for w in range(0, 16, width):
+                    t0 = time.perf_counter()
+                    outs = pool.map(lambda i: server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}",
+                                                              max_new_tokens=args.new_tokens, rid=rids[i]),
+                                    range(w, min(w + width, 16)))
+                    tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
+                    wall += time.perf_counter() - t0
+                return tokens / wall, 1000 * (tree_cpu_seconds(server.pid) - cpu0) / tokens
+
+            results = rounds(names, args.rounds, unit)
+    report(" in waves", *results)
+
+
+def rounds(names: list[str], n: int, measure_one) -> tuple[dict, dict]:
+    """``measure_one(round, name) -> (tokens/s, CPU ms per token)`` for every name in every round, the
+    order rotated per round; both measures by name."""
+    tps = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(n):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t, c = measure_one(r, name)
+            tps[name].append(t)
+            cpu[name].append(c)
+            print(f"round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
+    return tps, cpu
+
+
+def report(where: str, tps: dict, cpu: dict) -> None:
+    table(f"tokens/s{where} (wall clock; higher is better)", tps, higher_is_better=True)
+    table(f"server CPU ms per token{where} (lower is better)", cpu, higher_is_better=False)
 
 
 def table(title: str, results: dict[str, list[float]], higher_is_better: bool) -> None:
-    """Markdown table: median, spread, runs, and the cost of each variant against the first (the median
-    of the per-round ratios)."""
+    """Markdown table: median, spread, runs, and the cost of each variant against the first: the median
+    of the per-round ratios, with a 95% bootstrap interval of that median."""
     base = next(iter(results.values()))
-    print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs the first |\n|---|---|---|---|---|")
+    print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs the first [95% interval] |\n"
+          f"|---|---|---|---|---|")
     for name, xs in results.items():
-        med = statistics.median(xs)
-        overhead = statistics.median(b / x - 1 if higher_is_better else x / b - 1 for b, x in zip(base, xs))
-        print(f"| {name} | {med:.2f} | {min(xs):.2f}-{max(xs):.2f} | {', '.join(f'{x:.2f}' for x in xs)} | "
-              f"{100 * overhead:+.1f}% |")
+        ratios = [b / x - 1 if higher_is_better else x / b - 1 for b, x in zip(base, xs)]
+        low, high = bootstrap_interval(ratios)
+        print(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in xs)} | "
+              f"{100 * statistics.median(ratios):+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}] |")
+
+
+def bootstrap_interval(xs: list[float], resamples: int = 4000) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of the median of ``xs`` resampled with replacement (seeded)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
 
 
 if __name__ == "__main__":

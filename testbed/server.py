@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request

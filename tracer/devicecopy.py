@@ -1,8 +1,9 @@
 """Selected elements of a few device tensors, brought to the host without a host sync.
 
 On CUDA: one gather per tensor, one concatenation, one non-blocking copy into pinned memory and an
-event that ``result()`` (on the relay thread, when the job is pickled for the recorder) synchronises. On a CPU the elements are read through
-numpy views at once (a few microseconds; there is no device to wait for).
+event that ``result()`` synchronises (on the relay thread, when the call is pickled for the recorder).
+On a CPU the elements are read through numpy views at once (a few microseconds; there is no device to
+wait for).
 """
 
 from __future__ import annotations

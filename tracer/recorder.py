@@ -83,7 +83,7 @@ def main() -> int:
     status = "crashed"
     while True:
         try:
-            frame = read_frame(stdin)
+            message = read_frame(stdin)
         except EOFError:
             break
         except Exception as exc:  # a frame that does not unpickle: count it, read the next
@@ -91,14 +91,14 @@ def main() -> int:
             health.drop("bad_frame")
             log.warning("draftscope: recorder dropped a frame it could not read: %s: %s", type(exc).__name__, exc)
             continue
-        if isinstance(frame, tuple):
-            if frame[0] == "health":
-                scheduler = frame[1]
-            elif frame[0] == "close":
-                status = frame[1]
+        if isinstance(message, tuple):
+            if message[0] == "health":
+                scheduler = message[1]
+            elif message[0] == "close":
+                status = message[1]
                 break
         else:
-            for job in frame:
+            for job in message:
                 writer.submit(job)
     writer.close(CLOSE_TIMEOUT_S, status)
     return 0

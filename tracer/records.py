@@ -7,11 +7,10 @@ pickles the call to the recorder, whose writer runs it. Each returns wire record
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .stats import merged_stats
-
-Records = Dict[str, List[dict]]
+from .writer import Records
 
 
 def sample_record(point: str, phase: str, at: float, rid: Optional[str], step: Optional[int],

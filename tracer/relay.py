@@ -73,7 +73,6 @@ class Relay(JobQueue):
         super().close(timeout_s, status)
 
     def _start(self) -> bool:
-        self._next_start = time.monotonic() + RESTART_S
         try:
             self._proc = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"],
                                           stdin=subprocess.PIPE, start_new_session=True)

@@ -104,9 +104,6 @@ class Resolved:
     def result(self) -> Any:
         return self.value
 
-    def release(self) -> None:
-        pass
-
 
 class RowCopies:
     """Host copies of some rows (``x``, float32/64) and their top-k (``probs``/``ids``, best-first by
@@ -122,8 +119,7 @@ class RowCopies:
         self._lock = threading.Lock()
 
     def __reduce__(self):
-        if self._released:
-            raise RuntimeError("these rows were released without being read")
+        self._check_readable()
         return _row_copies, (self._rows, self.chunk_width, _raw(self._x), _raw(self._probs), _raw(self._ids),
                              self.tag)
 
@@ -131,8 +127,7 @@ class RowCopies:
         """The summary (computed once)."""
         with self._lock:
             if self._summary is None:
-                if self._released:
-                    raise RuntimeError("these rows were released without being read")
+                self._check_readable()
                 topk = None if self._ids is None else best_first(self._probs, self._ids)
                 cells = [[] for _ in self._rows] if self._x is None else chunk_stats(self._x, self.chunk_width)
                 self._summary = Summary(tag=self.tag, rows=[
@@ -146,6 +141,10 @@ class RowCopies:
             if self._summary is None:
                 self._released = True
                 self._x = self._probs = self._ids = None
+
+    def _check_readable(self) -> None:
+        if self._released:
+            raise RuntimeError("these rows were released without being read")
 
 
 def _raw(a: Optional[np.ndarray]) -> Optional[tuple]:
