@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from draftscope.findings import Finding, static_findings
 from draftscope.spec import (SpecError, expect_sglang, parse_server_args, read_draft, read_target)
+from draftscope.spec.describe import SpecRow, describe_spec, render_text
 from draftscope.spec.target import check_target_matches
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -19,7 +20,8 @@ STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "",
              allow_bin: bool = False) -> tuple[dict, list[Finding]]:
-    """Read both models, derive SGLang's behaviour, return (summary, findings); raises SpecError."""
+    """Read both models, derive SGLang's behaviour, return (summary, findings); raises SpecError.
+    ``summary["spec"]`` is the spec block's rows (draftscope.spec.describe)."""
     target = read_target(target_dir)
     spec = read_draft(draft_dir, target_layers=target.num_layers, allow_bin=allow_bin)
     check_target_matches(spec, target)
@@ -29,7 +31,8 @@ def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "",
                "trained_physical": spec.aux_layers_physical,
                "captured_physical": exp.captured_physical,
                "draft_input_width": exp.draft_input_width,
-               "expected_fc_in_width": spec.expected_fc_in_width}
+               "expected_fc_in_width": spec.expected_fc_in_width,
+               "spec": [row.to_dict() for row in describe_spec(spec, target, exp)]}
     return summary, static_findings(spec, target, exp)
 
 
@@ -64,6 +67,7 @@ def doctor(
 def _print_human(console: Console, summary: dict, findings: list[Finding]) -> None:
     console.print(f"draft {summary['draft']} ({summary['format']}) for target {summary['target']}, "
                   f"SGLang --speculative-algorithm {summary['algorithm']}")
+    console.print(escape(render_text([SpecRow(**row) for row in summary["spec"]])), markup=True)
     if not findings:
         console.print("[green]ok[/green] no findings: SGLang will feed the draft what it was trained on "
                       f"(output of layers {summary['captured_physical']}, "

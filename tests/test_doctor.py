@@ -91,3 +91,18 @@ def test_testbed_scenarios(name):
     assert result.exit_code == 1, result.output
     first = [l for l in result.output.splitlines() if l.startswith("error")][0]
     assert SCENARIOS[name] in first and "fix:" in first
+
+
+def test_spec_printed_before_findings_kimi_pair(tmp_path):
+    from tests.spec_fixtures import kimi_pair
+
+    draft, target = kimi_pair(tmp_path)
+    result = run(draft, "--target", target)
+    lines = result.output.splitlines()
+    assert lines[1].startswith("spec:")
+    fc = next(i for i, l in enumerate(lines) if "3 × 7168 = 21504" in l)
+    first_finding = next((i for i, l in enumerate(lines) if l.startswith(("error", "warning", "info"))),
+                         len(lines))
+    assert fc < first_finding
+    data = json.loads(run(draft, "--target", target, "--json").output)
+    assert {r["key"]: r for r in data["summary"]["spec"]}["fc_in"]["trained"].startswith("3 × 7168 = 21504")

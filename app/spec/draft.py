@@ -67,6 +67,8 @@ class DraftFeatureSpec:
     keys: dict[str, list[int]] = field(default_factory=dict)  # name -> shape
     verifier: dict[str, Any] | None = None  # speculators verifier {name_or_path, architectures}
     training: dict[str, Any] | None = None
+    trainer: str | None = None  # specforge | speculators | eagle, when the checkpoint says so
+    trainer_source: str = ""  # how draftscope knows (or why it does not)
     feature_stats: dict[str, Any] | None = None  # draftscope_feature_stats.json (draftscope stats)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +98,9 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
     fc_key = _find_key(ckpt, "fc.weight")
     fc_in = ckpt.shape(fc_key)[1] if fc_key and len(ckpt.shape(fc_key)) == 2 else None
     k = _aux_count(config, ids, fc_in, target_hidden)
-    convention, reason = _convention(fmt, ids, target_layers)
+    training = _read_training(training_config) if training_config else None
+    trainer, trainer_source = trainer_of(config, fmt, arch, training)
+    convention, reason = _convention(fmt, ids, target_layers, trainer)
     target_vocab = body.get("vocab_size")
     d2t_key, t2d_key = _find_key(ckpt, "d2t"), _find_key(ckpt, "t2d")
     vocab_map = check_vocab_map(ckpt.values(d2t_key) if d2t_key else None,
@@ -125,7 +129,7 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         key_style=_key_style(ckpt, fc_key),
         keys={name: list(ckpt.shape(name)) for name in ckpt.names()},
         verifier=(config.get("speculators_config") or {}).get("verifier"),
-        training=_read_training(training_config) if training_config else None,
+        training=training, trainer=trainer, trainer_source=trainer_source,
         feature_stats=find_feature_stats(directory))
     return spec
 
@@ -143,6 +147,27 @@ def physical_layers(ids: list[int] | None, convention: str,
     return list(ids) if convention == "output_of" else [i - 1 for i in ids]
 
 
+# Keys of SpecForge's train_eagle3 arguments (scripts/train_eagle3_*.py), as a saved training config.
+SPECFORGE_TRAINING_KEYS = {"target_model_path", "draft_model_config", "train_data_path", "ttt_length",
+                           "chat_template"}
+TRAINERS = {"specforge": "SpecForge", "speculators": "speculators", "eagle": "EAGLE (SafeAILab)"}
+
+
+def trainer_of(config: dict, fmt: str, arch: str,
+               training: dict[str, Any] | None) -> tuple[str | None, str]:
+    """(trainer, how known): from the trainer's own metadata, else None with what the format implies."""
+    spec_keys = sorted(k for k in config if k.startswith("speculators_"))
+    if spec_keys:
+        return "speculators", f"config.json has {', '.join(spec_keys)} (written by the speculators library)"
+    if fmt == "eagle":
+        return "eagle", f"architectures {arch} with an fc weight is EAGLE's own training layout"
+    train_keys = sorted(SPECFORGE_TRAINING_KEYS & {k.replace("-", "_") for k in training or {}})
+    if len(train_keys) >= 2:
+        return "specforge", f"the training config has SpecForge's arguments ({', '.join(train_keys)})"
+    return None, (f"not recorded: the {fmt} layout ({arch}) is written by more than one trainer; "
+                  "no speculators_config or training config names the trainer")
+
+
 def trained_layers_from_config(config: dict, target_layers: int | None) -> list[int] | None:
     """The trained aux layers ("output of decoder layer j") from a draft config alone, e.g. the
     config the tracer recorded, when the checkpoint directory cannot be read here."""
@@ -155,7 +180,7 @@ def trained_layers_from_config(config: dict, target_layers: int | None) -> list[
         return None
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     ids, _ = _aux_ids(config, eagle_config)
-    convention, _ = _convention(fmt, ids, target_layers)
+    convention, _ = _convention(fmt, ids, target_layers, trainer_of(config, fmt, "", None)[0])
     return physical_layers(ids, convention, target_layers)
 
 
@@ -189,9 +214,12 @@ def _aux_count(config: dict, ids: list[int] | None, fc_in: int | None, target_hi
     return len(ids) if ids else 3
 
 
-def _convention(fmt: str, ids: list[int] | None, target_layers: int | None) -> tuple[str, str]:
+def _convention(fmt: str, ids: list[int] | None, target_layers: int | None,
+                trainer: str | None = None) -> tuple[str, str]:
     if ids and target_layers is not None and max(ids) >= target_layers:
         return "boundary", f"id {max(ids)} >= the target's {target_layers} layers: boundary indices"
+    if trainer == "specforge":
+        return "output_of", "SpecForge counts decoder-layer outputs (its training config says so)"
     if fmt == "speculators" and ids and ids[0] == 1:
         return "output_of", "speculators ids starting at 1 were lifted from a SpecForge eagle_config"
     if fmt == "eagle3-mla" and ids and ids[0] != 1:

@@ -139,18 +139,7 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
     if capture and shift is not None:
         sources["capture"] = SRC["capture_plus1" if shift == "plus1" else "capture_first1"]
         sources["capture_loop"] = SRC["capture_loop"]
-        n = target.num_layers
-        if ids is None:
-            layers = [2, n // 2, n - 3]
-        elif shift == "plus1" or (ids and ids[0] == 1):
-            layers = [i + 1 for i in ids]
-        else:
-            layers = list(ids)
-        # LlamaModel.forward loops over layers and captures where ``i in layers_to_capture``: order
-        # is layer order, duplicates collapse, an index >= L is never reached.
-        captured = [i for i in range(n) if i in layers]
-        dropped = sorted({i for i in layers if i >= n or i < 0})
-        physical = [i - 1 for i in captured]
+        layers, captured, dropped, physical = capture_for_ids(ids, target)
 
     # llama_eagle3.py LlamaModel.__init__: num_aux from num_aux_hidden_states, else eagle_config ids.
     num_aux = config.get("num_aux_hidden_states")
@@ -186,6 +175,45 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
         d2t_used=d2t_used, sources=sources)
     _simulate_load(spec, exp, needs_lm_head=lm_head == "draft", num_aux=int(num_aux))
     return exp
+
+
+def capture_for_ids(ids: list[int] | None, target: TargetSpec
+                    ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(layers_to_capture, captured, dropped, captured as "output of layer j") for eagle_config
+    ``ids`` (None: the default) on a target class whose shift rule draftscope knows."""
+    n = target.num_layers
+    if ids is None:
+        layers = [2, n // 2, n - 3]
+    elif CAPTURE_SHIFT[target.architecture] == "plus1" or (ids and ids[0] == 1):
+        layers = [i + 1 for i in ids]
+    else:
+        layers = list(ids)
+    # LlamaModel.forward loops over layers and captures where ``i in layers_to_capture``: order
+    # is layer order, duplicates collapse, an index >= L is never reached.
+    captured = [i for i in range(n) if i in layers]
+    dropped = sorted({i for i in layers if i >= n or i < 0})
+    return layers, captured, dropped, [i - 1 for i in captured]
+
+
+def ids_capturing(physical: list[int], target: TargetSpec) -> list[int] | None:
+    """The eagle_config ids that make SGLang capture the output of exactly ``physical`` (in that
+    order), or None when no ids can (e.g. the output of the last layer is never captured)."""
+    if target.architecture not in CAPTURE_SHIFT:
+        return None
+    for ids in (list(physical), [p + 1 for p in physical]):
+        _, captured, dropped, phys = capture_for_ids(ids, target)
+        if not dropped and phys == list(physical):
+            return ids
+    return None
+
+
+def sglang_reading(ids: list[int] | None, target: TargetSpec) -> str | None:
+    """How SGLang reads explicit ids on this target: output_of (id j = output of layer j) or
+    input_to (id j = input of layer j); None for default ids or an unknown target class."""
+    shift = CAPTURE_SHIFT.get(target.architecture)
+    if ids is None or shift is None:
+        return None
+    return "output_of" if shift == "plus1" or (ids and ids[0] == 1) else "input_to"
 
 
 def _llama_eagle3_params(spec: DraftFeatureSpec, num_aux: int, with_lm_head: bool) -> set[str]:

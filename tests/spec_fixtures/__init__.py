@@ -150,3 +150,13 @@ def published_draft(directory: Path, config: dict[str, Any], k: int = 3, style: 
     write_sparse_safetensors(directory / "model.safetensors", shapes,
                              {"d2t": selected - np.arange(v_d, dtype=np.int64), "t2d": t2d})
     return directory
+
+
+def kimi_pair(root: Path) -> tuple[Path, Path]:
+    """The Kimi-K2.5-shaped pair of issue 15: a KimiK25ForConditionalGeneration target (61 layers,
+    hidden 7168) and a LlamaForCausalLMEagle3 draft with fc 21504 -> 7168 and aux ids [20, 40, 60]
+    that names no trainer. Returns (draft_dir, target_dir)."""
+    target = root / "kimi-target"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(published("kimi_k25_target")))
+    return published_draft(root / "kimi-draft", published("kimi_k25_eagle3_llama")), target

@@ -1,0 +1,206 @@
+"""The spec block: what the draft was trained on beside what SGLang will feed it, row by row.
+
+One source for ``draftscope doctor``'s first lines and the run page's spec diff. Pure: the inputs
+are what ``read_draft``, ``read_target`` and ``expect_sglang`` return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from draftscope.spec.convention import SHORT, Reading, aux_readings
+from draftscope.spec.draft import TRAINERS, DraftFeatureSpec
+from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations
+from draftscope.spec.target import TargetSpec
+
+CONVENTION_NAME = {"output_of": "output-of", "input_to": "input-to", "boundary": "boundary"}
+
+
+@dataclass
+class SpecRow:
+    """One line of the spec block: the trained value beside SGLang's, and whether they disagree."""
+
+    key: str  # stable: format, trainer, algorithm, aux_ids, aux_ids_sglang, layers, aux_width, ...
+    label: str
+    trained: str
+    sglang: str
+    note: str | None = None
+    mismatch: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def describe_spec(spec: DraftFeatureSpec, target: TargetSpec,
+                  exp: SGLangExpectations) -> list[SpecRow]:
+    """The spec block rows, in reading order."""
+    readings = aux_readings(spec, target, exp)
+    return [_format(spec, exp), _trainer(spec), _algorithm(exp), _aux_ids(spec, exp),
+            _aux_ids_sglang(readings, exp), _layers(readings, exp, target), _aux_width(spec, target),
+            _fc(spec, exp, target), _vocab(spec, target, exp), _mapping(spec, target, exp),
+            _positions(spec, target), _norms(spec), _weights(spec, exp)]
+
+
+def render_text(rows: list[SpecRow]) -> str:
+    """Plain text, one row a line (``!`` marks a mismatch), notes indented beneath."""
+    width = max(len(r.label) for r in rows)
+    lines = [f"spec: the draft as trained -> what SGLang {SGLANG_VERSION} will do"]
+    for r in rows:
+        lines.append(f"{'!' if r.mismatch else ' '} {r.label:<{width}}  {r.trained}  ->  {r.sglang}")
+        if r.note:
+            lines.append(f"  {'':<{width}}  ({r.note})")
+    return "\n".join(lines)
+
+
+def _format(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
+    sglang = (f"draft class {spec.architecture}" if exp.draft_class_supported else
+              f"no EAGLE-3 draft class for {spec.architecture}: it does not load as a draft head")
+    return SpecRow("format", "format", f"{spec.source_format} ({spec.architecture})", sglang,
+                   mismatch=not exp.draft_class_supported)
+
+
+def _trainer(spec: DraftFeatureSpec) -> SpecRow:
+    trained = TRAINERS[spec.trainer] if spec.trainer else "unknown"
+    return SpecRow("trainer", "trainer", trained, "-", note=spec.trainer_source)
+
+
+def _algorithm(exp: SGLangExpectations) -> SpecRow:
+    note = None if exp.aux_capture else f"no aux capture: {exp.capture_reason}"
+    return SpecRow("algorithm", "algorithm", "EAGLE3 (fc over aux hidden states)",
+                   f"--speculative-algorithm {exp.algorithm}", note=note,
+                   mismatch=exp.algorithm != "EAGLE3")
+
+
+def _aux_ids(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
+    if spec.aux_layer_ids is None:
+        trained = "none written (the format's default)"
+    else:
+        trained = (f"{spec.aux_layer_ids} in {'eagle_config' if spec.aux_ids_location == 'eagle_config' else 'the top level'} "
+                   f"({CONVENTION_NAME[spec.aux_convention]})")
+    if not exp.aux_capture:
+        sglang = "not read (no aux capture)"
+    elif exp.ids_passed is None:
+        sglang = "not read: default [2, L//2, L-3]"
+    else:
+        sglang = f"{exp.ids_passed} read from eagle_config"
+    missed = spec.aux_layer_ids is not None and exp.aux_capture and exp.ids_passed is None
+    return SpecRow("aux_ids", "aux ids (checkpoint)", trained, sglang,
+                   note=spec.aux_convention_reason if spec.aux_layer_ids is not None else None,
+                   mismatch=missed)
+
+
+def _aux_ids_sglang(readings: list[Reading], exp: SGLangExpectations) -> SpecRow:
+    """The ids that would make SGLang capture the trained layers, beside the ids it is given."""
+    parts = []
+    for r in readings:
+        ids = str(r.fix_ids) if r.fix_ids is not None else "none can capture them"
+        parts.append(ids + (f" ({SHORT[r.convention]})" if len(readings) > 1 else ""))
+    given = ("no capture" if not exp.aux_capture else
+             str(exp.ids_passed) if exp.ids_passed is not None else "default [2, L//2, L-3]")
+    note = None
+    if exp.layers_to_capture is not None:
+        rule = {"plus1": "+1 to every id", "first1": "+1 only when the first id is 1"}[exp.shift_rule]
+        note = f"SGLang sets layers_to_capture {exp.layers_to_capture} ({rule}; capture = input of layer i)"
+    mismatch = exp.aux_capture and any(r.fix_ids != exp.ids_passed for r in readings)
+    return SpecRow("aux_ids_sglang", "aux ids (SGLang's convention)", " | ".join(parts),
+                   given, note=note, mismatch=bool(mismatch))
+
+
+def _layers(readings: list[Reading], exp: SGLangExpectations, target: TargetSpec) -> SpecRow:
+    parts = []
+    for r in readings:
+        layers = str(r.physical) if r.physical is not None else "unknown"
+        parts.append(layers + (f" ({SHORT[r.convention]})" if len(readings) > 1 else ""))
+    if not exp.aux_capture:
+        sglang = f"none: the final hidden state ({target.hidden_size} wide)"
+    elif exp.captured_physical is None:
+        sglang = f"unknown ({target.architecture}'s capture rule is not known to draftscope)"
+    else:
+        sglang = f"{exp.captured_physical} of {target.num_layers}"
+        if exp.dropped_layers:
+            sglang += f"; layers_to_capture {exp.dropped_layers} do not exist (never captured)"
+    note = ("the checkpoint does not say which convention: " + "; ".join(r.meaning for r in readings)
+            if len(readings) > 1 else None)
+    mismatch = not exp.aux_capture or any(r.matches_sglang is False for r in readings)
+    return SpecRow("layers", "layers fed (output of j)",
+                   " | ".join(parts), sglang, note=note, mismatch=mismatch)
+
+
+def _aux_width(spec: DraftFeatureSpec, target: TargetSpec) -> SpecRow:
+    return SpecRow("aux_width", "width per aux layer", f"{spec.target_hidden_size} (target_hidden_size)",
+                   f"{target.hidden_size} (target hidden_size)",
+                   mismatch=spec.target_hidden_size != target.hidden_size)
+
+
+def _fc(spec: DraftFeatureSpec, exp: SGLangExpectations, target: TargetSpec) -> SpecRow:
+    trained = f"{spec.k} × {spec.target_hidden_size} = {spec.expected_fc_in_width}"
+    if spec.fc_in_features is not None:
+        trained += f" (fc.weight {spec.fc_in_features} -> {spec.hidden_size})"
+    if exp.draft_input_width is None:
+        sglang = f"unknown width fed; fc built for {exp.fc_in_features}"
+    elif not exp.fc_runs:
+        sglang = f"{exp.draft_input_width} fed (== the draft's hidden size): fc is skipped"
+    else:
+        sglang = (f"{exp.aux_count} × {target.hidden_size} = {exp.draft_input_width} fed; "
+                  f"fc built for {exp.fc_in_features}")
+    trained_in = spec.fc_in_features or spec.expected_fc_in_width
+    mismatch = bool(exp.fc_in_features != trained_in or not exp.fc_runs
+                    or (exp.draft_input_width is not None and exp.draft_input_width != trained_in))
+    return SpecRow("fc_in", "k × hidden = fc in-features", trained, sglang, mismatch=mismatch)
+
+
+def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> SpecRow:
+    v_d = spec.draft_vocab_size
+    trained = (f"{v_d} of {spec.target_vocab_size}" if v_d is not None
+               else f"the full {spec.target_vocab_size}") + " target tokens"
+    if spec.lm_head_rows is not None:
+        trained += f" (lm_head {spec.lm_head_rows} rows)"
+    sglang = {"draft": f"the draft's lm_head ({v_d} rows)",
+              "target": f"the target's lm_head ({target.vocab_size} rows)",
+              "draft_embed": "the draft's embedding (tied)"}[exp.lm_head_source]
+    sizes = {s for s in (spec.lm_head_rows, v_d, spec.vocab_map.d2t_size) if s is not None}
+    mismatch = (spec.target_vocab_size not in (None, target.vocab_size)
+                or (exp.lm_head_source == "draft" and len(sizes) > 1)
+                or (exp.lm_head_source == "target" and v_d is not None and v_d < target.vocab_size))
+    return SpecRow("vocab", "draft vocabulary", trained, sglang, mismatch=bool(mismatch))
+
+
+def _mapping(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> SpecRow:
+    vm = spec.vocab_map
+    if not vm.d2t_present:
+        trained = "no d2t (draft ids are target ids)"
+    elif vm.looks_absolute:
+        trained = f"d2t holds absolute target ids ({vm.d2t_size} entries)"
+    else:
+        trained = (f"d2t offsets: draft id i -> i + d2t[i], target ids {vm.target_id_min}.."
+                   f"{vm.target_id_max}{'' if vm.target_ids_unique else ', not unique'}")
+    if vm.t2d_present:
+        trained += f"; t2d marks {vm.t2d_sum} of {vm.t2d_size}"
+    sglang = ("hot_token_id = d2t + arange (used)" if exp.d2t_used else
+              "d2t ignored" if vm.d2t_present else "no map: draft id = target id")
+    v_d = spec.draft_vocab_size
+    mismatch = bool(vm.d2t_present and exp.d2t_used and (vm.looks_absolute or vm.target_ids_in_range is False
+                                                         or vm.target_ids_unique is False)) \
+        or (not vm.d2t_present and v_d is not None and v_d < target.vocab_size and exp.algorithm == "EAGLE3")
+    return SpecRow("mapping", "draft -> target token map", trained, sglang, mismatch=mismatch)
+
+
+def _positions(spec: DraftFeatureSpec, target: TargetSpec) -> SpecRow:
+    d_max, t_max = spec.max_position_embeddings, target.max_position_embeddings
+    return SpecRow("positions", "max positions", f"{d_max} (draft max_position_embeddings)",
+                   f"{t_max} (target context length)",
+                   mismatch=bool(d_max and t_max and d_max < t_max))
+
+
+def _norms(spec: DraftFeatureSpec) -> SpecRow:
+    flags = [n for n in ("norm_before_fc", "fc_norm", "norm_output") if getattr(spec, n)]
+    return SpecRow("norms", "EAGLE-3.1 norms", ", ".join(flags) or "none", "-")
+
+
+def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
+    sglang = (f"{len(exp.keys_loaded)} loaded, {len(exp.keys_ignored)} ignored, "
+              f"{len(exp.params_missing)} parameters unfilled")
+    return SpecRow("weights", "checkpoint tensors", f"{len(spec.keys)} ({spec.key_style} keys)",
+                   sglang if exp.sources.get("load_weights") else "-",
+                   mismatch=bool(exp.params_missing))
