@@ -12,6 +12,7 @@ from draftscope.findings import Finding, Observation, runtime_findings, static_f
 from draftscope.spec import SpecError, expect_sglang, read_draft, read_target
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
+from draftscope_tracer.redact import redact_server_args
 
 
 def build_observation(session: Session, run_id: str) -> Observation:
@@ -99,7 +100,7 @@ def _static(run: models.Run) -> tuple[DraftFeatureSpec | None, list[Finding]]:
         check_target_matches(spec, target)
     except SpecError:
         return None, []
-    server_args = dict(run.server_args or {})
+    server_args = redact_server_args(run.server_args or {})
     server_args.setdefault("speculative_algorithm", run.algorithm or facts.get("algorithm"))
     return spec, static_findings(spec, target, expect_sglang(spec, target, server_args))
 

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from draftscope import models
 from draftscope.facts_view import expected_draft_input_width
+from draftscope_tracer.redact import redact_server_args
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
@@ -51,9 +52,15 @@ MAX_REQUESTS_SHOWN = 1000
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
-    """Every stored field of the run, or None."""
+    """Every stored field of the run, or None. ``server_args`` pass the tracer's allow-list on the way
+    out, so a run stored before it (the whole ``vars(server_args)``, secrets included) shows none."""
     row = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id)).mappings().first()
-    return None if row is None else dict(row)
+    if row is None:
+        return None
+    run = dict(row)
+    if run.get("server_args") is not None:
+        run["server_args"] = redact_server_args(run["server_args"])
+    return run
 
 
 def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:

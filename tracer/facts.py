@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
+
+from .redact import is_allowed, redact_server_args
 
 # Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
@@ -200,6 +201,14 @@ def config_hash(path: Optional[str]) -> Optional[str]:
         return None
 
 
+def server_args_facts(server_args) -> Dict[str, Any]:
+    """The allow-listed fields of a live ``ServerArgs`` (a msgspec Struct in 0.5.23, its fields outside
+    ``__dict__``), with resolution's decisions over them; a secret field is never read."""
+    names = getattr(type(server_args), "__struct_fields__", None) or tuple(vars(server_args))
+    fields = {name: getattr(server_args, name, None) for name in names if is_allowed(name)}
+    return redact_server_args({**fields, "_resolved_overrides": getattr(server_args, "_resolved_overrides", None)})
+
+
 def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(facts, run fields) for the scheduler's target and EAGLE draft."""
     spec_worker = getattr(scheduler, "draft_worker", None)
@@ -224,5 +233,5 @@ def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, A
            "target_arch": target.get("architecture"), "target_config_hash": config_hash(target.get("path")),
            "draft_path": draft.get("path"), "draft_arch": draft.get("architecture"),
            "draft_config_hash": config_hash(draft.get("path")),
-           "server_args": _safe(lambda: json.loads(json.dumps(vars(server_args), default=str)))}
+           "server_args": _safe(server_args_facts, server_args)}
     return facts, {k: v for k, v in run.items() if v is not None}

@@ -1,0 +1,57 @@
+"""Server arguments are recorded through an allow-list; secret-shaped names never pass."""
+
+import json
+
+import pytest
+
+from draftscope_tracer.facts import server_args_facts
+from draftscope_tracer.redact import ALLOWED, is_allowed, redact_server_args
+
+SECRET = "ds-secret-9f2c41e7"
+
+
+def _server_args(**overrides):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="/m/target", speculative_algorithm="EAGLE3",
+                      speculative_draft_model_path="/m/draft", api_key=SECRET, admin_api_key=SECRET,
+                      ssl_keyfile_password=SECRET, watermark_key=SECRET, **overrides)
+
+
+def test_live_server_args_keep_diagnosis_fields_and_no_secret():
+    args = _server_args()
+    args.__dict__["_launch_command"] = f"--api-key {SECRET}"
+    args.__dict__["_raw_input"] = {"api_key": SECRET, "model_path": "/m/target"}
+    args.__dict__["_resolved_overrides"] = [("spec", {"speculative_num_steps": 3})]
+    got = server_args_facts(args)
+    assert SECRET not in json.dumps(got)
+    assert got["model_path"] == "/m/target" and got["speculative_draft_model_path"] == "/m/draft"
+    assert got["speculative_algorithm"] == "EAGLE3" and got["speculative_num_steps"] == 3
+    assert {"tp_size", "dtype", "attention_backend", "disable_cuda_graph", "context_length"} <= set(got)
+    assert not any(k.startswith("_") for k in got)
+
+
+def test_allow_list_names_real_fields():
+    from sglang.srt.server_args import ServerArgs
+
+    fields = set(ServerArgs.__struct_fields__)
+    assert ALLOWED <= fields, sorted(ALLOWED - fields)
+    secretish = [f for f in fields if any(w in f for w in ("key", "password", "secret"))]
+    assert secretish and not any(is_allowed(f) for f in secretish)
+
+
+@pytest.mark.parametrize("name", ["api_key", "admin_api_key", "ssl_keyfile", "ssl_keyfile_password",
+                                  "watermark_key_b", "_launch_command", "_raw_input", "speculative_api_token",
+                                  "cuda_graph_secret", "speculative_token_map"])
+def test_denied_even_when_the_allow_list_would_take_it(name):
+    assert redact_server_args({name: SECRET}) == {}
+
+
+def test_old_stored_vars_dict_is_read_through_its_raw_copy():
+    """A store from before the filter holds vars(server_args): only private keys, fields in _raw_input."""
+    stored = {"_launch_command": f"--model-path /m --api-key {SECRET}",
+              "_raw_input": {"model_path": "/m", "api_key": SECRET, "speculative_num_steps": None,
+                             "speculative_adaptive_config": {"token": SECRET, "steps": 2}},
+              "_resolved_overrides": [["spec", {"speculative_num_steps": 5}]], "_model_config": "<obj>"}
+    got = redact_server_args(stored)
+    assert got == {"model_path": "/m", "speculative_num_steps": 5, "speculative_adaptive_config": {"steps": 2}}

@@ -1,0 +1,96 @@
+"""Server arguments a diagnosis needs, and nothing else (stdlib only).
+
+``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields (speculative
+settings, model and draft paths, dtypes, parallel sizes, attention backends, CUDA-graph and
+scheduling settings), then drops any name that looks secret-shaped even if the allow-list names it
+by mistake. It is used where the tracer records a run and where the dashboard reads one, so a
+store written before it existed shows no more than a new one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Mapping
+
+# Whole families SGLang groups under one prefix (spec.py, CUDA-graph fields).
+ALLOWED_PREFIXES = ("speculative_", "cuda_graph_")
+
+ALLOWED = frozenset({
+    # model and draft
+    "model_path", "tokenizer_path", "revision", "served_model_name", "model_impl", "load_format",
+    "json_model_override_args", "trust_remote_code", "is_embedding", "language_model_only",
+    "enable_multi_layer_eagle", "aux_hidden_state_capture", "return_aux_hidden_state_layer_ids",
+    "enable_return_aux_hidden_states", "enable_return_hidden_states", "return_hidden_states_mode",
+    # numerics
+    "dtype", "kv_cache_dtype", "quantization", "enable_fp32_lm_head", "enable_tf32_matmul",
+    "triton_attention_reduce_in_fp32", "enable_deterministic_inference", "random_seed",
+    # parallelism
+    "device", "tp_size", "dp_size", "ep_size", "pp_size", "attn_cp_size", "attn_dp_size", "moe_dp_size",
+    "dcp_size", "nnodes", "enable_dp_attention", "enable_dp_lm_head", "moe_dense_tp_size",
+    "moe_runner_backend", "moe_a2a_backend",
+    # kernels and backends
+    "attention_backend", "prefill_attention_backend", "decode_attention_backend", "sampling_backend",
+    "linear_attn_backend", "mm_attention_backend", "grammar_backend",
+    # graphs and compilation
+    "disable_cuda_graph", "disable_cuda_graph_padding", "disable_decode_cuda_graph",
+    "disable_prefill_cuda_graph", "enable_torch_compile", "torch_compile_max_bs",
+    "enable_profile_cuda_graph", "debug_cuda_graph",
+    # scheduling and memory
+    "context_length", "max_running_requests", "max_total_tokens", "max_prefill_tokens",
+    "chunked_prefill_size", "page_size", "mem_fraction_static", "schedule_policy",
+    "schedule_conservativeness", "disable_overlap_schedule", "enable_mixed_chunk",
+    "disable_radix_cache", "num_continuous_decode_steps", "enable_two_batch_overlap",
+    "enable_single_batch_overlap", "stream_interval", "skip_server_warmup", "log_level",
+})
+
+# Fragments that drop a name whatever the allow-list says: credentials, the verbatim command line,
+# and SGLang's private copies of its input (``_raw_input`` holds every field again, secrets included).
+DENIED_FRAGMENTS = ("key", "token", "secret", "password", "passwd", "credential", "auth",
+                    "launch_command", "raw_input", "cookie")
+
+
+def is_denied(name: str) -> bool:
+    lowered = name.lower()
+    if lowered.startswith("_"):
+        return True
+    # "max_prefill_tokens", "speculative_num_draft_tokens": counts of tokens, not tokens.
+    lowered = lowered.replace("_tokens", "").replace("tokens_", "").replace("tokenizer", "")
+    return any(fragment in lowered for fragment in DENIED_FRAGMENTS)
+
+
+def is_allowed(name: str) -> bool:
+    return (name in ALLOWED or name.startswith(ALLOWED_PREFIXES)) and not is_denied(name)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value; nested mappings lose their denied keys too."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if not is_denied(str(k))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return json.loads(json.dumps(value, default=str))
+
+
+def _overrides(entries: Any) -> Dict[str, Any]:
+    """SGLang's ``_resolved_overrides``: ``[(source, {field: value}), ...]``, last writer wins."""
+    merged: Dict[str, Any] = {}
+    for entry in entries if isinstance(entries, (list, tuple)) else ():
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], Mapping):
+            merged.update(entry[1])
+    return merged
+
+
+def redact_server_args(args: Mapping[str, Any]) -> Dict[str, Any]:
+    """The allow-listed, non-secret server arguments in ``args``, as plain JSON values.
+
+    ``args`` is a dict of ``ServerArgs`` fields, or a stored ``vars(server_args)`` from before this
+    filter (SGLang 0.5.23 keeps its fields outside ``__dict__``; such a dict holds them only in the
+    private ``_raw_input`` copy, with resolution's decisions in ``_resolved_overrides``). Both are read
+    as fields, resolved values winning, and only allowed names come out.
+    """
+    args = dict(args)
+    raw = args.get("_raw_input")
+    fields = {**(raw if isinstance(raw, Mapping) else {}), **args, **_overrides(args.get("_resolved_overrides"))}
+    return {str(name): _plain(value) for name, value in fields.items() if is_allowed(str(name))}
