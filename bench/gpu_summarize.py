@@ -19,7 +19,6 @@ Run on a CUDA machine with only torch installed::
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -32,25 +31,14 @@ import torch
 import triton
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tracer import summarize  # noqa: E402  (the checkout's tracer package, by path: only torch and Triton needed)
 H, K, V, N, TOPK = 7168, 3, 163_840, 4, 8
 BATCHES = (1, 8, 64)
 SAMPLE_EVERY = 16  # default sampling: 1 request in 16
 
 
-def _load_summarize():
-    """Import tracer/summarize.py as draftscope_tracer.summarize without installing the package."""
-    try:
-        import draftscope_tracer.summarize as mod
-        return mod
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("draftscope_tracer.summarize", ROOT / "tracer" / "summarize.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-
-
-summarize = _load_summarize()
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:

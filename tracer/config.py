@@ -24,6 +24,8 @@ OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_REDUCE": "where statistics are computed: auto (default: CPU tensors in the recorder process, "
                          "CUDA tensors on the device) or device (always the device summariser)",
     "DRAFTSCOPE_FAULT": "comma list of probes made to raise on purpose (testing the fault path)",
+    "DRAFTSCOPE_SYNC_DEBUG": "1 runs every hook body under torch.cuda.set_sync_debug_mode('error'): a host sync "
+                             "in the tracer fails its probe (counted, logged once); testing on CUDA",
 }
 
 
@@ -50,6 +52,7 @@ class TracerConfig:
     probe_failure_limit: int = 5
     reduce: str = "auto"
     fault: frozenset = frozenset()
+    sync_debug: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -87,6 +90,7 @@ class TracerConfig:
             health_interval_s=_positive_float(env, "DRAFTSCOPE_HEALTH_INTERVAL_S", 10.0),
             reduce=_choice(env, "DRAFTSCOPE_REDUCE", REDUCE_MODES),
             fault=frozenset(p.strip() for p in env.get("DRAFTSCOPE_FAULT", "").split(",") if p.strip()),
+            sync_debug=env.get("DRAFTSCOPE_SYNC_DEBUG", "").strip() in ("1", "true", "yes"),
         )
 
 

@@ -1,9 +1,12 @@
-"""Selected elements of a few device tensors, brought to the host without a host sync.
+"""Index tensors to the device and selected elements back, without a host sync.
 
-On CUDA: one gather per tensor, one concatenation, one non-blocking copy into pinned memory and an
-event that ``result()`` synchronises (on the relay thread, when the call is pickled for the recorder).
-On a CPU the elements are read through numpy views at once (a few microseconds; there is no device to
-wait for).
+On CUDA a host list becomes a device index tensor through pinned memory and a ``non_blocking`` copy
+(``device_index``): a pageable copy or ``torch.tensor(list, device=cuda)`` waits for the stream, i.e.
+for all GPU work queued ahead. PyTorch's pinned allocator keeps the host block until the copy is done.
+``HostInts`` gathers elements of a few device tensors with one such index copy, one concatenation and
+one non-blocking copy into pinned memory, and an event that ``result()`` synchronises (on the relay
+thread, when the call is pickled for the recorder). On a CPU the elements are read through numpy views
+at once (a few microseconds; there is no device to wait for).
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
     return t.numpy()
 
 
+def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory without blocking."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
+    host.numpy()[:] = values
+    return host.to(device, non_blocking=True)
+
+
 class HostInts:
     """``tensor[index]`` of each ``(tensor, index)`` pair as one flat list of Python ints."""
 
@@ -34,8 +46,12 @@ class HostInts:
                 [v[i].astype(np.int64) for v, (_, i) in zip(views, parts)]).tolist()
             return
         self._values = None
-        dev = parts[0][0].device
-        flat = torch.cat([t[torch.tensor(i, device=dev)].to(torch.int64) for t, i in parts])
+        index = device_index([k for _, i in parts for k in i], parts[0][0].device)
+        pieces, at = [], 0
+        for t, i in parts:
+            pieces.append(t[index[at:at + len(i)]].to(torch.int64))
+            at += len(i)
+        flat = torch.cat(pieces)
         self.host = torch.empty(flat.shape, dtype=torch.int64, device="cpu", pin_memory=flat.is_cuda)
         self.host.copy_(flat, non_blocking=True)
         if flat.is_cuda:

@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
@@ -28,7 +29,7 @@ import torch
 from . import facts as facts_mod
 from . import records
 from .config import TracerConfig
-from .devicecopy import HostInts, host_view
+from .devicecopy import HostInts, device_index, host_view
 from .health import Health
 from .recorder import Shared
 from .relay import Relay
@@ -79,16 +80,24 @@ class Tracer:
 
     # -- plumbing ---------------------------------------------------------------------------------
     def guard(self, probe: str, fn: Callable, *args) -> Any:
-        """Run ``fn``; any exception is counted against ``probe``, never raised into SGLang."""
+        """Run ``fn``; any exception is counted against ``probe``, never raised into SGLang.
+        ``DRAFTSCOPE_SYNC_DEBUG``: ``fn`` runs under CUDA sync-debug "error" (attach excepted: it reads
+        the draft's weights once, before serving)."""
         if self.health.is_disabled(probe):
             return None
         try:
             if probe in self.config.fault:
                 raise InjectedFault(f"DRAFTSCOPE_FAULT={probe}")
-            out = fn(*args)
+            if self.config.sync_debug and probe != "init":
+                out = _under_sync_debug(fn, args)
+            else:
+                out = fn(*args)
             self.health.ok(probe)
             return out
         except Exception as exc:
+            if self.config.sync_debug and probe not in self.health.last_error:
+                log.warning("draftscope: probe %s failed under DRAFTSCOPE_SYNC_DEBUG: %s\n%s", probe, exc,
+                            traceback.format_exc(limit=-6))
             if self.health.failed(probe, exc):
                 log.warning("draftscope: probe %s failed %d times in a row and is disabled (%s)",
                             probe, self.health.failure_limit, self.health.last_error[probe])
@@ -205,7 +214,7 @@ class Tracer:
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
             p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
-        fc_out = _recompute_fc(worker.draft_runner.model, h[torch.tensor(sel, device=h.device)])
+        fc_out = _recompute_fc(worker.draft_runner.model, h[device_index(sel, h.device)])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
         self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
                     chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
@@ -302,7 +311,7 @@ class Tracer:
             if accepted is not None:  # CPU: read the accept lengths directly
                 sel = [i * N + int(accepted[i]) - 1 for i, _, _ in upcoming]
             else:  # device: the last accepted row of each request, computed on the device (no sync)
-                idx = torch.tensor([i for i, _, _ in upcoming], device=logits.device)
+                idx = device_index([i for i, _, _ in upcoming], logits.device)
                 sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
             self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
                                seed=True)
@@ -372,6 +381,18 @@ def _recompute_fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:
             x = torch.cat([norm(c) for norm, c in zip(inner.fc_norm, chunks)], dim=-1)
         out = fc(x)
         return out[0] if isinstance(out, tuple) else out
+
+
+def _under_sync_debug(fn: Callable, args: tuple) -> Any:
+    """``fn(*args)`` with CUDA sync-debug mode "error" (any host sync raises), then the previous mode."""
+    if not torch.cuda.is_available():
+        return fn(*args)
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _is_recording_rank() -> bool:

@@ -15,6 +15,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from .config import REDUCE_MODES
+from .devicecopy import device_index
 from .health import Health
 from .host_reduce import host_rows
 from .stats import RowCopies
@@ -60,10 +61,13 @@ class Summaries:
                               device=hidden.device)
             buf = torch.empty(max_rows, dtype=torch.int64, device=hidden.device)
             self._by_shape[key] = (summ, buf)
-        buf.fill_(-1)
-        src = rows if isinstance(rows, torch.Tensor) else torch.tensor(list(rows), dtype=torch.int64)
-        buf[:n].copy_(src, non_blocking=True)
-        pending = summ.summarize(hidden.detach(), buf, logits=None if logits is None else logits.detach(), tag=tag)
+        if isinstance(rows, torch.Tensor):  # already on the device
+            buf.fill_(-1)
+            buf[:n].copy_(rows)
+            index = buf
+        else:  # the padded list in one copy (from pinned memory on CUDA: no wait for queued work)
+            index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
+        pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag)
         if pending is None:
             self.health.drop("summary_ring_full")
         return pending

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, TypedDict
 
-import orjson  # SGLang requires it, and so does the dashboard
-
 try:  # Python 3.11+
     from typing import NotRequired
 except ImportError:  # pragma: no cover - Python 3.10
@@ -152,5 +150,8 @@ JSON_COLUMNS = {"server_args", "tracer_config", "facts", "drafted_tokens", "acce
 
 
 def to_json(value: Any) -> bytes:
-    """Compact JSON of a batch or of one JSON column's value; non-finite floats become null."""
+    """Compact JSON of a batch or of one JSON column's value; non-finite floats become null. (orjson, which
+    SGLang and the dashboard require, is imported here: the hooks' modules import without it.)"""
+    import orjson
+
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
