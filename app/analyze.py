@@ -72,6 +72,8 @@ def analyze_run(session: Session, run_id: str) -> list[Finding]:
     obs = build_observation(session, run_id)
     spec, static = _static(run)
     static_ids = {f.rule_id for f in static}
+    if "aux-convention-ambiguous" in static_ids:  # it already names both readings of the ids
+        static_ids.add("captured-layers-differ")
     static_error = any(f.severity == "error" for f in static)
     # A static finding already names the cause: drop the runtime echo of the same rule, and the
     # "quality, not plumbing" verdict when the plumbing is statically broken.

@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from draftscope.findings import Finding, static_findings
+from draftscope.fix import FixError, apply_fixes
 from draftscope.spec import (SpecError, expect_sglang, parse_server_args, read_draft, read_target)
+from draftscope.spec.sglang import format_server_args
 from draftscope.spec.describe import SpecRow, describe_spec, render_text
 from draftscope.spec.target import check_target_matches
 
@@ -43,10 +45,16 @@ def doctor(
     server_args: Annotated[str, typer.Option("--server-args", help="SGLang launch flags, quoted.")] = "",
     allow_bin: Annotated[bool, typer.Option("--allow-bin", help="Read *.bin with torch.load(weights_only=True).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    fix: Annotated[Path | None, typer.Option(
+        "--fix", metavar="OUT_DIR", help="Write a corrected copy of the draft to OUT_DIR (a new or "
+        "empty directory) for every finding with a mechanical fix, print what changed and the "
+        "server flags to use, and diagnose the copy. The input is never edited.")] = None,
 ) -> None:
     """Diagnose a draft + target pair for SGLang from headers and configs only (no weights loaded).
 
-    Exit 0: no error findings; 1: at least one error finding; 2: the input could not be read.
+    Prints the spec first (the draft as trained beside what SGLang will do), then the findings.
+    Exit 0: no error findings in the input; 1: at least one error finding; 2: the input could not
+    be read or the fix could not be written.
     """
     console = Console(stderr=False, highlight=False, soft_wrap=True)
     if engine != "sglang":
@@ -56,12 +64,46 @@ def doctor(
     except SpecError as exc:
         _fail(console, as_json, exc.path, exc.problem)
     errors = sum(f.severity == "error" for f in findings)
+    fixed = None
+    if fix is not None:
+        try:
+            fixed = fix_and_recheck(draft_dir, target, server_args, allow_bin, findings, fix)
+        except (FixError, SpecError) as exc:
+            _fail(console, as_json, str(fix), str(exc))
     if as_json:
-        print(json.dumps({"summary": summary, "findings": [f.to_dict() for f in findings],
-                          "errors": errors}, indent=2))
+        out = {"summary": summary, "findings": [f.to_dict() for f in findings], "errors": errors}
+        if fixed is not None:
+            out["fix"] = fixed
+        print(json.dumps(out, indent=2))
     else:
         _print_human(console, summary, findings)
+        if fixed is not None:
+            _print_fix(console, fixed)
     raise typer.Exit(1 if errors else 0)
+
+
+def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: bool,
+                    findings: list[Finding], out_dir: Path) -> dict:
+    """Apply the findings' patches to a copy in ``out_dir`` and diagnose the copy with the fixed
+    flags; a summary of both for printing or JSON."""
+    result = apply_fixes(draft_dir, out_dir, findings, parse_server_args(server_args))
+    _, after = diagnose(out_dir, target, format_server_args(result.server_args), allow_bin)
+    return {"out_dir": str(out_dir), "changes": result.changes, "applied": result.applied,
+            "not_fixed": result.skipped, "server_flags": result.flags(),
+            "after": {"errors": sum(f.severity == "error" for f in after),
+                      "findings": [f.to_dict() for f in after]}}
+
+
+def _print_fix(console: Console, fixed: dict) -> None:
+    console.print(f"fix: wrote {escape(fixed['out_dir'])} (the input is unchanged)")
+    for line in fixed["changes"]:
+        console.print(f"  changed  {escape(line)}")
+    for rule in fixed["not_fixed"]:
+        console.print(f"  [yellow]not fixed[/yellow] {rule}: no mechanical fix; see its fix above")
+    console.print(f"serve with: {escape(fixed['server_flags'])}")
+    after = fixed["after"]
+    left = ", ".join(f"{f['severity']} {f['rule_id']}" for f in after["findings"]) or "no findings"
+    console.print(f"the fixed copy: {left}")
 
 
 def _print_human(console: Console, summary: dict, findings: list[Finding]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -40,7 +42,11 @@ def test_healthy_is_silent(tmp_path):
      "aux-ids-not-read"),
     (dict(config=tiny_draft_config(ids=(1, 4, 6)), arch="DeepseekV3ForCausalLM"), None),
     (dict(config=tiny_draft_config(ids=(2, 4, 6)), arch="DeepseekV3ForCausalLM"),
-     "captured-layers-differ"),
+     "aux-convention-ambiguous"),  # no trainer named: SpecForge's and speculators' readings differ
+    (dict(config=tiny_draft_config(ids=(2, 4, 6), speculators_version="0.3.0"),
+          arch="DeepseekV3ForCausalLM"), None),  # speculators' ids: what SGLang's DeepSeek path reads
+    (dict(config=tiny_draft_config(ids=(2, 4, 6), draftscope_trained_aux_layers=[2, 4, 6]),
+          arch="DeepseekV3ForCausalLM"), "captured-layers-differ"),
     (dict(config=tiny_draft_config(ids=(1, 4)), weights=tiny_weights(k=3)), "aux-width-mismatch"),
     (dict(weights=tiny_weights(prefix="draft_model.")), "draft-weights-not-loaded"),
     (dict(weights={k: v for k, v in tiny_weights().items() if k != "lm_head.weight"}),
@@ -101,3 +107,39 @@ def test_every_rule_is_documented():
     source = "".join(p.read_text() for p in (Path(__file__).parent.parent / "app" / "findings").glob("*.py"))
     used = set(re.findall(r'(?:Finding|_f)\(\s*"([a-z0-9-]+)"', source))
     assert used and used <= documented, used - documented
+
+
+def _kimi(tmp_path, **extra):
+    from tests.spec_fixtures import kimi_pair
+
+    draft, target_dir = kimi_pair(tmp_path)
+    if extra.get("training"):
+        (draft / "training_config.yaml").write_text(extra["training"])
+    if extra.get("config"):
+        config = json.loads((draft / "config.json").read_text())
+        config.update(extra["config"])
+        (draft / "config.json").write_text(json.dumps(config))
+    target = read_target(target_dir)
+    spec = read_draft(draft, target_layers=target.num_layers)
+    return static_findings(spec, target, expect_sglang(spec, target))
+
+
+def test_kimi_ids_without_trainer_are_one_ambiguous_finding(tmp_path):
+    (f,) = _kimi(tmp_path)
+    assert (f.rule_id, f.severity, f.patch) == ("aux-convention-ambiguous", "warning", [])
+    assert "[19, 39, 59]" in f.message and "[20, 40, 60]" in f.message
+    assert "exactly what SGLang captures" in f.message and "1 shallower" in f.message
+    # The SpecForge reading needs the last layer's output: the fix says no ids can, never [20, 40, 60].
+    assert "no eagle_config ids can" in f.fix and "last decoder layer" in f.fix
+    assert "[20, 40, 60]" not in f.fix
+
+
+def test_kimi_specforge_training_config_settles_it(tmp_path):
+    (f,) = _kimi(tmp_path, training="target_model_path: moonshotai/Kimi-K2.5\n"
+                                     "draft_model_config: kimi-eagle3.json\nttt_length: 7\n")
+    assert (f.rule_id, f.severity, f.patch) == ("captured-layers-differ", "error", [])
+    assert "SpecForge" in f.message and "no eagle_config ids can" in f.fix
+
+
+def test_kimi_speculators_metadata_settles_it(tmp_path):
+    assert _kimi(tmp_path, config={"speculators_version": "0.3.0"}) == []

@@ -19,6 +19,11 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     first_step: int | None = None
     source: str = "static"  # static | runtime
+    # The fix as edits draftscope can apply (``draftscope doctor --fix``), empty when the fix needs a
+    # human. Ops: {"op": "config_set", "path": "a.b", "value": v}, {"op": "config_delete", "path"},
+    # {"op": "server_arg", "name", "value"}, {"op": "strip_key_prefix", "prefix"},
+    # {"op": "d2t_to_offsets"}.
+    patch: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

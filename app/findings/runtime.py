@@ -7,6 +7,8 @@ from typing import Any
 from draftscope.findings.model import Finding, Observation
 from draftscope.spec.draft import DraftFeatureSpec, trained_layers_from_config
 from draftscope.spec.feature_stats import relative_gap
+from draftscope.spec.sglang import ids_capturing
+from draftscope.spec.target import TargetSpec
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
 COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
@@ -101,11 +103,16 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
         trained_layers_from_config(draft.get("config") or {}, n)
     if captured is not None and trained is not None and not found \
             and [i - 1 for i in captured] != trained:
+        fix_ids = ids_capturing(trained, TargetSpec(path="", architecture=target.get("architecture") or "",
+                                                    model_type=None, num_layers=n, hidden_size=hidden or 0,
+                                                    vocab_size=0, max_position_embeddings=None))
+        fix = (f"write eagle_config.eagle_aux_hidden_state_layer_ids {fix_ids} (SGLang then captures "
+               f"the output of layers {trained})" if fix_ids is not None else
+               f"no eagle_config ids make SGLang capture the output of layers {trained} on "
+               f"{target.get('architecture')}: use a draft trained on layers it can capture")
         found.append(_f("captured-layers-differ", "error",
                         f"the target captures the output of layers {[i - 1 for i in captured]} but "
-                        f"the draft was trained on {trained}",
-                        "write eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's output-of "
-                        f"convention: {trained}", {**ev, "captured": captured}))
+                        f"the draft was trained on {trained}", fix, {**ev, "captured": captured}))
     return found
 
 

@@ -7,9 +7,16 @@ problem is reported once, in one line naming the cause.
 from __future__ import annotations
 
 from draftscope.findings.model import Finding
-from draftscope.spec.draft import DraftFeatureSpec
-from draftscope.spec.sglang import SGLangExpectations
+from draftscope.spec.convention import SHORT, Reading, aux_readings
+from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec
+from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations
 from draftscope.spec.target import TargetSpec
+
+IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
+# Rules that can carry a mechanical fix (Finding.patch); tests/test_fix.py applies each one.
+FIXABLE = {"eagle-algorithm-with-eagle3-draft", "fc-bypassed", "aux-ids-not-read",
+           "captured-layers-differ", "draft-weights-not-loaded", "d2t-not-offsets",
+           "draft-vocab-lm-head-mismatch"}
 
 
 def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
@@ -55,7 +62,8 @@ def _eagle_algorithm(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Fi
                     "launch with --speculative-algorithm EAGLE3",
                     {"algorithm": exp.algorithm, "draft_architecture": spec.architecture,
                      "sglang_source": [exp.sources["aux_config"], exp.sources["lm_head"],
-                                       exp.sources["d2t"]]})]
+                                       exp.sources["d2t"]]},
+                    patch=[{"op": "server_arg", "name": "speculative_algorithm", "value": "EAGLE3"}])]
 
 
 def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
@@ -73,7 +81,8 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
                             f"{exp.draft_input_width}-wide final hidden states (== its embed width) "
                             f"and silently skips fc ({spec.fc_in_features}->{spec.hidden_size})",
                             "remove \"use_aux_hidden_state\": false from eagle_config (EAGLE-3 "
-                            "drafts are trained on aux states)", ev)]
+                            "drafts are trained on aux states)", ev,
+                            patch=[{"op": "config_delete", "path": "eagle_config.use_aux_hidden_state"}])]
         return []
     if exp.shift_rule is None:
         return [Finding("capture-semantics-unknown", "info",
@@ -93,35 +102,38 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
              f"{exp.fc_in_features}, so the first request crashes" if exp.fc_shape_error else "")
     differ = (spec.aux_layers_physical is not None
               and exp.captured_physical != spec.aux_layers_physical)
+    readings = aux_readings(spec, target, exp)
     if spec.aux_ids_location == "top_level" and (short or differ):
+        fix_ids = readings[0].fix_ids if len(readings) == 1 else None
+        move = fix_ids if fix_ids is not None else spec.aux_layer_ids
         return [Finding("aux-ids-not-read", "error",
                         f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top "
                         "level; SGLang reads it only from eagle_config and captures its default "
                         f"[2, L//2, L-3] = input of layers {exp.captured_layers} instead"
                         f"{crash or ' (silently the wrong features)'}",
-                        "move eagle_aux_hidden_state_layer_ids into \"eagle_config\" in the draft's "
-                        "config.json", ev)]
+                        f"move the ids into \"eagle_config\" in the draft's config.json: {move}", ev,
+                        patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
+                               {"op": "config_set", "path": IDS, "value": move}]
+                        + ([{"op": "config_set", "path": RECORDED_KEY, "value": readings[0].physical}]
+                           if move != spec.aux_layer_ids else []))]
     if short and exp.dropped_layers:
         last = target.num_layers - 1
         return [Finding("aux-count-short", "error",
                         f"aux id {last} is the target's last layer: SGLang captures the input of "
                         f"layer id+1 and layer {target.num_layers} does not exist, so only "
                         f"{exp.aux_count} of {spec.k} aux states are captured{crash}",
-                        f"SGLang cannot capture the output of the last decoder layer; use a draft "
-                        f"trained on layers <= {last - 1} (retrain with those ids)", ev)]
+                        f"none in the config: SGLang cannot capture the output of the last decoder "
+                        f"layer; use a draft trained on layers <= {last - 1} (retrain with those ids)", ev)]
     if short:
         return [Finding("aux-count-short", "error",
                         f"SGLang captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
                         f"but the draft was trained on {spec.k}{crash}",
                         "give eagle_config distinct ids, one per trained aux layer", ev)]
     found = []
-    if differ:
-        found.append(Finding("captured-layers-differ", "error",
-                             f"SGLang captures the output of layers {exp.captured_physical} but the "
-                             f"draft was trained on {spec.aux_layers_physical} ({spec.aux_convention}"
-                             f" ids {spec.aux_layer_ids}, {spec.aux_convention_reason})",
-                             "write eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's "
-                             f"convention (output-of, 0-based): {spec.aux_layers_physical}", ev))
+    if len(readings) > 1:
+        found.append(_ambiguous(spec, target, exp, readings, ev))
+    elif differ:
+        found.append(_layers_differ(spec, target, exp, readings[0], ev))
     if exp.fc_shape_error:
         found.append(Finding("aux-width-mismatch", "error",
                              f"the draft will receive {exp.draft_input_width}-wide aux features but "
@@ -129,6 +141,57 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
                              "make num_aux_hidden_states / the eagle_config ids match the trained "
                              "fc width", ev))
     return found
+
+
+def _reading_fix(r: Reading, target: TargetSpec) -> str:
+    if r.fix_ids is not None:
+        return f"write {IDS} {r.fix_ids} (SGLang then captures the output of layers {r.physical})"
+    last = target.num_layers - 1
+    why = (f"the output of layer {last}, the last decoder layer, is never captured"
+           if r.physical and last in r.physical else "no id list makes SGLang capture exactly those")
+    return f"no eagle_config ids can ({why}): use a draft trained on layers SGLang can capture"
+
+
+def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations,
+                   r: Reading, ev: dict) -> Finding:
+    return Finding("captured-layers-differ", "error",
+                   f"SGLang captures the output of layers {exp.captured_physical} but the draft was "
+                   f"trained on {r.physical} ({spec.aux_convention} ids {spec.aux_layer_ids}, "
+                   f"{spec.aux_convention_reason})", _reading_fix(r, target), ev,
+                   patch=[{"op": "config_set", "path": IDS, "value": r.fix_ids},
+                          {"op": "config_set", "path": RECORDED_KEY, "value": r.physical}]
+                   if r.fix_ids else [])
+
+
+def _offset(trained: list[int], captured: list[int]) -> str:
+    shifts = {c - t for t, c in zip(trained, captured)}
+    if len(trained) == len(captured) and len(shifts) == 1:
+        d = shifts.pop()
+        return f"SGLang feeds layers {abs(d)} {'deeper' if d > 0 else 'shallower'}"
+    return f"SGLang feeds other layers ({captured})"
+
+
+def _ambiguous(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations,
+               readings: list[Reading], ev: dict) -> Finding:
+    """One finding naming both readings of ids whose convention the checkpoint does not settle."""
+    ok = [r for r in readings if r.matches_sglang]
+    cases = []
+    for r in readings:
+        verdict = "exactly what SGLang captures" if r.matches_sglang else _offset(r.physical,
+                                                                                   exp.captured_physical)
+        cases.append(f"read {SHORT[r.convention]}, the draft was trained on the output of layers "
+                     f"{r.physical}: {verdict}")
+    fixes = [f"if it was trained {SHORT[r.convention]}: {_reading_fix(r, target)}"
+             for r in readings if not r.matches_sglang]
+    return Finding("aux-convention-ambiguous", "warning" if ok else "error",
+                   f"the checkpoint names no trainer ({spec.trainer_source}) and SGLang "
+                   f"{SGLANG_VERSION} on {target.architecture} captures the output of layers "
+                   f"{exp.captured_physical} for ids {spec.aux_layer_ids}; " + "; ".join(cases),
+                   "settle which trainer wrote the checkpoint (pass its training config with "
+                   "--training-config, or ask its publisher); " + "; ".join(fixes),
+                   {**ev, "readings": [{"convention": r.convention, "physical": r.physical,
+                                        "matches_sglang": r.matches_sglang, "fix_ids": r.fix_ids}
+                                       for r in readings]})
 
 
 def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
@@ -155,7 +218,8 @@ def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
                          "rename the keys to fc.weight, midlayer.* (or layers.0.*), norm.weight, "
                          "lm_head.weight"),
                         {"params_missing": exp.params_missing, "keys_ignored": ignored[:50],
-                         "key_style": spec.key_style, "sglang_source": src})]
+                         "key_style": spec.key_style, "sglang_source": src},
+                        patch=[{"op": "strip_key_prefix", "prefix": prefix}] if prefix else [])]
     if ignored:
         return [Finding("checkpoint-keys-ignored", "warning",
                         f"SGLang's load_weights silently skips {len(ignored)} checkpoint keys "
@@ -188,7 +252,8 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
                              "store offsets: d2t = selected_target_ids - arange(draft_vocab_size)",
                              {"target_id_min": vm.target_id_min, "target_id_max": vm.target_id_max,
                               "unique": vm.target_ids_unique, "looks_absolute": vm.looks_absolute,
-                              "sglang_source": src}))
+                              "sglang_source": src},
+                             patch=[{"op": "d2t_to_offsets"}] if vm.looks_absolute else []))
     elif vm.d2t_present and vm.d2t_all_zero and v_d is not None and v_d < v_t:
         found.append(Finding("d2t-identity-slice", "warning",
                              f"d2t is all zeros while the draft vocabulary ({v_d}) is smaller than "
@@ -221,7 +286,10 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
                              + "): SGLang builds lm_head with draft_vocab_size rows, so loading or "
                              "id mapping breaks",
                              "make draft_vocab_size, lm_head.weight rows and d2t length equal",
-                             {**known, "sglang_source": exp.sources["lm_head"]}))
+                             {**known, "sglang_source": exp.sources["lm_head"]},
+                             patch=[{"op": "config_set", "path": "draft_vocab_size",
+                                     "value": spec.lm_head_rows}]
+                             if spec.lm_head_rows and vm.d2t_size in (None, spec.lm_head_rows) else []))
     return found
 
 

@@ -19,9 +19,10 @@ from draftscope.spec.target import TargetSpec
 MEANING = {"output_of": "SpecForge's convention: id j is the output of decoder layer j",
            "input_to": "speculators' / EAGLE's / HF hidden_states[j] convention (the embedding "
                        "output is 0): id j is the output of decoder layer j-1",
-           "boundary": "boundary indices: id j is the output of layer j-1, id L the last layer's"}
+           "boundary": "boundary indices: id j is the output of layer j-1, id L the last layer's",
+           "recorded": "the trained layers recorded beside ids written for SGLang"}
 SHORT = {"output_of": "output-of, as SpecForge", "input_to": "input-to, as speculators / HF",
-         "boundary": "boundary"}
+         "boundary": "boundary", "recorded": "recorded"}
 
 
 @dataclass
@@ -38,13 +39,14 @@ class Reading:
 def aux_readings(spec: DraftFeatureSpec, target: TargetSpec,
                  exp: SGLangExpectations) -> list[Reading]:
     """One reading when the convention is settled; both (the format's first) when it is not."""
-    conventions = [spec.aux_convention]
     if is_ambiguous(spec, target):
         fmt_conv = FORMAT_CONVENTION[spec.source_format]
         conventions = [fmt_conv, "input_to" if fmt_conv == "output_of" else "output_of"]
+        physicals = [physical_layers(spec.aux_layer_ids, c, target.num_layers) for c in conventions]
+    else:
+        conventions, physicals = [spec.aux_convention], [spec.aux_layers_physical]
     readings = []
-    for conv in conventions:
-        physical = physical_layers(spec.aux_layer_ids, conv, target.num_layers)
+    for conv, physical in zip(conventions, physicals):
         matches = None if exp.captured_physical is None or physical is None \
             else exp.captured_physical == physical
         fix = ids_capturing(physical, target) if physical is not None else None
@@ -54,7 +56,8 @@ def aux_readings(spec: DraftFeatureSpec, target: TargetSpec,
 
 def is_ambiguous(spec: DraftFeatureSpec, target: TargetSpec) -> bool:
     """True when no trainer metadata settles the ids and SGLang reads them unlike the format."""
-    if spec.trainer is not None or spec.aux_layer_ids is None or spec.aux_convention == "boundary":
+    if spec.trainer is not None or spec.aux_layer_ids is None or \
+            spec.aux_convention in ("boundary", "recorded"):
         return False
     seen = sglang_reading(spec.aux_layer_ids, target)
     return seen is not None and seen != FORMAT_CONVENTION[spec.source_format]

@@ -14,7 +14,8 @@ from draftscope.spec.draft import TRAINERS, DraftFeatureSpec
 from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations
 from draftscope.spec.target import TargetSpec
 
-CONVENTION_NAME = {"output_of": "output-of", "input_to": "input-to", "boundary": "boundary"}
+CONVENTION_NAME = {"output_of": "output-of", "input_to": "input-to", "boundary": "boundary",
+                   "recorded": "written for SGLang"}
 
 
 @dataclass

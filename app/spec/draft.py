@@ -23,6 +23,9 @@ FORMATS = {
 # Layer-index conventions for the same physical tensor "output of decoder layer j (0-based)":
 #   output_of: id j (SpecForge, SGLang explicit ids); input_to: id j+1 (EAGLE, speculators, vLLM);
 #   boundary: id j+1 where id N means after the last block (gpt-oss Eagle3-v3).
+# Written by ``doctor --fix`` when it rewrites the ids in SGLang's reading for one target class:
+# the trained layers as "output of decoder layer j", so the rewritten ids are not re-read.
+RECORDED_KEY = "draftscope_trained_aux_layers"
 FORMAT_CONVENTION = {"specforge": "output_of", "eagle3-mla": "output_of",
                      "speculators": "input_to", "eagle": "input_to"}
 
@@ -98,9 +101,12 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
     fc_key = _find_key(ckpt, "fc.weight")
     fc_in = ckpt.shape(fc_key)[1] if fc_key and len(ckpt.shape(fc_key)) == 2 else None
     k = _aux_count(config, ids, fc_in, target_hidden)
+    if training_config is None:
+        training_config = next((directory / n for n in TRAINING_CONFIG_NAMES
+                                if (directory / n).is_file()), None)
     training = _read_training(training_config) if training_config else None
     trainer, trainer_source = trainer_of(config, fmt, arch, training)
-    convention, reason = _convention(fmt, ids, target_layers, trainer)
+    convention, reason = _convention(fmt, ids, target_layers, trainer, config)
     target_vocab = body.get("vocab_size")
     d2t_key, t2d_key = _find_key(ckpt, "d2t"), _find_key(ckpt, "t2d")
     vocab_map = check_vocab_map(ckpt.values(d2t_key) if d2t_key else None,
@@ -111,7 +117,7 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         path=str(directory), source_format=fmt, architecture=arch, config=config,
         aux_layer_ids=ids, aux_ids_location=location, aux_convention=convention,
         aux_convention_reason=reason,
-        aux_layers_physical=physical_layers(ids, convention, target_layers),
+        aux_layers_physical=physical_layers(ids, convention, target_layers, config),
         use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
         k=k, target_hidden_size=target_hidden, expected_fc_in_width=k * target_hidden,
         fc_in_features=fc_in, hidden_size=hidden,
@@ -134,9 +140,11 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
     return spec
 
 
-def physical_layers(ids: list[int] | None, convention: str,
-                    target_layers: int | None) -> list[int] | None:
+def physical_layers(ids: list[int] | None, convention: str, target_layers: int | None,
+                    config: dict | None = None) -> list[int] | None:
     """The trained aux layers as "output of decoder layer j" (0-based)."""
+    if convention == "recorded":
+        return list(config[RECORDED_KEY])
     if ids is None:
         if target_layers is None:
             return None
@@ -147,6 +155,8 @@ def physical_layers(ids: list[int] | None, convention: str,
     return list(ids) if convention == "output_of" else [i - 1 for i in ids]
 
 
+# A trainer's config saved next to the draft, read when no --training-config is given.
+TRAINING_CONFIG_NAMES = ("training_config.yaml", "training_config.yml", "training_config.json")
 # Keys of SpecForge's train_eagle3 arguments (scripts/train_eagle3_*.py), as a saved training config.
 SPECFORGE_TRAINING_KEYS = {"target_model_path", "draft_model_config", "train_data_path", "ttt_length",
                            "chat_template"}
@@ -180,8 +190,8 @@ def trained_layers_from_config(config: dict, target_layers: int | None) -> list[
         return None
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     ids, _ = _aux_ids(config, eagle_config)
-    convention, _ = _convention(fmt, ids, target_layers, trainer_of(config, fmt, "", None)[0])
-    return physical_layers(ids, convention, target_layers)
+    convention, _ = _convention(fmt, ids, target_layers, trainer_of(config, fmt, "", None)[0], config)
+    return physical_layers(ids, convention, target_layers, config)
 
 
 def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
@@ -215,11 +225,16 @@ def _aux_count(config: dict, ids: list[int] | None, fc_in: int | None, target_hi
 
 
 def _convention(fmt: str, ids: list[int] | None, target_layers: int | None,
-                trainer: str | None = None) -> tuple[str, str]:
+                trainer: str | None = None, config: dict | None = None) -> tuple[str, str]:
+    if ids is not None and isinstance((config or {}).get(RECORDED_KEY), list):
+        return "recorded", (f"{RECORDED_KEY} records the trained layers; the ids were rewritten "
+                            "for SGLang by draftscope doctor --fix")
     if ids and target_layers is not None and max(ids) >= target_layers:
         return "boundary", f"id {max(ids)} >= the target's {target_layers} layers: boundary indices"
     if trainer == "specforge":
         return "output_of", "SpecForge counts decoder-layer outputs (its training config says so)"
+    if trainer == "speculators" and fmt != "speculators":
+        return "input_to", "speculators counts hidden_states[j] (its speculators_config says so)"
     if fmt == "speculators" and ids and ids[0] == 1:
         return "output_of", "speculators ids starting at 1 were lifted from a SpecForge eagle_config"
     if fmt == "eagle3-mla" and ids and ids[0] != 1:

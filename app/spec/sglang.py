@@ -108,6 +108,12 @@ def parse_server_args(text: str | None) -> dict[str, Any]:
     return args
 
 
+def format_server_args(args: dict[str, Any]) -> str:
+    """The inverse of parse_server_args: ``{"tp": "2", "x": True}`` -> ``"--tp 2 --x"``."""
+    return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {shlex.quote(str(v))}")
+                    for k, v in args.items())
+
+
 def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
                   server_args: dict[str, Any] | None = None) -> SGLangExpectations:
     """SGLang's behaviour for ``spec`` drafting for ``target`` under ``server_args``."""
