@@ -20,12 +20,13 @@ from draftscope.spec.target import check_target_matches
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "",
-             allow_bin: bool = False) -> tuple[dict, list[Finding]]:
+def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin: bool = False,
+             training_config: Path | None = None) -> tuple[dict, list[Finding]]:
     """Read both models, derive SGLang's behaviour, return (summary, findings); raises SpecError.
     ``summary["spec"]`` is the spec block's rows (draftscope.spec.describe)."""
     target = read_target(target_dir)
-    spec = read_draft(draft_dir, target_layers=target.num_layers, allow_bin=allow_bin)
+    spec = read_draft(draft_dir, target_layers=target.num_layers, allow_bin=allow_bin,
+                      training_config=training_config)
     check_target_matches(spec, target)
     exp = expect_sglang(spec, target, parse_server_args(server_args))
     summary = {"draft": str(draft_dir), "target": str(target_dir), "format": spec.source_format,
@@ -34,6 +35,7 @@ def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "",
                "captured_physical": exp.captured_physical,
                "draft_input_width": exp.draft_input_width,
                "expected_fc_in_width": spec.expected_fc_in_width,
+               "training_config": spec.training_path,
                "spec": [row.to_dict() for row in describe_spec(spec, target, exp)]}
     return summary, static_findings(spec, target, exp)
 
@@ -45,6 +47,9 @@ def doctor(
     server_args: Annotated[str, typer.Option("--server-args", help="SGLang launch flags, quoted.")] = "",
     allow_bin: Annotated[bool, typer.Option("--allow-bin", help="Read *.bin with torch.load(weights_only=True).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    training_config: Annotated[Path | None, typer.Option(
+        "--training-config", help="The trainer's config (YAML or JSON), when it is not saved next "
+        "to the draft as training_config.yaml/.yml/.json.")] = None,
     fix: Annotated[Path | None, typer.Option(
         "--fix", metavar="OUT_DIR", help="Write a corrected copy of the draft to OUT_DIR (a new or "
         "empty directory) for every finding with a mechanical fix, print what changed and the "
@@ -60,14 +65,15 @@ def doctor(
     if engine != "sglang":
         _fail(console, as_json, str(engine), f"engine {engine!r} is not supported; use --engine sglang.")
     try:
-        summary, findings = diagnose(draft_dir, target, server_args, allow_bin)
+        summary, findings = diagnose(draft_dir, target, server_args, allow_bin, training_config)
     except SpecError as exc:
         _fail(console, as_json, exc.path, exc.problem)
     errors = sum(f.severity == "error" for f in findings)
     fixed = None
     if fix is not None:
         try:
-            fixed = fix_and_recheck(draft_dir, target, server_args, allow_bin, findings, fix)
+            fixed = fix_and_recheck(draft_dir, target, server_args, allow_bin, findings, fix,
+                                    training_config)
         except (FixError, SpecError) as exc:
             _fail(console, as_json, str(fix), str(exc))
     if as_json:
@@ -83,11 +89,12 @@ def doctor(
 
 
 def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: bool,
-                    findings: list[Finding], out_dir: Path) -> dict:
+                    findings: list[Finding], out_dir: Path, training_config: Path | None = None) -> dict:
     """Apply the findings' patches to a copy in ``out_dir`` and diagnose the copy with the fixed
     flags; a summary of both for printing or JSON."""
     result = apply_fixes(draft_dir, out_dir, findings, parse_server_args(server_args))
-    _, after = diagnose(out_dir, target, format_server_args(result.server_args), allow_bin)
+    _, after = diagnose(out_dir, target, format_server_args(result.server_args), allow_bin,
+                        training_config)
     return {"out_dir": str(out_dir), "changes": result.changes, "applied": result.applied,
             "not_fixed": result.skipped, "server_flags": result.flags(),
             "after": {"errors": sum(f.severity == "error" for f in after),

@@ -106,3 +106,17 @@ def test_spec_printed_before_findings_kimi_pair(tmp_path):
     assert fc < first_finding
     data = json.loads(run(draft, "--target", target, "--json").output)
     assert {r["key"]: r for r in data["summary"]["spec"]}["fc_in"]["trained"].startswith("3 × 7168 = 21504")
+
+
+def test_fix_prints_changes_flags_and_the_clean_copy(pair, tmp_path):
+    draft, target = pair
+    result = run(draft, "--target", target, "--server-args", "--speculative-algorithm EAGLE",
+                 "--fix", tmp_path / "fixed")
+    assert result.exit_code == 1  # the input's diagnosis
+    out = " ".join(result.output.split())
+    assert "changed eagle-algorithm-with-eagle3-draft: server flag --speculative-algorithm EAGLE3" in out
+    assert f"serve with: --speculative-algorithm EAGLE3 --speculative-draft-model-path {tmp_path / 'fixed'}" in out
+    assert "the fixed copy: no findings" in out
+    assert (tmp_path / "fixed" / "sglang_flags.txt").is_file()
+    again = run(draft, "--target", target, "--fix", tmp_path / "fixed")
+    assert again.exit_code == 2 and "not an empty directory" in again.output

@@ -6,11 +6,14 @@ problem is reported once, in one line naming the cause.
 
 from __future__ import annotations
 
+from typing import Any
+
 from draftscope.findings.model import Finding
 from draftscope.spec.convention import SHORT, Reading, aux_readings
-from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec
-from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations
+from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
+from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations, ids_capturing
 from draftscope.spec.target import TargetSpec
+from draftscope.spec.training import training_settings
 
 IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 # Rules that can carry a mechanical fix (Finding.patch); tests/test_fix.py applies each one.
@@ -32,6 +35,7 @@ def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
     found += _weights(spec, exp) if exp.draft_class_supported else []
     found += _vocab(spec, target, exp)
     found += _positions(spec, target)
+    found += _training(spec, target)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
 
@@ -309,3 +313,38 @@ def _positions(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
                              "check the training config: drafts usually share the target's rope",
                              {"draft_rope": spec.rope, "target_rope": target.rope}))
     return found
+
+
+def _training(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
+    """The trainer's config against config.json: aux layers, widths, vocabularies, length."""
+    if not spec.training:
+        return []
+    got = training_settings(spec.training)
+    diffs: dict[str, tuple[Any, Any]] = {}  # setting -> (training config, config.json)
+    fix = "find out which is true and correct the other file"
+    ids = got.get("aux_layer_ids")
+    if ids is not None and spec.aux_layers_physical is not None:
+        trained = layers_of_ids(spec.source_format, ids, target.num_layers, spec.trainer)
+        if trained != spec.aux_layers_physical:
+            diffs["aux layers (output of layer j)"] = (f"{trained} (ids {ids})", f"{spec.aux_layers_physical} "
+                                                       f"(ids {spec.aux_layer_ids})")
+            fix_ids = ids_capturing(trained, target) if trained is not None else None
+            if fix_ids is not None:
+                fix += (f"; if the training config is right, write {IDS} {fix_ids} (SGLang then "
+                        f"captures the output of layers {trained})")
+    for setting, mine in (("target_hidden_size", spec.target_hidden_size), ("hidden_size", spec.hidden_size),
+                          ("vocab_size", spec.target_vocab_size), ("draft_vocab_size", spec.draft_vocab_size),
+                          ("max_length", spec.max_position_embeddings)):
+        theirs = got.get(setting)
+        if theirs is not None and mine is not None and theirs != mine:
+            diffs[setting if setting != "max_length" else "max_length / max_position_embeddings"] = (theirs, mine)
+    if not diffs:
+        return []
+    serious = set(diffs) - {"max_length / max_position_embeddings"}
+    return [Finding("training-config-disagrees", "error" if serious else "info",
+                    f"the training config {spec.training_path} disagrees with config.json: "
+                    + "; ".join(f"{k} {a} vs {b}" for k, a, b in ((k, *v) for k, v in diffs.items()))
+                    + (" (SGLang follows config.json)" if serious else
+                       ": acceptance may fall past the length the draft was trained on"), fix,
+                    {"training_config": spec.training_path, "disagreements": {
+                        k: {"training_config": a, "config_json": b} for k, (a, b) in diffs.items()}})]

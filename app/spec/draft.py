@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from draftscope.spec.checkpoint import Checkpoint, read_checkpoint
 from draftscope.spec.config_file import load_config, rope_of
 from draftscope.spec.errors import SpecError
 from draftscope.spec.feature_stats import find_feature_stats
+from draftscope.spec.training import find_training_config, read_training
 from draftscope.spec.vocab_map import VocabMapCheck, check_vocab_map
 
 # architecture -> source format
@@ -69,7 +69,8 @@ class DraftFeatureSpec:
     key_style: str  # midlayer | layers.0 | prefixed:<prefix> | unknown
     keys: dict[str, list[int]] = field(default_factory=dict)  # name -> shape
     verifier: dict[str, Any] | None = None  # speculators verifier {name_or_path, architectures}
-    training: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None  # the trainer's config (draftscope.spec.training)
+    training_path: str | None = None
     trainer: str | None = None  # specforge | speculators | eagle, when the checkpoint says so
     trainer_source: str = ""  # how draftscope knows (or why it does not)
     feature_stats: dict[str, Any] | None = None  # draftscope_feature_stats.json (draftscope stats)
@@ -102,9 +103,8 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
     fc_in = ckpt.shape(fc_key)[1] if fc_key and len(ckpt.shape(fc_key)) == 2 else None
     k = _aux_count(config, ids, fc_in, target_hidden)
     if training_config is None:
-        training_config = next((directory / n for n in TRAINING_CONFIG_NAMES
-                                if (directory / n).is_file()), None)
-    training = _read_training(training_config) if training_config else None
+        training_config = find_training_config(directory)
+    training = read_training(training_config) if training_config else None
     trainer, trainer_source = trainer_of(config, fmt, arch, training)
     convention, reason = _convention(fmt, ids, target_layers, trainer, config)
     target_vocab = body.get("vocab_size")
@@ -135,7 +135,8 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         key_style=_key_style(ckpt, fc_key),
         keys={name: list(ckpt.shape(name)) for name in ckpt.names()},
         verifier=(config.get("speculators_config") or {}).get("verifier"),
-        training=training, trainer=trainer, trainer_source=trainer_source,
+        training=training, training_path=str(training_config) if training_config else None,
+        trainer=trainer, trainer_source=trainer_source,
         feature_stats=find_feature_stats(directory))
     return spec
 
@@ -155,8 +156,6 @@ def physical_layers(ids: list[int] | None, convention: str, target_layers: int |
     return list(ids) if convention == "output_of" else [i - 1 for i in ids]
 
 
-# A trainer's config saved next to the draft, read when no --training-config is given.
-TRAINING_CONFIG_NAMES = ("training_config.yaml", "training_config.yml", "training_config.json")
 # Keys of SpecForge's train_eagle3 arguments (scripts/train_eagle3_*.py), as a saved training config.
 SPECFORGE_TRAINING_KEYS = {"target_model_path", "draft_model_config", "train_data_path", "ttt_length",
                            "chat_template"}
@@ -176,6 +175,13 @@ def trainer_of(config: dict, fmt: str, arch: str,
         return "specforge", f"the training config has SpecForge's arguments ({', '.join(train_keys)})"
     return None, (f"not recorded: the {fmt} layout ({arch}) is written by more than one trainer; "
                   "no speculators_config or training config names the trainer")
+
+
+def layers_of_ids(fmt: str, ids: list[int], target_layers: int | None,
+                  trainer: str | None) -> list[int] | None:
+    """The layers ("output of layer j") that ``ids`` name for a draft of this format and trainer."""
+    convention, _ = _convention(fmt, ids, target_layers, trainer)
+    return physical_layers(ids, convention, target_layers)
 
 
 def trained_layers_from_config(config: dict, target_layers: int | None) -> list[int] | None:
@@ -257,23 +263,3 @@ def _key_style(ckpt: Checkpoint, fc_key: str | None) -> str:
     if fc_key and fc_key != "fc.weight":
         return "prefixed:" + fc_key[: -len("fc.weight")]
     return "unknown"
-
-
-def _read_training(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(path, f"cannot be read ({exc.strerror or exc}).") from exc
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # yaml and json raise different types
-        raise SpecError(path, f"is not a valid training config ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise SpecError(path, "is not a mapping of training settings.")
-    return data
