@@ -9,7 +9,8 @@ from sqlmodel import Session, delete, func, select
 
 from draftscope import models
 from draftscope.findings import Finding, Observation, runtime_findings, static_findings
-from draftscope.spec import SpecError, expect_sglang, read_draft, read_target
+from draftscope.spec import (SpecError, TargetSpec, VocabMapCheck, expect_sglang, read_draft,
+                             read_target)
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
 from draftscope_tracer.redact import redact_server_args
@@ -70,7 +71,7 @@ def analyze_run(session: Session, run_id: str) -> list[Finding]:
     if run is None:
         raise KeyError(f"no run {run_id!r} in the store")
     obs = build_observation(session, run_id)
-    spec, static = _static(run)
+    spec, static = _static(run, _imported_spec(session, run_id))
     static_ids = {f.rule_id for f in static}
     if "aux-convention-ambiguous" in static_ids:  # it already names both readings of the ids
         static_ids.add("captured-layers-differ")
@@ -90,21 +91,38 @@ def analyze_run(session: Session, run_id: str) -> list[Finding]:
     return findings
 
 
-def _static(run: models.Run) -> tuple[DraftFeatureSpec | None, list[Finding]]:
+def _static(run: models.Run, imported: tuple[DraftFeatureSpec, TargetSpec] | None
+            ) -> tuple[DraftFeatureSpec | None, list[Finding]]:
+    """Static findings from the recorded draft and target directories when they are readable
+    here, else from the feature spec an imported bundle carried."""
     facts = run.facts or {}
     draft_path = (facts.get("draft") or {}).get("path") or run.draft_path
     target_path = (facts.get("target") or {}).get("path") or run.target_path
-    if not draft_path or not target_path or not Path(draft_path).is_dir():
-        return None, []
-    try:
-        target = read_target(target_path)
-        spec = read_draft(draft_path, target_layers=target.num_layers)
-        check_target_matches(spec, target)
-    except SpecError:
+    if draft_path and target_path and Path(draft_path).is_dir():
+        try:
+            target = read_target(target_path)
+            spec = read_draft(draft_path, target_layers=target.num_layers)
+            check_target_matches(spec, target)
+        except SpecError:
+            return None, []
+    elif imported is not None:
+        spec, target = imported
+    else:
         return None, []
     server_args = redact_server_args(run.server_args or {})
     server_args.setdefault("speculative_algorithm", run.algorithm or facts.get("algorithm"))
     return spec, static_findings(spec, target, expect_sglang(spec, target, server_args))
+
+
+def _imported_spec(session: Session, run_id: str) -> tuple[DraftFeatureSpec, TargetSpec] | None:
+    """The (draft, target) specs in the manifest of the bundle ``run_id`` was imported from."""
+    manifest = session.exec(select(models.BundleImport.manifest)
+                            .where(models.BundleImport.run_id == run_id)).first()
+    spec = (manifest or {}).get("feature_spec") or {}
+    if not spec.get("draft") or not spec.get("target"):
+        return None
+    draft = dict(spec["draft"], vocab_map=VocabMapCheck(**spec["draft"]["vocab_map"]))
+    return DraftFeatureSpec(**draft), TargetSpec(**spec["target"])
 
 
 class FindingsRefresher:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import operator
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,35 +152,44 @@ class BatchWriter:
     def write(self, body: bytes) -> IngestResult:
         """Validate and store one batch body; raises IngestError with nothing stored."""
         batch = parse_batch(body)
-        if self._lock is None:
-            return self._store(batch)
-        with self._lock:
-            return self._store(batch)
+        with self.transaction() as conn:
+            result = self.store(conn, batch)
+            if result.status == "duplicate":
+                conn.rollback()
+            return result
 
-    def _store(self, batch: Any) -> IngestResult:
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """One write transaction (SQLite: ``BEGIN IMMEDIATE``, one writer at a time): commits on
+        exit, rolls back on an exception. Several ``store`` calls inside it are all or nothing."""
+        with self._lock or nullcontext():
+            with self.engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
+                yield conn
+
+    def store(self, conn: sa.Connection, batch: Any) -> IngestResult:
+        """Write one parsed batch inside ``conn``'s transaction. On a "duplicate" result the caller
+        rolls back (the run may already have been upserted)."""
         rows = {table: _table_rows(batch.run_id, getattr(batch, key), table)
                 for key, table in wire.RECORD_TABLES.items()}
         counts = {table: len(table_rows) for table, table_rows in rows.items()}
-        with self.engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
-            if batch.run is not None:
-                self._upsert_run(conn, batch.run_id, msgspec.structs.asdict(batch.run))
-            elif conn.execute(sa.select(_RUNS.c.id).where(_RUNS.c.id == batch.run_id)).first() is None:
-                if self._is_duplicate(conn, batch.batch_id):
-                    return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
-                raise IngestError(404, f"Unknown run_id {batch.run_id!r}: no run with that id is "
-                                       "stored. Send the run record first (a batch with \"run\" set).")
-            if not self._claim_batch(conn, batch, counts):
-                conn.rollback()
+        if batch.run is not None:
+            self._upsert_run(conn, batch.run_id, msgspec.structs.asdict(batch.run))
+        elif conn.execute(sa.select(_RUNS.c.id).where(_RUNS.c.id == batch.run_id)).first() is None:
+            if self._is_duplicate(conn, batch.batch_id):
                 return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
-            self._upsert_requests(conn, rows.pop("requests"))
-            try:
-                for table, table_rows in rows.items():
-                    if table_rows:
-                        _insert_many(conn, table, table_rows)
-            except sa.exc.IntegrityError as exc:
-                raise IngestError(409, "Batch conflicts with stored data (a verify step "
-                                       "(rid, step_index) sent twice?): "
-                                       f"{exc.orig}. Nothing was stored.") from None
+            raise IngestError(404, f"Unknown run_id {batch.run_id!r}: no run with that id is "
+                                   "stored. Send the run record first (a batch with \"run\" set).")
+        if not self._claim_batch(conn, batch, counts):
+            return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
+        self._upsert_requests(conn, rows.pop("requests"))
+        try:
+            for table, table_rows in rows.items():
+                if table_rows:
+                    _insert_many(conn, table, table_rows)
+        except sa.exc.IntegrityError as exc:
+            raise IngestError(409, "Batch conflicts with stored data (a verify step "
+                                   "(rid, step_index) sent twice?): "
+                                   f"{exc.orig}. Nothing was stored.") from None
         return IngestResult("stored", batch.batch_id, batch.run_id, counts)
 
     def _is_duplicate(self, conn: sa.Connection, batch_id: str) -> bool:

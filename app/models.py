@@ -179,6 +179,19 @@ class IngestBatch(SQLModel, table=True):
     finding_rows: int = Field(nullable=False)
 
 
+class BundleImport(SQLModel, table=True):
+    """A trace bundle imported into this store: which run it holds, where it came from, its manifest."""
+
+    __tablename__ = "bundle_imports"
+    __table_args__ = (sa.Index("uq_bundle_imports_run_id", "run_id", unique=True),)
+
+    sha256: str = Field(sa_type=sa.String, primary_key=True)  # of the bundle file
+    run_id: str = _run_fk()
+    origin: str = _str(nullable=False)  # the file name or upload it came from
+    imported_at: float = Field(nullable=False)
+    manifest: dict = _json(nullable=False)
+
+
 RECORD_MODELS: dict[str, type[SQLModel]] = {
     m.__tablename__: m for m in (Request, VerifyStep, TensorSample, TracerHealth, Finding)
 }

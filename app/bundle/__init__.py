@@ -1,0 +1,6 @@
+"""Trace bundles: one zip that carries a run to another dashboard, with nothing private inside.
+
+``export`` writes a bundle from the store (read only), ``reader`` opens and validates one without
+writing anything, ``loader`` stores a validated bundle in one transaction. The format is in
+``format`` and in docs/bundles.md.
+"""

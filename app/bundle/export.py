@@ -1,0 +1,242 @@
+"""Write a run of the store as a trace bundle. Reads only (one consistent snapshot), writes a zip.
+
+Records stream from the database into JSON-lines members; JSON columns are copied as the text the
+store holds (``orjson.Fragment``), so a large run is not decoded and re-encoded row by row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import sqlalchemy as sa
+
+from draftscope import models
+from draftscope.bundle import format as fmt
+from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
+from draftscope.bundle.readme import readme_text
+from draftscope.bundle.text import load_tokenizer, text_line
+from draftscope.spec import SpecError, read_draft, read_target
+from draftscope_tracer import wire
+
+Progress = Callable[[int], None]  # called with the number of records just written
+_RUNS = models.Run.__table__
+_FETCH = 5000
+
+
+class ExportError(Exception):
+    """No such run or request; the message says where to look."""
+
+
+def count_records(engine: sa.Engine, run_id: str, requests: list[str] | None = None) -> int:
+    """How many records an export of ``run_id`` writes (for a progress bar's total)."""
+    with engine.connect() as conn:
+        return sum(conn.execute(sa.select(sa.func.count()).select_from(_table(t))
+                                .where(*_where(t, run_id, requests))).scalar_one()
+                   for t in fmt.TABLE_MEMBERS)
+
+
+def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: list[str] | None = None,
+                  include_text: bool = False, keep_paths: bool = False,
+                  progress: Progress | None = None) -> dict[str, Any]:
+    """Write the bundle of ``run_id`` (only ``requests`` when given) to ``out``; returns the manifest.
+
+    Raises ExportError for an unknown run or request, ``text.TextUnavailable`` when
+    ``include_text`` cannot decode here; nothing is written to the store.
+    """
+    with _snapshot(engine) as conn:
+        run = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id)).mappings().first()
+        if run is None:
+            raise ExportError(f"No run {run_id!r} is stored. `draftscope serve` lists the stored "
+                              "runs at /, and GET /api/v1/runs returns them.")
+        run = {k: v for k, v in run.items() if k != "id"}
+        _check_requests(conn, run_id, requests)
+        tokenizer = load_tokenizer(run["target_path"]) if include_text else None
+        private = private_run(run) if keep_paths else shorten_paths(private_run(run))
+        created = time.time()
+        members: dict[str, dict[str, Any]] = {}
+        counts: dict[str, int] = {}
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+            stamp = time.gmtime(created)[:6]
+            members[fmt.RUN] = _put(zf, fmt.RUN, orjson.dumps(private, option=orjson.OPT_INDENT_2), stamp)
+            emitted: dict[str, list[dict]] | None = {} if include_text else None
+            findings: list[dict[str, Any]] = []
+            for table, name in fmt.TABLE_MEMBERS.items():
+                rows = _records(conn, table, run_id, requests)
+                if table == "findings":
+                    findings = [r if keep_paths else shorten_paths(r) for r in
+                                (orjson.loads(orjson.dumps(row)) for row in rows)]
+                    rows = iter(findings)
+                elif table == "verify_steps" and emitted is not None:
+                    rows = _collect_steps(rows, emitted)
+                members[name], counts[table] = _put_lines(zf, name, rows, stamp, progress)
+            if tokenizer is not None and emitted is not None:
+                lines = (text_line(tokenizer, rid, steps) for rid, steps in emitted.items())
+                members[fmt.TEXT], counts["text"] = _put_lines(zf, fmt.TEXT, lines, stamp, None)
+            manifest = {
+                "bundle_schema_version": fmt.BUNDLE_SCHEMA_VERSION,
+                "wire_schema_version": wire.SCHEMA_VERSION,
+                "created_at": created,
+                "created_by": f"draftscope {_version()}",
+                "run_id": run_id,
+                "requests": requests,
+                "include_text": include_text,
+                "paths": "kept" if keep_paths else "shortened",
+                **_environment(run),
+                "server_args": private["server_args"],
+                "feature_spec": _feature_spec(run, keep_paths),
+                "findings": findings,
+                "counts": counts,
+            }
+            readme = readme_text(manifest).encode()
+            members[fmt.README] = _put(zf, fmt.README, readme, stamp)
+            manifest["members"] = dict(sorted(members.items()))
+            fmt.Manifest.model_validate(manifest)  # the reader's own check, before anyone else's
+            body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+            _put(zf, fmt.MANIFEST, body, stamp)
+    return manifest
+
+
+def export_to_file(engine: sa.Engine, run_id: str, path: Path, **options: Any) -> dict[str, Any]:
+    """``export_bundle`` into ``path``, written beside it first so that a failure leaves no file."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with partial.open("wb") as out:
+            manifest = export_bundle(engine, run_id, out, **options)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return manifest
+
+
+def _snapshot(engine: sa.Engine) -> sa.Connection:
+    """A read-only connection that sees one snapshot (PostgreSQL: REPEATABLE READ, read only)."""
+    if engine.dialect.name == "postgresql":
+        return engine.connect().execution_options(isolation_level="REPEATABLE READ",
+                                                  postgresql_readonly=True)
+    return engine.connect()
+
+
+def _check_requests(conn: sa.Connection, run_id: str, requests: list[str] | None) -> None:
+    if requests is None:
+        return
+    R = models.Request.__table__
+    known = set(conn.execute(sa.select(R.c.rid).where(R.c.run_id == run_id,
+                                                      R.c.rid.in_(requests))).scalars())
+    missing = [rid for rid in requests if rid not in known]
+    if missing:
+        raise ExportError(f"Run {run_id!r} has no request {', '.join(map(repr, missing))}. Its "
+                          f"requests are listed on /runs/{run_id} and by GET /api/v1/runs/{run_id}.")
+
+
+def _table(table: str) -> sa.Table:
+    return models.RECORD_MODELS[table].__table__
+
+
+def _where(table: str, run_id: str, requests: list[str] | None) -> list[Any]:
+    """Rows of the run; with a selection, those of the selected requests plus run-level rows."""
+    t = _table(table)
+    clauses = [t.c.run_id == run_id]
+    if requests is not None and "rid" in t.c and table != "tracer_health":
+        clauses.append(t.c.rid.in_(requests) if table == "requests"
+                       else sa.or_(t.c.rid.in_(requests), t.c.rid.is_(None)))
+    return clauses
+
+
+def _records(conn: sa.Connection, table: str, run_id: str, requests: list[str] | None):
+    """The table's records of the run as wire dicts, JSON columns as stored text (Fragments)."""
+    t = _table(table)
+    columns = wire.TABLE_COLUMNS[table][1:]
+    selected = [sa.cast(t.c[c], sa.Text) if c in wire.JSON_COLUMNS else t.c[c] for c in columns]
+    json_at = [i for i, c in enumerate(columns) if c in wire.JSON_COLUMNS]
+    query = sa.select(*selected).where(*_where(table, run_id, requests)).order_by(t.c.id)
+    for row in conn.execution_options(yield_per=_FETCH).execute(query):
+        values = list(row)
+        for i in json_at:
+            if values[i] is not None:
+                values[i] = orjson.Fragment(values[i])
+        yield {c: v for c, v in zip(columns, values) if v is not None}
+
+
+def _collect_steps(rows, emitted: dict[str, list[dict]]):
+    """Pass verify steps through, keeping what ``text.jsonl`` needs of each."""
+    for row in rows:
+        emitted.setdefault(row["rid"], []).append({
+            "drafted_tokens": orjson.loads(row["drafted_tokens"].contents),
+            "accept_flags": orjson.loads(row["accept_flags"].contents),
+            "bonus_token": row.get("bonus_token")})
+        yield row
+
+
+def _put(zf: zipfile.ZipFile, name: str, data: bytes, stamp: tuple) -> dict[str, Any]:
+    zf.writestr(zipfile.ZipInfo(name, stamp), data, compress_type=zipfile.ZIP_DEFLATED)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _put_lines(zf: zipfile.ZipFile, name: str, rows, stamp: tuple,
+               progress: Progress | None) -> tuple[dict[str, Any], int]:
+    """Write ``rows`` as JSON lines into member ``name``; (its sha256 and size, rows written)."""
+    info = zipfile.ZipInfo(name, stamp)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    digest, size, count, chunk = hashlib.sha256(), 0, 0, []
+    with zf.open(info, "w", force_zip64=True) as member:
+        for row in rows:
+            chunk.append(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+            count += 1
+            if len(chunk) == _FETCH:
+                size += _flush(member, digest, chunk, progress)
+        size += _flush(member, digest, chunk, progress)
+    return {"sha256": digest.hexdigest(), "size": size}, count
+
+
+def _flush(member: IO[bytes], digest: Any, chunk: list[bytes], progress: Progress | None) -> int:
+    data = b"".join(chunk)
+    member.write(data)
+    digest.update(data)
+    if progress is not None and chunk:
+        progress(len(chunk))
+    chunk.clear()
+    return len(data)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("draftscope")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _environment(run: dict[str, Any]) -> dict[str, Any]:
+    """Versions and hardware: SGLang's from the run, the rest from the tracer's ``environment``
+    fact (None where the tracer that recorded the run did not record it)."""
+    env = (run.get("facts") or {}).get("environment") or {}
+    versions = {"draftscope": _version(), "sglang": run.get("engine_version")}
+    versions |= {k: env.get(k) for k in ("python", "torch", "cuda", "driver")}
+    return {"versions": {k: None if v is None else str(v) for k, v in versions.items()},
+            "hardware": env.get("hardware")}
+
+
+def _feature_spec(run: dict[str, Any], keep_paths: bool) -> dict[str, Any]:
+    """The draft's feature spec and the target's shape, read from the recorded directories."""
+    facts = run.get("facts") or {}
+    draft_dir = (facts.get("draft") or {}).get("path") or run.get("draft_path")
+    target_dir = (facts.get("target") or {}).get("path") or run.get("target_path")
+    try:
+        if not draft_dir or not target_dir:
+            raise SpecError(Path(draft_dir or target_dir or "."), "was not recorded by the tracer")
+        target = read_target(target_dir)
+        draft = read_draft(draft_dir, target_layers=target.num_layers).to_dict()
+    except (SpecError, OSError, ValueError) as exc:
+        return {"draft": None, "target": None,
+                "unavailable": f"not readable where the bundle was made: {exc}"}
+    for key in ("config", "training", "verifier"):
+        draft[key] = drop_secrets(draft.get(key))
+    spec = {"draft": draft, "target": target.__dict__.copy(), "unavailable": None}
+    return orjson.loads(orjson.dumps(spec if keep_paths else shorten_paths(spec),
+                                     option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))

@@ -1,0 +1,69 @@
+"""What a bundle leaves out: secrets (whatever the store holds) and, by default, home paths.
+
+Server args go through the tracer's allow-list (``draftscope_tracer.redact``); facts and the
+draft's config through a deny pass on secret-looking names; paths under the exporting user's home
+become ``~/...`` unless kept.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from draftscope_tracer.redact import redact_server_args
+
+# A name is secret when one of its words (split on _ - . and case changes) is one of these,
+# unless it names an id or a size (``eos_token_id``, ``hot_token_id``, ``key_size``).
+SECRET_WORDS = {"key", "apikey", "secret", "secrets", "password", "passwd", "token", "credential",
+                "credentials", "auth", "launch", "cookie", "bearer"}
+NOT_SECRET_ENDINGS = {"id", "ids", "size", "len", "length", "count", "dim"}
+
+
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return [w for w in re.split(r"[_\-.\s]+", spaced.lower()) if w]
+
+
+def is_secret_name(name: str) -> bool:
+    words = _words(name)
+    return bool(words) and words[-1] not in NOT_SECRET_ENDINGS and any(w in SECRET_WORDS for w in words)
+
+
+def drop_secrets(value: Any) -> Any:
+    """``value`` with every mapping entry whose key looks secret removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: drop_secrets(v) for k, v in value.items() if not is_secret_name(str(k))}
+    if isinstance(value, list):
+        return [drop_secrets(v) for v in value]
+    return value
+
+
+def shorten_paths(value: Any, home: str | None = None) -> Any:
+    """Every string in ``value`` with the user's home directory written as ``~``."""
+    home = (home or str(Path.home())).rstrip("/")
+    if home in ("", "/"):
+        return value
+    return _shorten(value, home)
+
+
+def _shorten(value: Any, home: str) -> Any:
+    if isinstance(value, str):
+        if value == home:
+            return "~"
+        return value.replace(home + "/", "~/") if home in value else value
+    if isinstance(value, dict):
+        return {_shorten(k, home): _shorten(v, home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shorten(v, home) for v in value]
+    return value
+
+
+def private_run(run: dict[str, Any]) -> dict[str, Any]:
+    """The run record as a bundle carries it: server args allow-listed, secret names dropped."""
+    out = dict(run)
+    out["server_args"] = redact_server_args(run.get("server_args") or {})
+    out["facts"] = drop_secrets(run.get("facts")) if run.get("facts") is not None else None
+    out["tracer_config"] = (drop_secrets(run.get("tracer_config"))
+                            if run.get("tracer_config") is not None else None)
+    return out

@@ -1,0 +1,248 @@
+"""Open a trace bundle and check all of it before anything is stored.
+
+The zip's directory is checked first (member names, links, sizes and compression ratios against
+``Limits``) so that nothing is decompressed from a hostile archive; then the manifest (schema
+version, then schema); then every member's size and sha256 against the manifest; then every
+record against the wire schema. Any problem raises ``BundleError`` naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import IO, Any, get_args
+
+import msgspec
+import orjson
+import pydantic
+import pydantic_core
+
+from draftscope.bundle import format as fmt
+from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
+
+_COMPRESSIONS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+_FAST = {f.name: f.type for f in msgspec.structs.fields(FastBatch)}
+_FAST_RUN = get_args(_FAST["run"])[0]
+_FAST_RECORDS = {t: get_args(_FAST[k])[0] for t, k in fmt.BATCH_KEYS.items()}
+_MODELS = {t: get_args(Batch.model_fields[k].annotation)[0] for t, k in fmt.BATCH_KEYS.items()}
+_RUN_MODEL = get_args(Batch.model_fields["run"].annotation)[0]
+
+
+class BundleError(Exception):
+    """A bundle that cannot be imported; the message names the problem and what to do."""
+
+
+@dataclass
+class Bundle:
+    """A validated bundle: its manifest, run record and records, ready to store."""
+
+    sha256: str
+    manifest: fmt.Manifest
+    run: Any  # the wire RunRecord (msgspec struct)
+    records: dict[str, list[Any]]  # store table -> wire records (msgspec structs)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
+
+
+def read_bundle(file: IO[bytes], limits: fmt.Limits | None = None) -> Bundle:
+    """Validate the bundle in the seekable binary ``file``; raises BundleError."""
+    limits = limits or fmt.Limits()
+    sha256 = _file_sha256(file)
+    try:
+        archive = zipfile.ZipFile(file)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+        raise BundleError(f"Not a readable zip archive ({exc}): the file is truncated or is not a "
+                          "draftscope bundle. Download or export it again.") from None
+    with archive:
+        infos = _check_directory(archive, limits)
+        manifest = _read_manifest(archive, infos, limits)
+        data = _read_members(archive, infos, manifest)
+    records = {table: _parse_lines(name, data[name], table)
+               for table, name in fmt.TABLE_MEMBERS.items()}
+    for table, rows in records.items():
+        if manifest.counts.get(table) != len(rows):
+            raise BundleError(f"{fmt.TABLE_MEMBERS[table]} holds {len(rows)} records but the "
+                              f"manifest counts {manifest.counts.get(table)}: the bundle is "
+                              "inconsistent. Export it again.")
+    return Bundle(sha256, manifest, _parse_run(data[fmt.RUN]), records)
+
+
+def _file_sha256(file: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    file.seek(0)
+    while block := file.read(1 << 20):
+        digest.update(block)
+    file.seek(0)
+    return digest.hexdigest()
+
+
+def _check_directory(archive: zipfile.ZipFile, limits: fmt.Limits) -> dict[str, zipfile.ZipInfo]:
+    """The members by name, once names, types, sizes and ratios are known to be safe."""
+    infos = archive.infolist()
+    if len(infos) > limits.max_members:
+        raise BundleError(f"The archive holds {len(infos)} members; a bundle has at most "
+                          f"{limits.max_members}. This is not a draftscope bundle.")
+    by_name: dict[str, zipfile.ZipInfo] = {}
+    total = 0
+    for info in infos:
+        name = info.filename
+        _check_name(name)
+        if name in by_name:
+            raise BundleError(f"Member {name!r} appears twice in the archive; a reader could "
+                              "take either copy, so the bundle is refused. Export it again.")
+        if stat.S_ISLNK(info.external_attr >> 16):
+            raise BundleError(f"Member {name!r} is a symbolic link; bundles hold regular files only.")
+        if info.flag_bits & 0x1:
+            raise BundleError(f"Member {name!r} is encrypted; bundles are not encrypted.")
+        if info.compress_type not in _COMPRESSIONS:
+            raise BundleError(f"Member {name!r} uses zip compression method {info.compress_type}, "
+                              "which this reader does not accept (stored, deflate, bzip2, lzma).")
+        if name not in fmt.KNOWN_MEMBERS:
+            raise BundleError(f"Unexpected member {name!r}; a bundle holds only "
+                              f"{', '.join(fmt.KNOWN_MEMBERS)}.")
+        if info.file_size > limits.max_member_bytes:
+            raise BundleError(f"Member {name!r} is {info.file_size:,} bytes uncompressed, over the "
+                              f"limit of {limits.max_member_bytes:,} bytes per member. Export fewer "
+                              "requests (draftscope export --requests ...).")
+        total += info.file_size
+        if total > limits.max_total_bytes:
+            raise BundleError(f"The members total more than {limits.max_total_bytes:,} bytes "
+                              "uncompressed, over the limit. Export fewer requests.")
+        if info.file_size > limits.ratio_floor_bytes and \
+                info.file_size > limits.max_ratio * max(info.compress_size, 1):
+            raise BundleError(f"Member {name!r} would expand from {info.compress_size:,} to "
+                              f"{info.file_size:,} bytes (ratio over {limits.max_ratio:g}): refused "
+                              "as a likely zip bomb.")
+        by_name[name] = info
+    return by_name
+
+
+def _check_name(name: str) -> None:
+    path = PurePosixPath(name)
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise BundleError(f"Member name {name!r} is an absolute path; bundle members are plain "
+                          "file names.")
+    if ".." in path.parts or "\\" in name:
+        raise BundleError(f"Member name {name!r} leads outside the bundle ('..' or '\\'); refused.")
+    if name.endswith("/") or "/" in name:
+        raise BundleError(f"Member {name!r} is in a folder; bundle members are plain file names.")
+
+
+def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    try:
+        data = archive.read(info)
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
+        raise BundleError(f"Member {info.filename!r} cannot be read ({exc}): the bundle is "
+                          "corrupt or truncated. Export it again.") from None
+    if len(data) != info.file_size:
+        raise BundleError(f"Member {info.filename!r} holds {len(data)} bytes, not the "
+                          f"{info.file_size} its zip entry declares: the bundle is corrupt.")
+    return data
+
+
+def _read_manifest(archive: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo],
+                   limits: fmt.Limits) -> fmt.Manifest:
+    info = infos.get(fmt.MANIFEST)
+    if info is None:
+        raise BundleError(f"No {fmt.MANIFEST} in the archive: it is not a draftscope bundle (or "
+                          "was repacked without it). Export it again with draftscope export.")
+    if info.file_size > limits.max_manifest_bytes:
+        raise BundleError(f"{fmt.MANIFEST} is {info.file_size:,} bytes, over the limit of "
+                          f"{limits.max_manifest_bytes:,}.")
+    try:
+        raw = orjson.loads(_read(archive, info))
+    except orjson.JSONDecodeError as exc:
+        raise BundleError(f"{fmt.MANIFEST} is not valid JSON ({exc}).") from None
+    version = raw.get("bundle_schema_version") if isinstance(raw, dict) else None
+    if version not in fmt.SUPPORTED_BUNDLE_VERSIONS:
+        supported = ", ".join(map(str, fmt.SUPPORTED_BUNDLE_VERSIONS))
+        raise BundleError(f"Unsupported bundle_schema_version {version!r}; this draftscope reads "
+                          f"version {supported}. Import it with the draftscope that made it "
+                          f"({raw.get('created_by') if isinstance(raw, dict) else 'unknown'}), or "
+                          "upgrade draftscope.")
+    try:
+        manifest = fmt.Manifest.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise BundleError(f"{fmt.MANIFEST} does not match the bundle schema: "
+                          f"{_errors(exc)}.") from None
+    if manifest.wire_schema_version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise BundleError(f"The bundle's records use wire schema_version "
+                          f"{manifest.wire_schema_version}; this draftscope reads "
+                          f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}. Upgrade draftscope.")
+    return manifest
+
+
+def _read_members(archive: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo],
+                  manifest: fmt.Manifest) -> dict[str, bytes]:
+    """Every member but the manifest, each checked against its manifest size and sha256."""
+    present = set(infos) - {fmt.MANIFEST}
+    listed = set(manifest.members)
+    for name in sorted(set(fmt.REQUIRED_MEMBERS) - {fmt.MANIFEST} - present):
+        raise BundleError(f"Member {name!r} is missing from the archive.")
+    for name in sorted(present ^ listed):
+        where = "the manifest lists it but the archive lacks it" if name in listed \
+            else "the archive holds it but the manifest does not list it"
+        raise BundleError(f"Member {name!r}: {where}. The bundle was altered; export it again.")
+    data = {}
+    for name in sorted(present):
+        body, expected = _read(archive, infos[name]), manifest.members[name]
+        if len(body) != expected.size or hashlib.sha256(body).hexdigest() != expected.sha256:
+            raise BundleError(f"Member {name!r} does not match its sha256 in the manifest "
+                              f"({len(body)} bytes, manifest says {expected.size}): the bundle "
+                              "was altered or damaged. Export it again.")
+        data[name] = body
+    return data
+
+
+def _errors(exc: pydantic.ValidationError, shown: int = 5) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    text = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
+                     for e in errors[:shown])
+    return text + (f" (and {len(errors) - shown} more)" if len(errors) > shown else "")
+
+
+def _parse_run(body: bytes) -> Any:
+    try:
+        return msgspec.json.decode(body, type=_FAST_RUN)
+    except msgspec.DecodeError:
+        pass
+    try:
+        _RUN_MODEL.model_validate_json(body)
+        return msgspec.convert(pydantic_core.from_json(body, allow_inf_nan=True), _FAST_RUN)
+    except (pydantic.ValidationError, msgspec.ValidationError) as exc:
+        detail = _errors(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
+        raise BundleError(f"{fmt.RUN} does not match the run record schema "
+                          f"(draftscope_tracer/wire.py RunRecord): {detail}.") from None
+
+
+def _parse_lines(name: str, body: bytes, table: str) -> list[Any]:
+    """The records of one JSON-lines member; a bad line is named by its number."""
+    lines = body.splitlines()
+    if lines and not lines[-1].strip():
+        lines.pop()
+    struct = _FAST_RECORDS[table]
+    try:
+        return msgspec.json.decode(b"[" + b",".join(lines) + b"]", type=list[struct])
+    except msgspec.DecodeError:
+        pass
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(msgspec.json.decode(line, type=struct))
+            continue
+        except msgspec.DecodeError:
+            pass
+        try:
+            _MODELS[table].model_validate_json(line)
+            records.append(msgspec.convert(pydantic_core.from_json(line, allow_inf_nan=True), struct))
+        except pydantic.ValidationError as exc:
+            raise BundleError(f"{name} line {number} does not match the {table} record schema "
+                              f"(draftscope_tracer/wire.py): {_errors(exc)}.") from None
+        except msgspec.ValidationError as exc:
+            raise BundleError(f"{name} line {number}: {exc}.") from None
+    return records
