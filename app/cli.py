@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import zipfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,6 +12,7 @@ import typer
 
 from draftscope import db, importer
 from draftscope.doctor import doctor
+from draftscope.bundle_cli import export
 from draftscope.stats_cli import stats
 from draftscope.settings import Settings
 
@@ -95,22 +97,34 @@ def _report_import(report: importer.ImportReport) -> None:
 
 @app.command("import")
 def import_traces(
-    files: Annotated[list[Path], typer.Argument(help="JSON-lines trace files (one wire batch per line), e.g. from the tracer's DRAFTSCOPE_FILE sink.", exists=True, dir_okay=False)],
+    files: Annotated[list[Path], typer.Argument(help="Trace bundles (*.zip, from draftscope export) or JSON-lines trace files (one wire batch per line, e.g. from the tracer's DRAFTSCOPE_FILE sink).", exists=True, dir_okay=False)],
     db_url: DbOption = None,
 ) -> None:
-    """Import recorded trace batches into the store (idempotent: a batch is stored once)."""
+    """Import trace bundles and recorded trace files into the store (idempotent).
+
+    A bundle is checked whole (names, sizes, checksums, schema) and stored whole or not at all; the
+    same bundle twice is one run. A trace file's batches are each stored once. Exit 1: something
+    was refused (named on stderr).
+    """
+    from draftscope.bundle_cli import import_bundles
+
     url = _settings(db_url).database_url
     state = db.schema_state(url)
     if not state.ok:
         typer.echo(state.problem(), err=True)
         raise typer.Exit(2)
-    engine = db.make_engine(url)
-    try:
-        report = importer.import_files(engine, files)
-    finally:
-        engine.dispose()
-    _report_import(report)
-    if report.errors:
+    bundles = [f for f in files if f.suffix == ".zip" or zipfile.is_zipfile(f)]
+    traces = [f for f in files if f not in bundles]
+    failed = import_bundles(url, bundles) if bundles else 0
+    if traces:
+        engine = db.make_engine(url)
+        try:
+            report = importer.import_files(engine, traces)
+        finally:
+            engine.dispose()
+        _report_import(report)
+        failed += len(report.errors)
+    if failed:
         raise typer.Exit(1)
 
 
@@ -134,6 +148,7 @@ def db_current(db_url: DbOption = None) -> None:
 
 app.command("doctor")(doctor)
 app.command("stats")(stats)
+app.command("export")(export)
 
 
 def main() -> None:

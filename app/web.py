@@ -74,6 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="draftscope", lifespan=lifespan)
     app.state.settings = settings
     app.include_router(api.router)
+    from draftscope import bundle_web  # after this module's templates exist
+    app.include_router(bundle_web.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/", response_class=HTMLResponse)

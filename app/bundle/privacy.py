@@ -13,11 +13,12 @@ from typing import Any
 
 from draftscope_tracer.redact import redact_server_args
 
-# A name is secret when one of its words (split on _ - . and case changes) is one of these,
-# unless it names an id or a size (``eos_token_id``, ``hot_token_id``, ``key_size``).
-SECRET_WORDS = {"key", "apikey", "secret", "secrets", "password", "passwd", "token", "credential",
-                "credentials", "auth", "launch", "cookie", "bearer"}
-NOT_SECRET_ENDINGS = {"id", "ids", "size", "len", "length", "count", "dim"}
+# A name is secret when one of its words (split on _ - . and case changes) is one of SECRET_WORDS,
+# or its last word is one of SECRET_LAST (``api_key``, ``hf_token``; not ``num_key_value_heads``,
+# ``eos_token_id``).
+SECRET_WORDS = {"secret", "secrets", "password", "passwd", "credential", "credentials", "apikey",
+                "auth", "cookie", "bearer", "launch"}
+SECRET_LAST = {"key", "token", "keyfile"}
 
 
 def _words(name: str) -> list[str]:
@@ -27,7 +28,7 @@ def _words(name: str) -> list[str]:
 
 def is_secret_name(name: str) -> bool:
     words = _words(name)
-    return bool(words) and words[-1] not in NOT_SECRET_ENDINGS and any(w in SECRET_WORDS for w in words)
+    return bool(words) and (words[-1] in SECRET_LAST or any(w in SECRET_WORDS for w in words))
 
 
 def drop_secrets(value: Any) -> Any:

@@ -1,0 +1,102 @@
+"""Bundle routes: download a run (or one request) as a trace bundle; upload a bundle to import.
+
+The downloads read only; ``POST /import`` is the one route here that writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from draftscope.bundle.export import ExportError, export_to_file
+from draftscope.bundle.loader import ImportResult, store_bundle
+from draftscope.bundle.reader import BundleError, read_bundle
+from draftscope.bundle.text import TextUnavailable
+from draftscope.web import not_found, templates
+
+router = APIRouter()
+MAX_UPLOAD_BYTES = 2 * 1024**3  # compressed; the reader's limits bound what it expands to
+
+
+@router.get("/runs/{run_id}/bundle.zip")
+def run_bundle(request: Request, run_id: str, include_text: bool = False,
+               keep_paths: bool = False) -> Response:
+    """The run as a trace bundle (docs/bundles.md): no secrets, no text unless include_text."""
+    return _download(request, run_id, None, include_text, keep_paths)
+
+
+@router.get("/runs/{run_id}/requests/{rid:path}/bundle.zip")
+def request_bundle(request: Request, run_id: str, rid: str, include_text: bool = False,
+                   keep_paths: bool = False) -> Response:
+    """One request of the run (with the run-level records) as a trace bundle."""
+    return _download(request, run_id, [rid], include_text, keep_paths)
+
+
+def _download(request: Request, run_id: str, requests: list[str] | None, include_text: bool,
+              keep_paths: bool) -> Response:
+    fd, name = tempfile.mkstemp(prefix="draftscope-bundle-", suffix=".zip")
+    os.close(fd)
+    path = Path(name)
+    try:
+        export_to_file(request.app.state.engine, run_id, path, requests=requests,
+                       include_text=include_text, keep_paths=keep_paths)
+    except ExportError as exc:
+        path.unlink(missing_ok=True)
+        return not_found(request, str(exc))
+    except TextUnavailable as exc:
+        path.unlink(missing_ok=True)
+        return HTMLResponse(f"<p>{_escape(str(exc))}</p>", status_code=409)
+    suffix = "" if requests is None else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", requests[0])[:40]
+    return FileResponse(path, media_type="application/zip",
+                        filename=f"draftscope-{run_id[:12]}{suffix}.zip",
+                        background=BackgroundTask(path.unlink, missing_ok=True))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@router.get("/import", response_class=HTMLResponse)
+def import_page(request: Request) -> HTMLResponse:
+    """The upload form."""
+    return templates.TemplateResponse(request, "import.html", {"result": None, "error": None})
+
+
+@router.post("/import", response_class=HTMLResponse)
+async def import_upload(request: Request) -> HTMLResponse:
+    """Validate and store an uploaded bundle, whole or not at all. An htmx request gets only the
+    result block (status 200, so that htmx shows an error inline); others the page with 4xx."""
+    result, error = None, None
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_UPLOAD_BYTES:
+        error = (f"The upload is larger than {MAX_UPLOAD_BYTES:,} bytes. Export fewer requests "
+                 "(draftscope export --requests ...) or import it with draftscope import.")
+    else:
+        form = await request.form(max_files=1, max_fields=1)
+        upload = form.get("bundle")
+        if not isinstance(upload, UploadFile) or not upload.filename:
+            error = "Choose a bundle file (a .zip made by draftscope export or the Export button)."
+        else:
+            try:
+                result = await run_in_threadpool(_store_upload, request, upload)
+            except BundleError as exc:
+                error = f"{exc} Nothing was imported."
+            finally:
+                await form.close()
+    htmx = bool(request.headers.get("hx-request"))
+    status = 200 if error is None or htmx else 422
+    return templates.TemplateResponse(request, "import.html", {"result": result, "error": error},
+                                      status_code=status, block_name="result" if htmx else None)
+
+
+def _store_upload(request: Request, upload: UploadFile) -> ImportResult:
+    bundle = read_bundle(upload.file)
+    return store_bundle(request.app.state.writer, bundle, origin=f"upload {upload.filename}")
