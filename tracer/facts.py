@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from . import environment
 from .redact import is_allowed, redact_server_args
 
 # Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
@@ -227,6 +228,7 @@ def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, A
         "tp_size": getattr(server_args, "tp_size", None),
         "target": _safe(target_facts, target_runner),
         "draft": _safe(draft_facts, draft_worker, target_runner) if draft_worker is not None else None,
+        "environment": _safe(environment.describe),
     }
     target, draft = facts["target"] or {}, facts["draft"] or {}
     run = {"algorithm": facts["algorithm"], "target_path": target.get("path"),
