@@ -94,10 +94,11 @@ def server_env(env: dict | None) -> dict:
 class ServerHandle:
     """A running server in its own process group; `stop()` (or leaving `with`) ends the group."""
 
-    def __init__(self, process: subprocess.Popen, url: str, log_path: Path):
+    def __init__(self, process: subprocess.Popen, url: str, log_path: Path, api_key: str | None = None):
         self.process = process
         self.url = url
         self.log_path = log_path
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     @property
     def pid(self) -> int:
@@ -111,12 +112,14 @@ class ServerHandle:
         return self._post("/generate", body)
 
     def get(self, path: str, timeout: float = 10.0) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+        request = urllib.request.Request(self.url + path, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
 
     def _post(self, path: str, body: dict, timeout: float = 120.0) -> dict:
         request = urllib.request.Request(
-            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            self.url + path, data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **self.headers},
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -131,7 +134,8 @@ class ServerHandle:
         """`/model_info` answers: the server is up. (`/health` would run a one-token generation,
         making the probe the server's first request, which some scenarios crash on.)"""
         try:
-            with urllib.request.urlopen(self.url + "/model_info", timeout=2) as response:
+            request = urllib.request.Request(self.url + "/model_info", headers=self.headers)
+            with urllib.request.urlopen(request, timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -184,9 +188,11 @@ def start_server(
     env: dict | None = None,
     python: str | None = None,
     timeout: float = 240.0,
+    api_key: str | None = None,
 ) -> ServerHandle:
     """Start `sglang.launch_server` for `target_dir` (plus an EAGLE-3 `draft_dir`, or None for no
-    speculation) on a free local port and wait until it answers `/model_info`.
+    speculation) on a free local port and wait until it answers `/model_info`. With `api_key` the
+    server gets `--api-key` and the handle sends it with every request.
 
     Raises `ServerStartError` with the log tail if the process exits or `timeout` seconds pass
     (and then leaves no process behind).
@@ -198,6 +204,7 @@ def start_server(
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    extra_args = [*extra_args, "--api-key", api_key] if api_key else extra_args
     command = server_command(python, target_dir, draft_dir, extra_args, port)
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
@@ -206,7 +213,7 @@ def start_server(
             command, stdout=log, stderr=subprocess.STDOUT, env=server_env(env),
             cwd=REPO_ROOT, start_new_session=True,
         )
-    handle = ServerHandle(process, f"http://{HOST}:{port}", log_path)
+    handle = ServerHandle(process, f"http://{HOST}:{port}", log_path, api_key)
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
