@@ -56,6 +56,9 @@ def build_observation(session: Session, run_id: str) -> Observation:
                                                  R.spec_verify_ct).where(R.run_id == run_id)).all():
             obs.accepted_drafts += acc or 0
             obs.proposed_drafts += prop or 0
+    R = models.Request
+    obs.sampled_verify_ct = session.exec(select(func.coalesce(func.sum(R.spec_verify_ct), 0))
+                                         .where(R.run_id == run_id, R.sampled.is_(True))).one()
     H = models.TracerHealth
     latest = session.exec(select(H).where(H.run_id == run_id).order_by(H.at.desc())).first()
     if latest is not None:

@@ -25,6 +25,14 @@ HEALTHY_FACTS = {
                           "checkpoint_keys_unused": [], "nonfinite": []}}}
 
 
+TRACING = {"worker_class": "EAGLEWorkerV2", "draft_worker_class": "EagleDraftWorker", "algorithm": "EAGLE3",
+           "covered": True, "hooks_not_applied": [], "hooks_not_reached": [],
+           "expected_to_fire": ["prefill", "draft", "verify", "draft_extend", "finish"]}
+UNCOVERED = {"worker_class": "MultiLayerEagleWorkerV2", "draft_worker_class": "MultiLayerEagleDraftWorker",
+             "algorithm": "EAGLE", "covered": False, "hooks_not_applied": [],
+             "hooks_not_reached": ["draft", "draft_extend", "prefill", "verify"], "expected_to_fire": ["finish"]}
+
+
 def healthy(**changes) -> Observation:
     obs = Observation(facts=copy.deepcopy(HEALTHY_FACTS),
                       draft_input_widths={"prefill": [384], "draft_extend": [384], "draft_decode": [128]},
@@ -77,12 +85,27 @@ def _facts(**paths):
     (healthy(facts=_facts(draft__lm_head_rows=200)), "draft-vocab-lm-head-mismatch"),
     (healthy(max_seq_pos=5000, max_seq_pos_at=("r1", 77)), "position-beyond-draft-max"),
     (healthy(heartbeats={"verify": 40, "draft": 0}), "hooks-starved"),
+    (healthy(facts=_facts(tracing=TRACING), heartbeats={"verify": 40, "draft": 40}), "hooks-starved"),
+    (healthy(facts=_facts(tracing=TRACING), heartbeats={}, verify_steps=0, sampled_verify_ct=9),
+     "hooks-starved"),
+    (healthy(facts=_facts(tracing={**TRACING, "hooks_not_applied": ["verify"]})), "hooks-not-applied"),
+    (healthy(facts=_facts(tracing=UNCOVERED), heartbeats={}, verify_steps=0), "worker-not-traced"),
     (healthy(accepted_drafts=3, proposed_drafts=120), "acceptance-collapse-quality"),
 ])
 def test_rule_fires(spec, obs, expected):
     found = runtime_findings(spec, obs)
     assert found and found[0].rule_id == expected, [f.rule_id for f in found]
     assert found[0].source == "runtime" and found[0].fix
+
+
+def test_every_expected_hook_fired_is_silent(spec):
+    beats = {name: 40 for name in TRACING["expected_to_fire"]}
+    assert runtime_findings(spec, healthy(facts=_facts(tracing=TRACING), heartbeats=beats)) == []
+
+
+def test_uncovered_worker_is_named(spec):
+    found = runtime_findings(None, healthy(facts=_facts(tracing=UNCOVERED), heartbeats={}, verify_steps=0))
+    assert found[0].message.startswith("this server runs MultiLayerEagleWorkerV2: draftscope traces nothing of it")
 
 
 def test_collapse_is_not_quality_when_plumbing_is_broken(spec):

@@ -66,8 +66,8 @@ def _register(in_scheduler: Optional[bool] = None) -> None:
         return
     from .runtime import Tracer
 
-    TRACER = Tracer(config, version)
     HANDLES[:] = [HookHandle(TARGETS[name], fn) for name, fn in _AROUND.items()]
+    TRACER = Tracer(config, version, hooks=dict(zip(_AROUND, HANDLES)))
     register_hooks(HANDLES)
     log.info("draftscope: tracer registered (sample rate %.4g, sink %s)", config.sample_rate,
              "sqlite" if config.db else config.file or config.url)
@@ -99,6 +99,11 @@ def _around_init(orig, scheduler, *args, **kwargs):
 
 
 def _around_event_loop(orig, scheduler, *args, **kwargs):
+    t = TRACER
+    if t is not None and t.active and not t.attached:
+        log.error("draftscope: tracer off: SGLang did not apply its hook on %s (see \"Failed to apply "
+                  "hooks\" above)", TARGETS["init"])
+        t.active = False
     try:
         return orig(scheduler, *args, **kwargs)
     except BaseException as exc:

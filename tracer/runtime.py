@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from . import coverage
 from . import facts as facts_mod
 from . import records
 from .config import TracerConfig
@@ -54,8 +55,11 @@ def _dtype(t: torch.Tensor) -> str:
 
 
 class Tracer:
-    def __init__(self, config: TracerConfig, sglang_version: str):
+    def __init__(self, config: TracerConfig, sglang_version: str, hooks: Optional[Dict[str, Any]] = None):
         self.config = config
+        self.hooks = hooks or {}  # name -> hooks.HookHandle, checked at attach (coverage.check)
+        self.attached = False
+        self.expected_to_fire: List[str] = []  # checked once, when the first sampled request finishes
         self.sglang_version = sglang_version
         self.health = Health(config.probe_failure_limit)
         self.run_id = uuid.uuid4().hex
@@ -131,6 +135,7 @@ class Tracer:
         """After the scheduler built its workers: rank, facts, sink, writer, shutdown handlers."""
         from .sinks import open_sink
 
+        self.attached = True
         self.recording = _is_recording_rank()
         spec = getattr(scheduler, "draft_worker", None)
         self.num_draft_tokens = getattr(spec, "speculative_num_draft_tokens", None)
@@ -138,6 +143,7 @@ class Tracer:
         if not self.recording:
             return
         facts, run_fields = facts_mod.collect(scheduler, self.sglang_version)
+        facts["tracing"] = self._account_for_hooks(scheduler)
         self.run.update(run_fields, facts=facts)
         sink = open_sink(self.config, self.health.drop)  # the recorder opens its own: fail here, once, if unusable
         if sink is None:
@@ -147,6 +153,26 @@ class Tracer:
         self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
         self._chain_sigterm()
+
+    def _account_for_hooks(self, scheduler) -> Dict[str, Any]:
+        """Which hooks SGLang applied and the running workers call; one log line for each gap."""
+        tracing = coverage.check(scheduler, self.hooks)
+        self.expected_to_fire = tracing["expected_to_fire"]
+        message = coverage.uncovered_message(tracing)
+        if message:
+            log.warning("draftscope: %s", message)
+        if tracing["hooks_not_applied"]:
+            log.warning("draftscope: SGLang did not apply the tracer's hooks %s (see \"Failed to apply hooks\" "
+                        "above): what they record is missing", ", ".join(tracing["hooks_not_applied"]))
+        return tracing
+
+    def _check_fired(self, rid: str, verify_ct: int) -> None:
+        """Once, when the first sampled request with verify steps finishes: the hooks that must have fired."""
+        missing = coverage.not_fired(self.expected_to_fire, self.health.heartbeats)
+        self.expected_to_fire = []
+        if missing:
+            log.warning("draftscope: hooks %s never fired during sampled request %s (%d verify steps): "
+                        "their records are missing", ", ".join(missing), rid, verify_ct)
 
     def _chain_sigterm(self) -> None:
         """On SIGTERM: final flush (at most ``SHUTDOWN_DEADLINE_S``), then the previous handler's turn."""
@@ -343,6 +369,8 @@ class Tracer:
             reason = getattr(req, "finished_reason", None)
             reason = facts_mod._safe(lambda: reason.to_json().get("type")) if reason is not None else None
             sampled = self.live.pop(rid, None) is not None
+            if sampled and ct and self.expected_to_fire:
+                self._check_fired(rid, ct)
             traced = self.totals.pop(rid, [0, 0, 0])
             info = {"rid": rid, "sampled": sampled,
                     "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),

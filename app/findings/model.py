@@ -48,6 +48,7 @@ class Observation:
     accepted_drafts: int = 0
     proposed_drafts: int = 0
     heartbeats: dict[str, int] = field(default_factory=dict)  # latest cumulative count per hook
+    sampled_verify_ct: int = 0  # SGLang's verify steps of the finished sampled requests
     max_seq_pos: int | None = None
     max_seq_pos_at: tuple[str, int] | None = None  # (rid, step_index) of the furthest verify step
 

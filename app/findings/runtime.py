@@ -41,6 +41,7 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
     found += _positions(spec, obs, draft)
     if not any(f.severity == "error" for f in found):  # a wiring error already explains odd norms
         found += _norm_drift(spec, obs)
+    found += _coverage(facts)
     found += _hooks(obs)
     if obs.proposed_drafts >= MIN_PROPOSED and (obs.acceptance_rate or 0) < COLLAPSE_RATE \
             and not any(f.severity == "error" for f in found):
@@ -222,11 +223,41 @@ def _z(norm: float, stats: dict) -> float:
 
 
 def _hooks(obs: Observation) -> list[Finding]:
-    starved = sorted(h for h, n in obs.heartbeats.items() if not n)
-    if obs.verify_steps and starved:
+    """A hook that must fire on a sampled request (``facts.tracing.expected_to_fire``) never did."""
+    expected = (obs.facts.get("tracing") or {}).get("expected_to_fire")
+    if expected is None:  # a run recorded before the tracer listed them
+        expected = list(obs.heartbeats)
+    starved = sorted(h for h in expected if not obs.heartbeats.get(h))
+    steps = max(obs.verify_steps, obs.sampled_verify_ct)
+    if steps and starved:
         return [_f("hooks-starved", "warning",
-                   f"tracer hooks {starved} never fired during {obs.verify_steps} verify steps: their "
-                   "points are missing (CUDA-graph replay or a code path that bypasses the hook)",
+                   f"tracer hooks {starved} never fired during {steps} verify steps of sampled requests: "
+                   "their points are missing (CUDA-graph replay or a code path that bypasses the hook)",
                    "run with --disable-cuda-graph to confirm, or read the points the tracer's "
-                   "worker hooks see", {"heartbeats": obs.heartbeats, "verify_steps": obs.verify_steps})]
+                   "worker hooks see", {"heartbeats": obs.heartbeats, "verify_steps": steps})]
+    return []
+
+
+def _coverage(facts: dict[str, Any]) -> list[Finding]:
+    """The running speculative worker is one the tracer cannot see, or SGLang did not apply its hooks
+    (``facts.tracing``, recorded at attach by the tracer's ``coverage.check``)."""
+    tracing = facts.get("tracing")
+    if not tracing:
+        return []
+    if not tracing.get("covered"):
+        worker = tracing.get("worker_class")
+        what = f"this server runs {worker}" if worker else "this server runs no speculative decoding"
+        return [_f("worker-not-traced", "warning",
+                   f"{what}: draftscope traces nothing of it (only requests and SGLang's own counters "
+                   "are recorded)",
+                   "draftscope traces EAGLEWorkerV2 (--speculative-algorithm EAGLE, EAGLE3 or STANDALONE "
+                   "without --enable-multi-layer-eagle); for this server, read SGLang's own metrics",
+                   {k: tracing.get(k) for k in ("worker_class", "draft_worker_class", "algorithm",
+                                                "hooks_not_reached")})]
+    if tracing.get("hooks_not_applied"):
+        missing = tracing["hooks_not_applied"]
+        return [_f("hooks-not-applied", "warning",
+                   f"SGLang did not apply the tracer's hooks {missing}: what they record is missing",
+                   "the server log names the failure (\"Failed to apply hooks to ...\"); run the SGLang "
+                   "version the tracer supports (0.5.23)", {"hooks_not_applied": missing})]
     return []
