@@ -1,48 +1,45 @@
-"""Tracer overhead on the real CPU SGLang server: tokens/s without the tracer, at 1/16, at every request.
+"""Tracer overhead on the real CPU SGLang server, against a server without the tracer, in one run.
 
-One run, variants interleaved: each round starts the three servers in turn (order rotated per round)
-and times the same greedy request set on each, ``--concurrency`` requests in flight. The request ids
-are chosen so that the tracer samples exactly every 16th request at rate 1/16 (SGLang's own ids are
-random, which makes the number of sampled requests vary from run to run).
+Each block starts two servers that run side by side: one **without the tracer** (SGLang's
+``SGLANG_PLUGINS`` allow-list names every other general plugin but ours, so SGLang never imports
+``draftscope_tracer``) and one **traced** at ``DRAFTSCOPE_SAMPLE_RATE=1/16``; both get the same sink
+settings, so only the plugin loading differs. Both run with ``--sleep-on-idle``: without it an idle
+SGLang scheduler spins a whole core, which would be taken from the other server. In each round four
+units of 16 greedy requests (waves of ``--concurrency``) run one after another, in an order rotated per
+round: the server without the tracer; the traced server with no request sampled; with exactly 1 of
+the 16 sampled ("1 in 16"); with all 16 sampled ("every request"). The request ids decide which
+requests the tracer samples. A round takes ~10 s, so the machine's drift cancels within a round;
+several blocks (fresh server pairs) let a difference between two server processes average out too.
 
-The server's torch runs ``--server-threads`` intra-op threads (default 1). On this 2-core machine two
-threads fill both cores, and then any other runnable thread (the benchmark's client, SGLang's tokenizer
-and detokenizer, the tracer's writer) stalls the forward pass's parallel regions: the noise of the
-machine dominates. One thread leaves a core for them, as a GPU host's spare cores do.
-
-``--sink sqlite`` (default) has the tracer write the store file itself (``DRAFTSCOPE_DB``); ``--sink
-http`` starts one ``draftscope serve`` on the same machine for the whole run and has the tracer send
-to its ingest API (``DRAFTSCOPE_URL``), as ``docker compose up`` does: the store's writes then happen
-in the dashboard's process, whose CPU the second measure does not count.
-
-Prints Markdown tables for two measures: wall-clock tokens/s, and the CPU time the server's whole
+Overheads are per round (tokens/s: the baseline's over the variant's, minus 1; CPU per token: the
+variant's over the baseline's, minus 1), against both baselines: no tracer, and the tracer installed
+with nothing sampled. Each figure is the median over all rounds with a 95% bootstrap interval of that
+median that resamples blocks, then rounds within each block (seeded). CPU counts the server's whole
 process tree (scheduler with the tracer's relay thread, the tracer's recorder process, tokenizer,
-detokenizer) spends per generated token. The overhead column is the median over rounds of each round's
-ratio to that round's first variant ("no tracer"; in waves, "no request sampled"), with a 95% bootstrap
-interval of that median.
+detokenizer).
 
-``--method waves`` measures the same thing inside one traced server (rate 1/16), so that the machine's
-drift between server starts (several percent on this shared machine) cancels out: requests go in
-waves of ``--concurrency``, and units of 16 requests (four waves) of three kinds are interleaved,
-their order rotated per round: none sampled, exactly 1 sampled ("1 in 16"), all 16 sampled. The
-request ids decide which requests the tracer samples. The baseline is then the tracer installed with
-nothing sampled, which differs from no tracer by the per-request finish record and the hooks'
-"nothing sampled" checks (see docs/benchmarks.md for both measured).
+The server's torch runs ``--server-threads`` intra-op threads (default 1): on this 2-core machine two
+threads fill both cores and every other runnable thread (the client, SGLang's tokenizer and
+detokenizer, the tracer's recorder) stalls the forward pass. One thread leaves a core for them, as a
+GPU host's spare cores do. ``--sink sqlite`` (default): the tracer writes the store file itself;
+``--sink http``: one ``draftscope serve`` for the whole run takes the tracer's batches over HTTP.
 
-    python bench/tracer_overhead.py --rounds 8 --requests 64 --new-tokens 32 --concurrency 4
-    python bench/tracer_overhead.py --method waves --rounds 30 --new-tokens 32
+    python bench/tracer_overhead.py --blocks 4 --rounds 12
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
+import sqlite3
 import statistics
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,12 +47,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from draftscope import db as store_db  # noqa: E402
-from testbed.models import ensure_models  # noqa: E402
-from testbed.server import start_dashboard, start_server  # noqa: E402
 from draftscope_tracer.sampling import request_sampled  # noqa: E402
+from testbed.models import ensure_models  # noqa: E402
+from testbed.server import REPO_ROOT, start_dashboard, start_server, venv_python  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
            "In the beginning", "She said that the"]
+OURS = "draftscope"  # our entry point's name in the group "sglang.srt.plugins" (pyproject.toml)
+UNIT = 16  # requests per unit
+# variant -> (runs on the traced server, requests sampled among a unit's 16)
+VARIANTS = {"no tracer": (False, 0), "tracer, nothing sampled": (True, 0), "1 in 16": (True, 1),
+            "every request": (True, UNIT)}
+BASELINES = ("no tracer", "tracer, nothing sampled")
+TARGETS = {"1 in 16": 2.0, "every request": 10.0}  # percent, against no tracer
+
+
+def plugins_except_ours(python) -> str:
+    """A ``SGLANG_PLUGINS`` value that loads every general plugin installed for ``python`` but ours
+    (a lone "," when ours is the only one: an allow-list naming no plugin)."""
+    code = ("from importlib.metadata import entry_points as e; "
+            f"print(','.join(p.name for p in e(group='sglang.srt.plugins') if p.name != {OURS!r}))")
+    names = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return names or ","
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -77,132 +90,120 @@ def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
     return f"{name}-{j}"
 
 
-def request_ids(n: int, rate: float = 1 / 16) -> list[str]:
-    """``n`` request ids of which exactly every ``1/rate``-th is sampled at ``rate``."""
-    every = round(1 / rate)
-    return [request_id(f"bench-{i}", i % every == 0, rate) for i in range(n)]
+def run_unit(server, pool: ThreadPoolExecutor, rids: list[str], width: int, new_tokens: int) -> tuple[float, float]:
+    """(tokens/s, server CPU ms per token) of the requests ``rids``, in waves of ``width``."""
+    tokens, wall, cpu0 = 0, 0.0, tree_cpu_seconds(server.pid)
+    for w in range(0, len(rids), width):
+        t0 = time.perf_counter()
+        outs = pool.map(lambda i: server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=new_tokens,
+                                                  rid=rids[i]), range(w, min(w + width, len(rids))))
+        tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
+        wall += time.perf_counter() - t0
+    return tokens / wall, 1000 * (tree_cpu_seconds(server.pid) - cpu0) / tokens
 
 
-def measure(models, env, rids: list[str], new_tokens: int, concurrency: int, log: Path,
-            python: str) -> tuple[float, float]:
-    """(tokens/s, server CPU milliseconds per token) for one server with ``env``."""
-    with start_server(models.target, models.draft, [], log, env=env, python=python) as server:
-        server.generate(PROMPTS[0], max_new_tokens=4)  # warm-up, not timed
+def stored_runs(store: Path) -> int:
+    with contextlib.closing(sqlite3.connect(store)) as c:
+        return c.execute("SELECT count(*) FROM runs").fetchone()[0]
 
-        def one(i: int) -> int:
-            out = server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=new_tokens,
-                                  rid=rids[i])
-            return out["meta_info"]["completion_tokens"]
 
-        cpu0, t0 = tree_cpu_seconds(server.pid), time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            tokens = sum(pool.map(one, range(len(rids))))
-        wall, cpu = time.perf_counter() - t0, tree_cpu_seconds(server.pid) - cpu0
-        return tokens / wall, 1000 * cpu / tokens
+def run_block(args, models, work: Path, block: int, sink: dict, store: Path, results: dict) -> None:
+    """One server pair; appends each round's (tokens/s, CPU ms per token) per variant to ``results[block]``."""
+    python = args.python or venv_python()
+    base = {"OMP_NUM_THREADS": str(args.server_threads), **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"}
+    runs_before = stored_runs(store)
+    names = list(VARIANTS)
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(args.concurrency) as pool:
+        servers = {traced: stack.enter_context(start_server(
+            models.target, models.draft, ["--sleep-on-idle"], work / f"block{block}-{'traced' if traced else 'plain'}.log",
+            env=base if traced else {**base, "SGLANG_PLUGINS": plugins_except_ours(python)}, python=python))
+            for traced in (False, True)}
+        for traced, server in servers.items():  # warm-up, not timed
+            run_unit(server, pool, [request_id(f"warm{block}-{traced}-{i}", False) for i in range(UNIT)],
+                     args.concurrency, args.new_tokens)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                traced, sampled = VARIANTS[name]
+                rids = [request_id(f"b{block}-r{r}-{names.index(name)}-{i}", i < sampled) for i in range(UNIT)]
+                t, c = run_unit(servers[traced], pool, rids, args.concurrency, args.new_tokens)
+                results[block][name].append((t, c))
+                print(f"block {block} round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
+    if stored_runs(store) != runs_before + 1:  # the traced server's run, and none from the plain one
+        raise SystemExit(f"block {block}: expected one new run in {store} (the traced server's), found "
+                         f"{stored_runs(store) - runs_before}: the plugin was loaded in the wrong server")
+
+
+def overheads(results: dict, name: str, base: str, measure: int) -> list[list[float]]:
+    """Per block, per round: the cost of ``name`` against ``base`` (``measure`` 0 tokens/s, 1 CPU per token)."""
+    return [[b[measure] / x[measure] - 1 if measure == 0 else x[measure] / b[measure] - 1
+             for b, x in zip(block[base], block[name])] for block in results.values()]
+
+
+def bootstrap_interval(groups: list[list[float]], resamples: int = 4000) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles of the median, resampling groups, then values within each (seeded)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))])
+                     for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
+
+
+def cost(groups: list[list[float]]) -> str:
+    low, high = bootstrap_interval(groups)
+    return f"{100 * statistics.median([x for g in groups for x in g]):+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+def report(results: dict) -> None:
+    for measure, title in ((0, "tokens/s (wall clock; higher is better)"),
+                           (1, "server CPU ms per token, whole process tree (lower is better)")):
+        print(f"\n{title}\n\n| variant | median | min-max | vs no tracer [95% interval] | "
+              f"vs tracer, nothing sampled [95% interval] |\n|---|---|---|---|---|")
+        for name in VARIANTS:
+            xs = [x[measure] for block in results.values() for x in block[name]]
+            cells = [cost(overheads(results, name, base, measure)) if name not in BASELINES[:i + 1] else ""
+                     for i, base in enumerate(BASELINES)]
+            print(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} | {' | '.join(cells)} |")
+    print("\ntokens/s overhead against no tracer, median per block (server pair):")
+    for name in list(VARIANTS)[1:]:
+        print(f"  {name}: " + ", ".join(f"{100 * statistics.median(g):+.1f}%"
+                                        for g in overheads(results, name, "no tracer", 0)))
+    print("\ntargets, tokens/s against no tracer: " + ", ".join(f"{n} <= {t:g}%" for n, t in TARGETS.items()))
+
+
+def commit() -> str:
+    git = ["git", "-C", str(REPO_ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+    return head + (" with uncommitted changes" if dirty.strip() else "")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--blocks", type=int, default=1, help="server pairs, started one after another")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per block (four units each)")
+    ap.add_argument("--concurrency", type=int, default=4, help="requests in flight (one wave)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--server-threads", type=int, default=1, help="the server's torch intra-op threads")
     ap.add_argument("--sink", choices=("sqlite", "http"), default="sqlite",
                     help="the tracer writes the SQLite store itself, or sends to a local dashboard's ingest API")
     ap.add_argument("--python", default=None, help="the test bed Python (default: $DRAFTSCOPE_VENV or .venv)")
-    ap.add_argument("--method", choices=("servers", "waves"), default="servers",
-                    help="a fresh server per variant and round, or request waves inside one traced server")
     args = ap.parse_args()
+    print(f"$ {' '.join(sys.argv)}\ncommit {commit()}; load average {os.getloadavg()[0]:.2f} (1 min), "
+          f"{os.getloadavg()[1]:.2f} (5 min) on {os.cpu_count()} CPUs at the start", flush=True)
     models = ensure_models()
     work = Path(tempfile.mkdtemp(prefix="draftscope-bench-"))
     store = work / "store.db"
     store_db.upgrade(f"sqlite:///{store}")
+    results = {b: {name: [] for name in VARIANTS} for b in range(args.blocks)}
     with contextlib.ExitStack() as stack:
         if args.sink == "http":
             sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
         else:
             sink = {"DRAFTSCOPE_DB": str(store)}
-        (run if args.method == "servers" else run_waves)(args, models, work, sink)
-
-
-def run(args, models, work: Path, sink: dict) -> None:
-    """``--method servers``: a fresh server per variant and round."""
-    threads = {"OMP_NUM_THREADS": str(args.server_threads)}
-    variants = {"no tracer": threads,
-                "rate 1/16": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"},
-                "every request": {**threads, **sink, "DRAFTSCOPE_SAMPLE_RATE": "1"}}
-    rids = request_ids(args.requests)
-    report("", *rounds(list(variants), args.rounds, lambda r, name: measure(
-        models, variants[name], rids, args.new_tokens, args.concurrency,
-        work / f"{r}-{name.replace('/', '-in-')}.log", args.python)))
-
-
-WAVE_UNITS = {"no request sampled": 0, "1 in 16": 1, "every request": 16}  # sampled among a unit's 16
-
-
-def run_waves(args, models, work: Path, sink: dict) -> None:
-    """``--method waves``: all rounds in one traced server (baseline: nothing sampled)."""
-    env = {"OMP_NUM_THREADS": str(args.server_threads), **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"}
-    names, width = list(WAVE_UNITS), args.concurrency
-    with start_server(models.target, models.draft, [], work / "waves.log", env=env, python=args.python) as server:
-        server.generate(PROMPTS[0], max_new_tokens=4)  # warm-up, not timed
-        with ThreadPoolExecutor(width) as pool:
-
-            def unit(r: int, name: str) -> tuple[float, float]:
-                rids = [request_id(f"w{r}-{names.index(name)}-{i}", i < WAVE_UNITS[name]) for i in range(16)]
-                tokens, wall, cpu0 = 0, 0.0, tree_cpu_seconds(server.pid)
-                for w in range(0, 16, width):
-                    t0 = time.perf_counter()
-                    outs = pool.map(lambda i: server.generate(PROMPTS[i % len(PROMPTS)] + f" {i}",
-                                                              max_new_tokens=args.new_tokens, rid=rids[i]),
-                                    range(w, min(w + width, 16)))
-                    tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
-                    wall += time.perf_counter() - t0
-                return tokens / wall, 1000 * (tree_cpu_seconds(server.pid) - cpu0) / tokens
-
-            results = rounds(names, args.rounds, unit)
-    report(" in waves", *results)
-
-
-def rounds(names: list[str], n: int, measure_one) -> tuple[dict, dict]:
-    """``measure_one(round, name) -> (tokens/s, CPU ms per token)`` for every name in every round, the
-    order rotated per round; both measures by name."""
-    tps = {name: [] for name in names}
-    cpu = {name: [] for name in names}
-    for r in range(n):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t, c = measure_one(r, name)
-            tps[name].append(t)
-            cpu[name].append(c)
-            print(f"round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
-    return tps, cpu
-
-
-def report(where: str, tps: dict, cpu: dict) -> None:
-    table(f"tokens/s{where} (wall clock; higher is better)", tps, higher_is_better=True)
-    table(f"server CPU ms per token{where} (lower is better)", cpu, higher_is_better=False)
-
-
-def table(title: str, results: dict[str, list[float]], higher_is_better: bool) -> None:
-    """Markdown table: median, spread, runs, and the cost of each variant against the first: the median
-    of the per-round ratios, with a 95% bootstrap interval of that median."""
-    base = next(iter(results.values()))
-    print(f"\n{title}\n\n| variant | median | min-max | runs | overhead vs the first [95% interval] |\n"
-          f"|---|---|---|---|---|")
-    for name, xs in results.items():
-        ratios = [b / x - 1 if higher_is_better else x / b - 1 for b, x in zip(base, xs)]
-        low, high = bootstrap_interval(ratios)
-        print(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} | "
-              f"{', '.join(f'{x:.2f}' for x in xs)} | "
-              f"{100 * statistics.median(ratios):+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}] |")
-
-
-def bootstrap_interval(xs: list[float], resamples: int = 4000) -> tuple[float, float]:
-    """The 2.5th and 97.5th percentiles of the median of ``xs`` resampled with replacement (seeded)."""
-    rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
+        for b in range(args.blocks):
+            run_block(args, models, work, b, sink, store, results)
+    report(results)
+    print(f"\nload average {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min), "
+          f"{os.getloadavg()[2]:.2f} (15 min) at the end; logs in {work}")
 
 
 if __name__ == "__main__":
