@@ -21,14 +21,15 @@ STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin: bool = False,
-             training_config: Path | None = None) -> tuple[dict, list[Finding]]:
+             training_config: Path | None = None,
+             server_env: dict[str, str] | None = None) -> tuple[dict, list[Finding]]:
     """Read both models, derive SGLang's behaviour, return (summary, findings); raises SpecError.
     ``summary["spec"]`` is the spec block's rows (draftscope.spec.describe)."""
     target = read_target(target_dir)
     spec = read_draft(draft_dir, target_layers=target.num_layers, allow_bin=allow_bin,
                       training_config=training_config)
     check_target_matches(spec, target)
-    exp = expect_sglang(spec, target, parse_server_args(server_args))
+    exp = expect_sglang(spec, target, parse_server_args(server_args), server_env)
     summary = {"draft": str(draft_dir), "target": str(target_dir), "format": spec.source_format,
                "algorithm": exp.algorithm, "aux_layer_ids": spec.aux_layer_ids,
                "trained_physical": spec.aux_layers_physical,
@@ -50,6 +51,10 @@ def doctor(
     training_config: Annotated[Path | None, typer.Option(
         "--training-config", help="The trainer's config (YAML or JSON), when it is not saved next "
         "to the draft as training_config.yaml/.yml/.json.")] = None,
+    server_env: Annotated[list[str] | None, typer.Option(
+        "--server-env", metavar="NAME=VALUE", help="A variable of the server's environment that "
+        "changes what SGLang does at start (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, "
+        "SGLANG_IS_IN_CI); repeatable.")] = None,
     fix: Annotated[Path | None, typer.Option(
         "--fix", metavar="OUT_DIR", help="Write a corrected copy of the draft to OUT_DIR (a new or "
         "empty directory) for every finding with a mechanical fix, print what changed and the "
@@ -64,8 +69,15 @@ def doctor(
     console = Console(stderr=False, highlight=False, soft_wrap=True)
     if engine != "sglang":
         _fail(console, as_json, str(engine), f"engine {engine!r} is not supported; use --engine sglang.")
+    env = {}
+    for item in server_env or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            _fail(console, as_json, item, "is not NAME=VALUE; write e.g. --server-env "
+                  "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1.")
+        env[name] = value
     try:
-        summary, findings = diagnose(draft_dir, target, server_args, allow_bin, training_config)
+        summary, findings = diagnose(draft_dir, target, server_args, allow_bin, training_config, env)
     except SpecError as exc:
         _fail(console, as_json, exc.path, exc.problem)
     errors = sum(f.severity == "error" for f in findings)
@@ -73,7 +85,7 @@ def doctor(
     if fix is not None:
         try:
             fixed = fix_and_recheck(draft_dir, target, server_args, allow_bin, findings, fix,
-                                    training_config)
+                                    training_config, env)
         except (FixError, SpecError) as exc:
             _fail(console, as_json, str(fix), str(exc))
     if as_json:
@@ -89,12 +101,13 @@ def doctor(
 
 
 def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: bool,
-                    findings: list[Finding], out_dir: Path, training_config: Path | None = None) -> dict:
+                    findings: list[Finding], out_dir: Path, training_config: Path | None = None,
+                    server_env: dict[str, str] | None = None) -> dict:
     """Apply the findings' patches to a copy in ``out_dir`` and diagnose the copy with the fixed
     flags; a summary of both for printing or JSON."""
     result = apply_fixes(draft_dir, out_dir, findings, parse_server_args(server_args))
     _, after = diagnose(out_dir, target, format_server_args(result.server_args), allow_bin,
-                        training_config)
+                        training_config, server_env)
     return {"out_dir": str(out_dir), "changes": result.changes, "applied": result.applied,
             "not_fixed": result.skipped, "server_flags": result.flags(),
             "after": {"errors": sum(f.severity == "error" for f in after),

@@ -60,7 +60,10 @@ def test_healthy_is_silent(tmp_path):
     (dict(weights=tiny_weights(t2d=torch.ones(1024, dtype=torch.bool))), "t2d-inconsistent"),
     (dict(config=tiny_draft_config(draft_vocab=200)), "draft-vocab-lm-head-mismatch"),
     (dict(config=tiny_draft_config(vocab=2048)), "target-vocab-mismatch"),
-    (dict(config=tiny_draft_config(max_position_embeddings=1024)), "draft-max-position-short"),
+    (dict(config=tiny_draft_config(max_position_embeddings=1024)), "startup-refused"),
+    (dict(server_args="--context-length 8192"), "startup-refused"),  # beyond the target's 4096
+    (dict(server_args="--context-length 1024", config=tiny_draft_config(max_position_embeddings=1024)),
+     None),  # capped to the draft's limit: SGLang starts
     (dict(config=tiny_draft_config(rope_theta=500000.0)), "rope-differs-from-target"),
     (dict(arch="SomeNewForCausalLM"), "capture-semantics-unknown"),
 ])
@@ -143,3 +146,27 @@ def test_kimi_specforge_training_config_settles_it(tmp_path):
 
 def test_kimi_speculators_metadata_settles_it(tmp_path):
     assert _kimi(tmp_path, config={"speculators_version": "0.3.0"}) == []
+
+
+def test_context_override_variable_turns_the_refusal_into_a_warning(tmp_path):
+    t = read_target(tiny_target(tmp_path / "t"))
+    write_draft(tmp_path / "d", tiny_draft_config(max_position_embeddings=64), tiny_weights())
+    spec = read_draft(tmp_path / "d", target_layers=8)
+    (refused,) = static_findings(spec, t, expect_sglang(spec, t))
+    assert refused.rule_id == "startup-refused"
+    assert "Target model's context_length (4096) is greater than the derived context_length (64)" in refused.message
+    exp = expect_sglang(spec, t, env={"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"})
+    assert (exp.startup_error, exp.draft_max_position_override, exp.context_len) == (None, 4096, 4096)
+    (warned,) = static_findings(spec, t, exp)
+    assert (warned.rule_id, warned.severity) == ("draft-context-overridden", "warning")
+
+
+def test_context_length_as_sglang_derives_it(tmp_path):
+    from draftscope.spec.config_file import derived_context_length
+
+    assert derived_context_length({}) == 2048
+    assert derived_context_length({"seq_length": 100, "max_position_embeddings": 50}) == 100
+    assert derived_context_length({"max_position_embeddings": 4096,
+                                   "rope_scaling": {"type": "yarn", "factor": 4.0}}) == 16384
+    assert derived_context_length({"max_position_embeddings": 4096, "rope_scaling": {
+        "factor": 4.0, "original_max_position_embeddings": 1024}}) == 4096

@@ -27,7 +27,8 @@ def _absolute_d2t():
 
 SPECFORGE_TRAINING = {"target_model_path": "t", "draft_model_config": "c.json", "ttt_length": 7}
 
-# name -> (draft config, tensors, target kwargs, server args, rule the fix must clear)
+# name -> (draft config, tensors, target kwargs, server args, rule the fix must clear); a server
+# environment for the case, if any, in ENV.
 CASES = {
     "aux-off": (tiny_draft_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4, 6],
                                                 "use_aux_hidden_state": False}),
@@ -45,7 +46,12 @@ CASES = {
     # first-id-is-1 rule reads them input-to and captures one layer shallower.
     "deepseek-shifted": (tiny_draft_config(ids=[2, 4, 5]), tiny_weights(),
                          {"arch": "DeepseekV3ForCausalLM"}, "", "captured-layers-differ"),
+    "short-context": (tiny_draft_config(max_position_embeddings=64), tiny_weights(), {}, "",
+                      "startup-refused"),
+    "short-context-overridden": (tiny_draft_config(max_position_embeddings=64), tiny_weights(), {}, "",
+                                 "draft-context-overridden"),
 }
+ENV = {"short-context-overridden": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}}
 
 
 def _case(tmp_path, name):
@@ -67,7 +73,8 @@ def _inputs(draft, target, args):
 def test_fix_changes_the_inputs_and_clears_the_finding(tmp_path, name):
     draft, target, args, rule = _case(tmp_path, name)
     before = (draft / "config.json").read_bytes(), (draft / "model.safetensors").read_bytes()
-    _, findings = diagnose(draft, target, args)
+    env = ENV.get(name)
+    _, findings = diagnose(draft, target, args, server_env=env)
     fixable = [f for f in findings if f.patch]
     assert rule in [f.rule_id for f in fixable], [f.rule_id for f in findings]
     assert {f.rule_id for f in fixable} <= FIXABLE
@@ -75,7 +82,7 @@ def test_fix_changes_the_inputs_and_clears_the_finding(tmp_path, name):
     assert before == ((draft / "config.json").read_bytes(), (draft / "model.safetensors").read_bytes())
     fixed_args = format_server_args(result.server_args)
     assert _inputs(draft, target, args) != _inputs(result.out_dir, target, fixed_args)
-    _, after = diagnose(result.out_dir, target, fixed_args)
+    _, after = diagnose(result.out_dir, target, fixed_args, server_env=env)
     assert not [f for f in after if f.rule_id in {g.rule_id for g in fixable}], after
     assert not [f for f in after if f.severity == "error"], after
 
@@ -84,7 +91,8 @@ def test_every_fixable_rule_is_covered(tmp_path):
     covered = set()
     for name in CASES:
         draft, target, args, _ = _case(tmp_path / name, name)
-        covered |= {f.rule_id for f in diagnose(draft, target, args)[1] if f.patch}
+        covered |= {f.rule_id for f in diagnose(draft, target, args, server_env=ENV.get(name))[1]
+                    if f.patch}
     assert covered == FIXABLE
 
 

@@ -19,7 +19,7 @@ IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 # Rules that can carry a mechanical fix (Finding.patch); tests/test_fix.py applies each one.
 FIXABLE = {"eagle-algorithm-with-eagle3-draft", "fc-bypassed", "aux-ids-not-read",
            "captured-layers-differ", "draft-weights-not-loaded", "d2t-not-offsets",
-           "draft-vocab-lm-head-mismatch"}
+           "draft-vocab-lm-head-mismatch", "startup-refused", "draft-context-overridden"}
 
 
 def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
@@ -34,7 +34,7 @@ def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
         found += _capture(spec, target, exp)
     found += _weights(spec, exp) if exp.draft_class_supported else []
     found += _vocab(spec, target, exp)
-    found += _positions(spec, target)
+    found += _positions(spec, target, exp)
     found += _training(spec, target)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
@@ -297,15 +297,38 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
     return found
 
 
-def _positions(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
+def _positions(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
     found = []
-    d_max, t_max = spec.max_position_embeddings, target.max_position_embeddings
-    if d_max and t_max and d_max < t_max:
-        found.append(Finding("draft-max-position-short", "info",
-                             f"the draft's max_position_embeddings is {d_max}, the target serves up "
-                             f"to {t_max}: acceptance falls (or the rope cache overflows) beyond {d_max}",
-                             "use a draft trained for long context, or cap the context length",
-                             {"draft_max_position_embeddings": d_max, "target_max_position_embeddings": t_max}))
+    src = exp.sources["context_length"]
+    if exp.startup_error:
+        draft_side = "Target model's" in exp.startup_error
+        cap = spec.context_length if draft_side else target.context_length
+        found.append(Finding("startup-refused", "error",
+                             f"SGLang {SGLANG_VERSION} refuses to start: {exp.startup_error}",
+                             f"serve with --context-length {cap} (every request then fits "
+                             f"{'the draft' if draft_side else 'the target'}), or set "
+                             "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to serve longer"
+                             + (f" (SGLang then overwrites the draft's max_position_embeddings "
+                                f"{spec.context_length} with the target's, and acceptance falls past "
+                                f"{spec.context_length})" if draft_side else ""),
+                             {"draft_context_length": spec.context_length,
+                              "target_context_length": target.context_length,
+                              "server_context_length": exp.context_len, "sglang_source": src},
+                             patch=[{"op": "server_arg", "name": "context_length", "value": cap}]))
+    elif exp.draft_max_position_override:
+        found.append(Finding("draft-context-overridden", "warning",
+                             f"{exp.override_env}=1: SGLang overwrites the draft's "
+                             f"max_position_embeddings {spec.context_length} with the target's context "
+                             f"length {exp.draft_max_position_override}, so requests past "
+                             f"{spec.context_length} run the draft beyond the positions it was trained "
+                             "on and acceptance falls there",
+                             f"use a draft trained for {exp.draft_max_position_override} positions, or "
+                             f"serve with --context-length {spec.context_length}",
+                             {"draft_context_length": spec.context_length,
+                              "overridden_to": exp.draft_max_position_override,
+                              "env": exp.override_env, "sglang_source": src},
+                             patch=[{"op": "server_arg", "name": "context_length",
+                                     "value": spec.context_length}]))
     d_theta, t_theta = spec.rope.get("theta"), target.rope.get("theta")
     if d_theta and t_theta and float(d_theta) != float(t_theta):
         found.append(Finding("rope-differs-from-target", "info",

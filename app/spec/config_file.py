@@ -38,3 +38,24 @@ def rope_of(config: dict[str, Any]) -> dict[str, Any]:
         if scaling and scaling.get("rope_type") == "default":
             scaling = None
     return {"theta": theta, "scaling": scaling}
+
+
+# sglang/srt/utils/hf_transformers/common.py::CONTEXT_LENGTH_KEYS, in SGLang's order of preference.
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def derived_context_length(config: dict[str, Any]) -> int:
+    """The context length SGLang 0.5.23 derives from a (text) config: the first of
+    CONTEXT_LENGTH_KEYS, times the rope scaling factor unless the scaling has
+    original_max_position_embeddings or is llama3; 2048 when no key is set
+    (``utils/hf_transformers/common.py::get_context_length``)."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    factor = scaling.get("factor", 1) if isinstance(scaling, dict) else 1
+    if not isinstance(scaling, dict) or "original_max_position_embeddings" in scaling \
+            or scaling.get("rope_type") == "llama3":
+        factor = 1
+    for key in CONTEXT_LENGTH_KEYS:
+        if config.get(key) is not None:
+            return int(factor * config[key])
+    return 2048

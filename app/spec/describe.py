@@ -40,7 +40,7 @@ def describe_spec(spec: DraftFeatureSpec, target: TargetSpec,
     return [_format(spec, exp), _trainer(spec), _algorithm(exp), _aux_ids(spec, exp),
             _aux_ids_sglang(readings, exp), _layers(readings, exp, target), _aux_width(spec, target),
             _fc(spec, exp, target), _vocab(spec, target, exp), _mapping(spec, target, exp),
-            _positions(spec, target), _norms(spec), _weights(spec, exp)]
+            _positions(spec, exp), _norms(spec), _weights(spec, exp)]
 
 
 def render_text(rows: list[SpecRow]) -> str:
@@ -187,11 +187,17 @@ def _mapping(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
     return SpecRow("mapping", "draft -> target token map", trained, sglang, mismatch=mismatch)
 
 
-def _positions(spec: DraftFeatureSpec, target: TargetSpec) -> SpecRow:
-    d_max, t_max = spec.max_position_embeddings, target.max_position_embeddings
-    return SpecRow("positions", "max positions", f"{d_max} (draft max_position_embeddings)",
-                   f"{t_max} (target context length)",
-                   mismatch=bool(d_max and t_max and d_max < t_max))
+def _positions(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
+    trained = f"{spec.context_length} (draft context length)"
+    if exp.startup_error:
+        sglang, note = "refuses to start", exp.startup_error
+    elif exp.draft_max_position_override:
+        sglang = f"{exp.context_len}: the draft's limit overwritten ({exp.override_env}=1)"
+        note = None
+    else:
+        sglang, note = f"{exp.context_len} (the target's context length)", None
+    return SpecRow("positions", "max positions", trained, sglang, note=note,
+                   mismatch=bool(exp.startup_error or exp.draft_max_position_override))
 
 
 def _norms(spec: DraftFeatureSpec) -> SpecRow:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.spec.checkpoint import Checkpoint, read_checkpoint
-from draftscope.spec.config_file import load_config, rope_of
+from draftscope.spec.config_file import derived_context_length, load_config, rope_of
 from draftscope.spec.errors import SpecError
 from draftscope.spec.feature_stats import find_feature_stats
 from draftscope.spec.training import find_training_config, read_training
@@ -58,6 +58,7 @@ class DraftFeatureSpec:
     norm_output: bool
     norm_before_residual: bool | None  # None: the key is absent (engine defaults differ)
     max_position_embeddings: int | None
+    context_length: int  # what SGLang derives from the draft config before any override
     rope: dict[str, Any]
     # vocabulary
     target_vocab_size: int | None  # the target vocab the draft config declares
@@ -127,7 +128,8 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
         norm_output=bool(config.get("norm_output", False)),
         norm_before_residual=config.get("norm_before_residual"),
-        max_position_embeddings=body.get("max_position_embeddings"), rope=rope_of(body),
+        max_position_embeddings=body.get("max_position_embeddings"),
+        context_length=derived_context_length(body), rope=rope_of(body),
         target_vocab_size=int(target_vocab) if target_vocab is not None else None,
         draft_vocab_size=config.get("draft_vocab_size"),
         tie_word_embeddings=bool(body.get("tie_word_embeddings", False)),

@@ -36,7 +36,11 @@ SRC = {
     "token_map": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_token_map",
     "hot_token_id": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_lm_head (self.hot_token_id = "
                     "self.draft_runner.model.hot_token_id)",
+    "context_length": "configs/model_config.py::ModelConfig._derive_context_length (the draft gets "
+                      "context_length=target context_len: speculative/eagle_worker_v2.py::EagleDraftWorker.__init__)",
 }
+# Server environment variables that change what SGLang does at start (environ.py EnvBool: 1/true/yes/y).
+OVERRIDE_ENV = ("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_IS_IN_CI")
 
 # Target classes with set_eagle3_layers_to_capture and how they shift explicit ids:
 # "plus1": every id + 1; "first1": + 1 only when the first id == 1 (sglang PR #25454).
@@ -84,6 +88,12 @@ class SGLangExpectations:
     keys_ignored: list[str] = field(default_factory=list)
     params_missing: list[str] = field(default_factory=list)  # required params no key fills
     sources: dict[str, str] = field(default_factory=dict)
+    # start-up (configs/model_config.py::_derive_context_length, for the target then the draft)
+    context_len: int | None = None  # the target's, which the draft runs at
+    draft_context_len: int | None = None  # derived from the draft config (before any override)
+    startup_error: str | None = None  # the ValueError SGLang raises before serving, if any
+    draft_max_position_override: int | None = None  # the draft's max_position_embeddings after override
+    override_env: str | None = None  # the variable that allowed an override
 
 
 def parse_server_args(text: str | None) -> dict[str, Any]:
@@ -115,8 +125,10 @@ def format_server_args(args: dict[str, Any]) -> str:
 
 
 def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
-                  server_args: dict[str, Any] | None = None) -> SGLangExpectations:
-    """SGLang's behaviour for ``spec`` drafting for ``target`` under ``server_args``."""
+                  server_args: dict[str, Any] | None = None,
+                  env: dict[str, str] | None = None) -> SGLangExpectations:
+    """SGLang's behaviour for ``spec`` drafting for ``target`` under ``server_args`` and the
+    server's environment ``env`` (only OVERRIDE_ENV is read)."""
     server_args = server_args or {}
     algorithm = str(server_args.get("speculative_algorithm") or "EAGLE3").upper()
     config = spec.config
@@ -180,7 +192,32 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
         fc_in_features=fc_in, fc_runs=fc_runs, fc_shape_error=fc_error, lm_head_source=lm_head,
         d2t_used=d2t_used, sources=sources)
     _simulate_load(spec, exp, needs_lm_head=lm_head == "draft", num_aux=int(num_aux))
+    _context_length(spec, target, server_args, env or {}, exp)
     return exp
+
+
+def _context_length(spec: DraftFeatureSpec, target: TargetSpec, server_args: dict[str, Any],
+                    env: dict[str, str], exp: SGLangExpectations) -> None:
+    """``ModelConfig._derive_context_length``, for the target (user --context-length) and then the
+    draft (given the target's context_len): a longer context than derived raises ValueError unless
+    an override variable is set, which for the draft also overwrites its max_position_embeddings."""
+    exp.sources["context_length"] = SRC["context_length"]
+    allowed = next((k for k in OVERRIDE_ENV if str(env.get(k, "")).lower() in ("1", "true", "yes", "y")), None)
+    tail = (" This may lead to incorrect model outputs or CUDA errors. To allow overriding this "
+            "maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+    user = server_args.get("context_length")
+    context = int(user) if user not in (None, True) else target.context_length
+    if context > target.context_length and not allowed:
+        exp.startup_error = (f"ValueError: User-specified context_length ({context}) is greater than the "
+                             f"derived context_length ({target.context_length}).{tail}")
+        return
+    exp.context_len, exp.draft_context_len = context, spec.context_length
+    if context > spec.context_length:
+        if allowed:
+            exp.draft_max_position_override, exp.override_env = context, allowed
+        else:
+            exp.startup_error = (f"ValueError: Target model's context_length ({context}) is greater "
+                                 f"than the derived context_length ({spec.context_length}).{tail}")
 
 
 def capture_for_ids(ids: list[int] | None, target: TargetSpec

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.spec.config_file import load_config, rope_of
+from draftscope.spec.config_file import derived_context_length, load_config, rope_of
 from draftscope.spec.errors import SpecError
 
 
@@ -25,6 +25,7 @@ class TargetSpec:
     max_position_embeddings: int | None
     rope: dict[str, Any] = field(default_factory=dict)
     text_config_nested: bool = False
+    context_length: int = 2048  # what SGLang derives (config_file.derived_context_length)
 
 
 def read_target(source: str | Path | dict[str, Any]) -> TargetSpec:
@@ -49,7 +50,8 @@ def read_target(source: str | Path | dict[str, Any]) -> TargetSpec:
                       num_layers=int(body["num_hidden_layers"]), hidden_size=int(body["hidden_size"]),
                       vocab_size=int(body["vocab_size"]),
                       max_position_embeddings=body.get("max_position_embeddings"),
-                      rope=rope_of(body), text_config_nested=text is not None)
+                      rope=rope_of(body), text_config_nested=text is not None,
+                      context_length=derived_context_length(body))
 
 
 def check_target_matches(spec: Any, target: TargetSpec) -> None:
