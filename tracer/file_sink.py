@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Callable, Dict
 
 from . import wire
-
-log = logging.getLogger("draftscope.tracer")
+from .outage import Outage
 
 
 def _count(batch: Dict[str, Any]) -> int:
@@ -17,12 +15,13 @@ def _count(batch: Dict[str, Any]) -> int:
 
 class FileSink:
     """Used only by the writer thread. Never raises from ``send``: a failed write (full disk, ...) is
-    rolled back to the last whole line, counted as ``sink_error`` drops and logged once."""
+    rolled back to the last whole line, counted as ``sink_error`` drops and logged (``outage.Outage``)."""
 
     def __init__(self, path: str, drop: Callable[[str, int], None]):
         self.path = path
         self._drop = drop
-        self._warned = False
+        self.name = f"the file sink ({path})"
+        self.outage = Outage(self.name)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # OSError: caller logs it
 
     def send(self, batch: Dict[str, Any]) -> None:
@@ -40,11 +39,9 @@ class FileSink:
                     os.ftruncate(self._fd, end)  # no half line for the importer to trip over
                 except OSError:
                     pass
-            if not self._warned:
-                log.warning("draftscope: cannot write %s (%s); dropping batches until writes succeed", self.path, exc)
-                self._warned = True
+            self.outage.failed(f"{type(exc).__name__}: {exc}", _count(batch))
             return
-        self._warned = False
+        self.outage.ok()
 
     def close(self) -> None:
         try:

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional
 
 from . import wire
+from .outage import Outage
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -39,7 +40,9 @@ class HttpSink:
         self._backoff0, self._max_backoff = backoff_s, max_backoff_s
         self._backoff = backoff_s
         self._retry_at = 0.0
-        self._warned = False
+        self.name = f"the HTTP sink ({self.endpoint})"
+        self.outage = Outage(self.name, f"batches are buffered (up to {max_buffered_batches}), then the "
+                                        "oldest are dropped (counted)")
 
     def send(self, batch: Dict[str, Any]) -> None:
         self._buffer.append(batch)
@@ -61,6 +64,7 @@ class HttpSink:
     def _evict_oldest(self) -> None:
         old = self._buffer.popleft()
         self._drop("sink_error", max(_count(old), 1))
+        self.outage.dropped(_count(old))
         if old.get("run") and self._buffer and not self._buffer[0].get("run"):
             self._buffer[0]["run"] = old["run"]  # the store needs the run before any record
 
@@ -73,9 +77,7 @@ class HttpSink:
             except _Retryable as exc:
                 self._retry_at = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, self._max_backoff)
-                if not self._warned:
-                    log.warning("draftscope: cannot deliver to %s (%s); buffering and retrying", self.endpoint, exc)
-                    self._warned = True
+                self.outage.failed(str(exc))
                 return False
             except urllib.error.HTTPError as exc:  # 4xx: this batch will never be accepted
                 self._buffer.popleft()
@@ -86,7 +88,8 @@ class HttpSink:
                     self._buffer[0]["run"] = batch["run"]
                 continue
             self._buffer.popleft()
-            self._backoff, self._warned = self._backoff0, False
+            self._backoff = self._backoff0
+            self.outage.ok()
         return True
 
     def _post(self, batch: Dict[str, Any]) -> None:

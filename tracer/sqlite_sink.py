@@ -31,6 +31,7 @@ class SqliteSink:
 
     def __init__(self, path: str):
         self.path = path
+        self.name = f"the SQLite sink ({path})"
         if not os.path.isfile(path):
             raise StoreNotReady(f"DRAFTSCOPE_DB={path} does not exist; "
                                 f"run `draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
@@ -62,7 +63,13 @@ class SqliteSink:
                  *(counts[k] for k in ("requests", "steps", "samples", "health", "findings"))))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A failed COMMIT (e.g. "database or disk is full") may already have ended the transaction:
+            # a ROLLBACK then raises "no transaction is active", which must not mask the real error.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
             raise
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from . import wire
 from .health import Health
+from .outage import Outage
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -99,6 +100,7 @@ class Writer(JobQueue):
         self._pending: Records = {k: [] for k in wire.RECORD_TABLES}
         self._pending_n = 0
         self._run_sent = False
+        self.outage = Outage(getattr(sink, "name", "the sink"))
         self._thread.start()
 
     def _loop(self) -> None:
@@ -166,4 +168,19 @@ class Writer(JobQueue):
         except Exception as exc:
             self.health.failed("sink", exc)
             self.health.drop("sink_error", max(n, 1))
-            log.debug("draftscope: sink failed: %s", exc)
+            self.outage.failed(f"{type(exc).__name__}: {exc}", n)
+            if final:
+                self._send_status(run)
+            return
+        self.outage.ok()
+
+    def _send_status(self, run: dict) -> None:
+        """The final batch failed: send the run's status alone, a write small enough to pass where the
+        store can still be reached (a full disk keeps room for it), so the run is not left ``running``."""
+        try:
+            self.sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
+                            "run_id": self.run_id, "sent_at": time.time(), "run": run,
+                            **{k: [] for k in wire.RECORD_TABLES}})
+        except Exception as exc:
+            log.warning("draftscope: the run's final status (%s) could not be stored either: %s: %s",
+                        run.get("status"), type(exc).__name__, exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import threading
@@ -211,6 +212,20 @@ def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
     assert [b for code, b, _ in _Ingest.seen if code == 200] == ["b0", "b1", "b2"]
     assert _Ingest.seen[0][0] == 503 and all(t == "Bearer s3cret" for _, _, t in _Ingest.seen)
     assert drops == []
+
+
+def test_http_sink_outage_is_said_once_and_its_end_too(ingest_server, caplog):
+    _server, url = ingest_server
+    _Ingest.answers = [503, 503, 503]
+    sink = HttpSink(url, lambda r, n: None, backoff_s=0.01)
+    with caplog.at_level(logging.INFO, "draftscope.tracer"):
+        for i in range(6):
+            sink.send(_batch(i, run=RUN if i == 0 else None))
+            time.sleep(0.03)
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftscope.tracer"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"draftscope: the HTTP sink ({url}/api/v1/batches) failed: HTTP 503;")
+    assert "works again after" in lines[1] and "(3 failures, 0 records dropped)" in lines[1]
 
 
 def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):

@@ -1,0 +1,123 @@
+"""Sink failures are visible: the first at WARNING with its real error, a summary every minute while
+they last, a line on recovery; a full disk (a real 2 MB tmpfs) is reported as such, not masked by the
+ROLLBACK after the failed COMMIT, and the run still gets its final status once there is room."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from draftscope import db as store_db
+from draftscope_tracer.health import Health
+from draftscope_tracer.outage import Outage
+from draftscope_tracer.sqlite_sink import SqliteSink
+from draftscope_tracer.writer import Writer
+from tests.fixtures.store import step_record
+
+RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
+       "started_at": 1.0}
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "draftscope.tracer" and r.levelno >= logging.WARNING]
+
+
+def test_outage_says_first_error_then_a_summary_a_minute_then_recovery(caplog):
+    now = [0.0]
+    outage = Outage("the test sink", clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, "draftscope.tracer"):
+        for t in range(0, 150, 5):  # 150 s of failures, one every 5 s
+            now[0] = float(t)
+            outage.failed("OSError: boom", records_dropped=2)
+        now[0] = 151.0
+        outage.ok()
+        outage.ok()  # no outage: silent
+    lines = _warnings(caplog)
+    assert lines[0].startswith("draftscope: the test sink failed: OSError: boom; SGLang is unaffected")
+    assert [line.split(" still failing after ")[1].split(" s:")[0] for line in lines[1:-1]] == ["60", "120"]
+    assert "30 failures, 60 records dropped" in lines[-1] and "works again after 151 s" in lines[-1]
+    assert len(lines) == 4
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MB tmpfs (we are root in the test container); skipped where mounting is not allowed."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(folder) -> "os.PathLike":
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:  # ENOSPC: the disk is full
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_full_disk_is_reported_as_full_and_the_run_is_not_left_running(tiny_disk, caplog):
+    path = tiny_disk / "store.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    run_id = uuid.uuid4().hex
+    health = Health()
+    sink = SqliteSink(str(path))
+    with caplog.at_level(logging.INFO, "draftscope.tracer"):
+        writer = Writer(sink, health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05,
+                        max_batch_items=64)
+        writer.submit(lambda: {"steps": [step_record("a", 0)]})
+        time.sleep(0.3)  # the run and a first step are stored
+        filler = _fill(tiny_disk)
+        for i in range(1, 400):  # large enough records that the store must grow
+            writer.submit(lambda i=i: {"steps": [step_record("a", i, drafted_tokens=list(range(500)))]})
+        time.sleep(0.5)
+        os.remove(filler)
+        writer.submit(lambda: {"steps": [step_record("b", 0)]})
+        time.sleep(0.3)
+        writer.close(5.0, "ended")
+    lines = _warnings(caplog)
+    assert lines[0].startswith(f"draftscope: the SQLite sink ({path}) failed: OperationalError: database or disk "
+                               "is full"), lines
+    assert not any("no transaction is active" in line for line in lines)
+    assert any("works again after" in line for line in lines), lines
+    assert health.drops["sink_error"] > 0
+    conn = sqlite3.connect(path)
+    assert conn.execute("select status from runs where id = ?", (run_id,)).fetchone() == ("ended",)
+    assert conn.execute("select count(*) from verify_steps where rid = 'b'").fetchone() == (1,)
+    drops = json.loads(conn.execute("select drops from tracer_health order by at desc limit 1").fetchone()[0])
+    assert drops["sink_error"] > 0  # delivered after recovery: the store shows what was lost
+
+
+def test_a_disk_full_to_the_end_says_the_status_was_lost(tiny_disk, caplog):
+    """The disk stays full to the end: the final batch fails, the status alone is tried and its
+    failure said (the dashboard shows such a run as silent since its last batch)."""
+    path = tiny_disk / "store.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    run_id = uuid.uuid4().hex
+    writer = Writer(SqliteSink(str(path)), Health(), lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
+    writer.submit(lambda: {"steps": [step_record("a", 0)]})
+    time.sleep(0.3)
+    _fill(tiny_disk)
+    with caplog.at_level(logging.WARNING, "draftscope.tracer"):
+        for i in range(1, 300):
+            writer.submit(lambda i=i: {"steps": [step_record("a", i, drafted_tokens=list(range(500)))]})
+        writer.close(5.0, "ended")
+    assert _warnings(caplog)[-1] == ("draftscope: the run's final status (ended) could not be stored either: "
+                                     "OperationalError: database or disk is full")
