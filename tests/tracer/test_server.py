@@ -126,7 +126,7 @@ def test_answers_unchanged_with_tracer(reference, traced):
 def _kill_recorder(server) -> None:
     """SIGKILL the tracer's recorder process (a child of the scheduler), once it has found the dashboard down."""
     deadline = time.monotonic() + 30
-    while "cannot deliver" not in open(server.log_path).read() and time.monotonic() < deadline:
+    while "HTTP sink (" not in open(server.log_path).read() and time.monotonic() < deadline:
         time.sleep(0.2)
     procs = [p for p in psutil.Process(server.pid).children(recursive=True)
              if "draftscope_tracer.recorder" in " ".join(p.cmdline())]
@@ -141,7 +141,7 @@ def test_faulty_tracer_and_dashboard_down_change_nothing(models, reference, tmp_
     outs, log_text = _answers(models, tmp_path_factory.mktemp("faulty") / "server.log", env, _kill_recorder)
     assert [o["text"] for o in outs] == [o["text"] for o in reference]
     assert [o["meta_info"]["spec_verify_ct"] for o in outs] == [o["meta_info"]["spec_verify_ct"] for o in reference]
-    assert "disabled" in log_text and "cannot deliver" in log_text and "recorder process lost" in log_text
+    assert "disabled" in log_text and "HTTP sink (" in log_text and "recorder process lost" in log_text
 
 
 def _ordered(conn, sql: str) -> list:
