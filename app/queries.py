@@ -93,10 +93,25 @@ def _with_accept_stats(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-def run_requests(conn: sa.Connection, run_id: str,
+def step_stride(run: dict[str, Any]) -> int:
+    """The run's ``DRAFTSCOPE_STEP_STRIDE``: a sampled request records every n-th verify step."""
+    return max(1, int((run.get("tracer_config") or {}).get("step_stride") or 1))
+
+
+def _with_completeness(request: dict[str, Any], stride: int) -> dict[str, Any]:
+    """Add ``expected_steps`` (verify steps a sampled request records: one per ``stride`` of the
+    tracer's own count) and ``missing_steps`` (how many of those the store lacks: dropped)."""
+    traced = request.get("traced_verify_ct")
+    expected = -(-traced // stride) if request.get("sampled") and traced else None
+    request["expected_steps"] = expected
+    request["missing_steps"] = max(0, expected - request["sampled_steps"]) if expected is not None else 0
+    return request
+
+
+def run_requests(conn: sa.Connection, run_id: str, stride: int = 1,
                  limit: int = MAX_REQUESTS_SHOWN) -> list[dict[str, Any]]:
-    """The run's requests in arrival order, with counter mismatches and mean accept lengths
-    (SGLang's, and the tracer's over the sampled verify steps)."""
+    """The run's requests in arrival order, with counter mismatches, mean accept lengths (SGLang's,
+    and the tracer's over the sampled verify steps) and the steps the store lacks (``missing_steps``)."""
     mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
     steps = (sa.select(_STEPS.c.rid, mean_accept.label("traced_accept_length"),
                        sa.func.count().label("sampled_steps"))
@@ -107,7 +122,40 @@ def run_requests(conn: sa.Connection, run_id: str,
              .select_from(_REQUESTS.outerjoin(steps, steps.c.rid == _REQUESTS.c.rid))
              .where(_REQUESTS.c.run_id == run_id)
              .order_by(_REQUESTS.c.started_at, _REQUESTS.c.id).limit(limit))
-    return [_with_accept_stats(dict(row)) for row in conn.execute(query).mappings()]
+    return [_with_completeness(_with_accept_stats(dict(row)), stride) for row in conn.execute(query).mappings()]
+
+
+def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
+    """Request ids with verify steps but no request row: still running, or their finish record was
+    dropped. Each with its stored steps (count, first and last index) and when the first was taken."""
+    rows = sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id)
+    query = (sa.select(_STEPS.c.rid, sa.func.count().label("sampled_steps"),
+                       sa.func.min(_STEPS.c.step_index).label("first_step"),
+                       sa.func.max(_STEPS.c.step_index).label("last_step"),
+                       sa.func.min(_STEPS.c.at).label("first_at"))
+             .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.not_in(rows))
+             .group_by(_STEPS.c.rid).order_by(sa.func.min(_STEPS.c.at)).limit(MAX_REQUESTS_SHOWN))
+    return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def incomplete_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
+    """Requests the store holds only part of: sampled ones that lack some of their verify steps
+    (``missing_steps`` > 0), then ids with steps but no request row (``row_missing``)."""
+    run = get_run(conn, run_id)
+    if run is None:
+        return []
+    partial = [{"rid": r["rid"], "row_missing": False, "sampled_steps": r["sampled_steps"],
+                "expected_steps": r["expected_steps"], "missing_steps": r["missing_steps"]}
+               for r in run_requests(conn, run_id, step_stride(run)) if r["missing_steps"]]
+    orphans = [{"rid": o["rid"], "row_missing": True, "sampled_steps": o["sampled_steps"],
+                "expected_steps": None, "missing_steps": None} for o in orphan_requests(conn, run_id)]
+    return partial + orphans
+
+
+def last_batch_at(conn: sa.Connection, run_id: str) -> float | None:
+    """When the run's newest batch was stored (a ``running`` run silent for long has lost its tracer)."""
+    return conn.execute(sa.select(sa.func.max(_BATCHES.c.received_at))
+                        .where(_BATCHES.c.run_id == run_id)).scalar()
 
 
 def get_request(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any] | None:
@@ -144,7 +192,8 @@ def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
         raise NotFound(f"No run {run_id!r} is stored. The runs list at / shows every stored run; "
                        "a tracer's run appears there once its first batch has arrived.")
     return {"run": run, "findings": run_findings(conn, run_id), "health": latest_health(conn, run_id),
-            "requests": run_requests(conn, run_id)}
+            "requests": run_requests(conn, run_id, step_stride(run)),
+            "orphan_requests": orphan_requests(conn, run_id), "last_batch_at": last_batch_at(conn, run_id)}
 
 
 def request_view(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any]:
@@ -154,13 +203,20 @@ def request_view(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any]:
         raise NotFound(f"No run {run_id!r} is stored, so it has no request {rid!r}. The runs list "
                        "at / shows every stored run.")
     request = get_request(conn, run_id, rid)
-    if request is None:
+    steps, samples = request_steps(conn, run_id, rid), request_samples(conn, run_id, rid)
+    if request is None and not (steps or samples):
         raise NotFound(f"Run {run_id!r} has no request {rid!r}. Its requests are listed on "
                        f"/runs/{run_id}.")
+    if request is None:  # steps without their request row: shown, marked ``row_missing``
+        request = _with_accept_stats({**{c.name: None for c in _REQUESTS.c if c.name not in ("id", "run_id")},
+                                      "rid": rid, "row_missing": True})
+    else:
+        request["row_missing"] = False
+    request["sampled_steps"] = len(steps)
+    _with_completeness(request, step_stride(run))
     expected = expected_draft_input_width(run["facts"])
-    samples = request_samples(conn, run_id, rid)
     for sample in samples:
         sample["width_mismatch"] = (sample["point"] == "draft.input" and expected is not None
                                     and sample["width"] != expected)
     return {"run": run, "request": request, "expected_draft_input_width": expected,
-            "steps": request_steps(conn, run_id, rid), "samples": samples}
+            "steps": steps, "samples": samples}

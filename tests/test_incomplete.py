@@ -1,0 +1,52 @@
+"""Incomplete requests are visible: a sampled request missing some of its verify steps is marked, and
+steps whose request row never arrived are listed and have a page (not a 404)."""
+
+from __future__ import annotations
+
+import uuid
+
+from draftscope import db, queries
+from tests.fixtures.store import make_batch, run_record, step_record
+
+
+def _store(client) -> str:
+    run_id = uuid.uuid4().hex
+    batch = make_batch(
+        run_id, run=run_record(tracer_config={"step_stride": 2}),
+        requests=[{"rid": "whole", "sampled": True, "traced_verify_ct": 3, "spec_verify_ct": 3},
+                  {"rid": "partial", "sampled": True, "traced_verify_ct": 6, "spec_verify_ct": 6},
+                  {"rid": "unsampled", "sampled": False, "traced_verify_ct": 5, "spec_verify_ct": 5}],
+        # stride 2: steps 0 and 2 of "whole", steps 0, 2, 4 of "partial" (4 lost), "orphan" has no row
+        steps=[step_record("whole", 0), step_record("whole", 2), step_record("partial", 0),
+               step_record("partial", 2), step_record("orphan", 0), step_record("orphan", 1)])
+    response = client.post("/api/v1/batches", json=batch)
+    assert response.status_code == 200, response.text
+    return run_id
+
+
+def test_incomplete_requests_and_orphans(client, store_url):
+    run_id = _store(client)
+    engine = db.make_engine(store_url)
+    with engine.connect() as conn:
+        incomplete = queries.incomplete_requests(conn, run_id)
+        view = queries.run_view(conn, run_id)
+    engine.dispose()
+    assert incomplete == [
+        {"rid": "partial", "row_missing": False, "sampled_steps": 2, "expected_steps": 3, "missing_steps": 1},
+        {"rid": "orphan", "row_missing": True, "sampled_steps": 2, "expected_steps": None, "missing_steps": None}]
+    by_rid = {r["rid"]: r for r in view["requests"]}
+    assert by_rid["whole"]["missing_steps"] == 0 and by_rid["unsampled"]["expected_steps"] is None
+    assert [o["rid"] for o in view["orphan_requests"]] == ["orphan"] and view["last_batch_at"] > 0
+
+
+def test_request_pages_of_partial_and_orphan_requests(client):
+    run_id = _store(client)
+    page = client.get(f"/runs/{run_id}/requests/orphan")
+    assert page.status_code == 200 and "No request record is stored for this id" in page.text
+    assert page.text.count('class="step"') == 2
+    api = client.get(f"/api/v1/runs/{run_id}/requests/orphan").json()
+    assert api["request"]["row_missing"] is True and len(api["steps"]) == 2
+    page = client.get(f"/runs/{run_id}/requests/partial")
+    assert "Incomplete: 1 of the 3 verify steps" in page.text
+    assert "Incomplete" not in client.get(f"/runs/{run_id}/requests/whole").text
+    assert client.get(f"/runs/{run_id}/requests/nowhere").status_code == 404
