@@ -23,6 +23,7 @@ threads fill both cores and every other runnable thread (the client, SGLang's to
 detokenizer, the tracer's recorder) stalls the forward pass. One thread leaves a core for them, as a
 GPU host's spare cores do. ``--sink sqlite`` (default): the tracer writes the store file itself;
 ``--sink http``: one ``draftscope serve`` for the whole run takes the tracer's batches over HTTP.
+Interrupted (SIGINT, e.g. ``timeout -s INT``), the bench reports the rounds completed so far.
 
     python bench/tracer_overhead.py --blocks 4 --rounds 12
 """
@@ -114,10 +115,10 @@ def run_block(args, models, work: Path, block: int, sink: dict, store: Path, res
     runs_before = stored_runs(store)
     names = list(VARIANTS)
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(args.concurrency) as pool:
+        envs = {False: {**base, "SGLANG_PLUGINS": plugins_except_ours(python)}, True: base}
         servers = {traced: stack.enter_context(start_server(
-            models.target, models.draft, ["--sleep-on-idle"], work / f"block{block}-{'traced' if traced else 'plain'}.log",
-            env=base if traced else {**base, "SGLANG_PLUGINS": plugins_except_ours(python)}, python=python))
-            for traced in (False, True)}
+            models.target, models.draft, ["--sleep-on-idle"], work / f"block{block}-traced-{traced}.log", env=env,
+            python=python)) for traced, env in envs.items()}
         for traced, server in servers.items():  # warm-up, not timed
             run_unit(server, pool, [request_id(f"warm{block}-{traced}-{i}", False) for i in range(UNIT)],
                      args.concurrency, args.new_tokens)
@@ -133,6 +134,12 @@ def run_block(args, models, work: Path, block: int, sink: dict, store: Path, res
                          f"{stored_runs(store) - runs_before}: the plugin was loaded in the wrong server")
 
 
+def completed_rounds(results: dict) -> dict:
+    """``results`` cut to the rounds that every variant finished; blocks with none left out."""
+    cut = {b: min(len(xs) for xs in block.values()) for b, block in results.items()}
+    return {b: {name: xs[:cut[b]] for name, xs in block.items()} for b, block in results.items() if cut[b]}
+
+
 def overheads(results: dict, name: str, base: str, measure: int) -> list[list[float]]:
     """Per block, per round: the cost of ``name`` against ``base`` (``measure`` 0 tokens/s, 1 CPU per token)."""
     return [[b[measure] / x[measure] - 1 if measure == 0 else x[measure] / b[measure] - 1
@@ -142,8 +149,10 @@ def overheads(results: dict, name: str, base: str, measure: int) -> list[list[fl
 def bootstrap_interval(groups: list[list[float]], resamples: int = 4000) -> tuple[float, float]:
     """2.5th and 97.5th percentiles of the median, resampling groups, then values within each (seeded)."""
     rng = random.Random(0)
-    medians = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))])
-                     for _ in range(resamples))
+    def resample() -> list[float]:
+        return [x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))]
+
+    medians = sorted(statistics.median(resample()) for _ in range(resamples))
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
 
 
@@ -172,7 +181,8 @@ def report(results: dict) -> None:
 def commit() -> str:
     git = ["git", "-C", str(REPO_ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout
     return head + (" with uncommitted changes" if dirty.strip() else "")
 
 
@@ -199,8 +209,13 @@ def main() -> None:
             sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
         else:
             sink = {"DRAFTSCOPE_DB": str(store)}
-        for b in range(args.blocks):
-            run_block(args, models, work, b, sink, store, results)
+        try:
+            for b in range(args.blocks):
+                run_block(args, models, work, b, sink, store, results)
+        except KeyboardInterrupt:  # e.g. `timeout -s INT`: report the rounds completed so far
+            results = completed_rounds(results)
+            print(f"\ninterrupted: reporting the {sum(len(b['no tracer']) for b in results.values())} "
+                  f"rounds completed in {len(results)} blocks", flush=True)
     report(results)
     print(f"\nload average {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min), "
           f"{os.getloadavg()[2]:.2f} (15 min) at the end; logs in {work}")

@@ -215,16 +215,18 @@ def start_server(
         )
     handle = ServerHandle(process, f"http://{HOST}:{port}", log_path, api_key)
     deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            handle.stop()
-            raise ServerStartError(_failure(f"the server exited with code {process.returncode}", log_path))
-        if handle.is_healthy():
-            return handle
-        if time.monotonic() > deadline:
-            handle.stop()
-            raise ServerStartError(_failure(f"the server was not healthy after {timeout:.0f} s", log_path))
-        time.sleep(0.5)
+    try:
+        while True:
+            if process.poll() is not None:
+                raise ServerStartError(_failure(f"the server exited with code {process.returncode}", log_path))
+            if handle.is_healthy():
+                return handle
+            if time.monotonic() > deadline:
+                raise ServerStartError(_failure(f"the server was not healthy after {timeout:.0f} s", log_path))
+            time.sleep(0.5)
+    except BaseException:  # a start error, or Ctrl-C while waiting: leave no process behind
+        handle.stop()
+        raise
 
 
 @contextlib.contextmanager

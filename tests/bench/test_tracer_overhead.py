@@ -31,3 +31,8 @@ def test_bootstrap_interval_resamples_blocks():
     low, high = bench.bootstrap_interval([[0.01] * 10, [0.05] * 10])
     assert low == 0.01 and high == 0.05
     assert bench.bootstrap_interval([[0.02, 0.03, 0.04]]) == (0.02, 0.04)
+
+
+def test_an_interrupted_run_reports_only_rounds_that_every_variant_finished():
+    results = {0: {"no tracer": [1, 2, 3], "1 in 16": [1, 2]}, 1: {"no tracer": [4], "1 in 16": []}}
+    assert bench.completed_rounds(results) == {0: {"no tracer": [1, 2], "1 in 16": [1, 2]}}

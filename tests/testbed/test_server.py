@@ -5,6 +5,7 @@ SGLang's own kernels run. Server starts are costly (~30 s of CPU each), so they 
 """
 
 import os
+import signal
 import subprocess
 import time
 
@@ -108,3 +109,19 @@ def test_server_past_its_deadline_is_killed_with_its_group(tmp_path, started):
         start_server(tmp_path, None, [], tmp_path / "slow.log", timeout=3)
     assert "Last lines of" in str(failure.value)
     assert group_gone(started[0].pid), "the server's process group outlived the failed start"
+
+
+@pytest.mark.sglang
+def test_server_interrupted_while_starting_is_killed_with_its_group(tmp_path, started):
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)  # as Ctrl-C would, 2 s into the start
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_server(tmp_path, None, [], tmp_path / "interrupted.log", timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert group_gone(started[0].pid), "the server's process group outlived the interrupted start"
