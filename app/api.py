@@ -45,6 +45,8 @@ async def post_batch(request: Request) -> Response:
         result = await run_in_threadpool(request.app.state.writer.write, body)
     except IngestError as exc:
         return error(exc.status, exc.message)
+    if result.status == "stored":
+        request.app.state.refresher.notify(result.run_id)
     return JSONResponse({"status": result.status, "batch_id": result.batch_id,
                          "run_id": result.run_id, "rows": result.rows})
 
@@ -73,7 +75,6 @@ def get_runs(request: Request) -> list[dict]:
 @router.get("/runs/{run_id}")
 def get_run(request: Request, run_id: str) -> Response:
     """One run: its fields (facts included), findings by severity, latest health, requests."""
-    request.app.state.findings.refresh(run_id)
     try:
         with request.app.state.engine.connect() as conn:
             return as_json(queries.run_view(conn, run_id))

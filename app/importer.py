@@ -12,6 +12,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from draftscope.analyze import refresh_run
 from draftscope.ingest import BatchWriter, IngestError
 from draftscope.models import Run
 
@@ -24,8 +25,9 @@ class ImportReport:
 
 
 def import_files(engine: sa.Engine, paths: list[Path]) -> ImportReport:
-    """Store every batch of every file; a bad line is reported by file and line and skipped."""
-    writer, report = BatchWriter(engine), ImportReport()
+    """Store every batch of every file; a bad line is reported by file and line and skipped.
+    Each run that received batches is then diagnosed once (aggregates and findings)."""
+    writer, report, runs = BatchWriter(engine), ImportReport(), set()
     for path in paths:
         with path.open("rb") as lines:
             for number, line in enumerate(lines, start=1):
@@ -38,8 +40,11 @@ def import_files(engine: sa.Engine, paths: list[Path]) -> ImportReport:
                     continue
                 if result.status == "stored":
                     report.stored += 1
+                    runs.add(result.run_id)
                 else:
                     report.duplicates += 1
+    for run_id in sorted(runs):
+        refresh_run(engine, run_id)
     return report
 
 

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models
+from draftscope.stats import PG_WRITE_LOCK
 from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
 from draftscope_tracer import wire
 from draftscope_tracer.redact import redact_server_args
@@ -164,6 +165,8 @@ class BatchWriter:
         exit, rolls back on an exception. Several ``store`` calls inside it are all or nothing."""
         with self._lock or nullcontext():
             with self.engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
+                if conn.dialect.name == "postgresql":  # the stats' id bound waits for writers in flight
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(PG_WRITE_LOCK)))
                 yield conn
 
     def store(self, conn: sa.Connection, batch: Any) -> IngestResult:

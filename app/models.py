@@ -166,7 +166,8 @@ class IngestBatch(SQLModel, table=True):
     """A batch already stored: its id makes ingest idempotent."""
 
     __tablename__ = "ingest_batches"
-    __table_args__ = (sa.Index("ix_ingest_batches_run_id", "run_id"),)
+    __table_args__ = (sa.Index("ix_ingest_batches_run_received", "run_id", "received_at"),
+                      sa.Index("ix_ingest_batches_received_at", "received_at"))
 
     batch_id: str = Field(sa_type=sa.String, primary_key=True)
     run_id: str = _run_fk()
@@ -190,6 +191,62 @@ class BundleImport(SQLModel, table=True):
     origin: str = _str(nullable=False)  # the file name or upload it came from
     imported_at: float = Field(nullable=False)
     manifest: dict = _json(nullable=False)
+
+
+class RunStats(SQLModel, table=True):
+    """Per-run aggregates, maintained on arrival (``draftscope.stats``), read by the pages.
+
+    Steps and samples are insert-only: rows with ``id`` above the watermarks ``step_id_max`` /
+    ``sample_id_max`` are not yet counted. Request totals (upserted rows) are recomputed whole.
+    ``batches_seen`` is the run's ``ingest_batches`` count at the last refresh.
+    """
+
+    __tablename__ = "run_stats"
+
+    run_id: str = Field(sa_type=sa.String, primary_key=True, foreign_key="runs.id",
+                        ondelete="CASCADE")
+    batches_seen: int = Field(default=0, nullable=False)
+    last_batch_at: float | None = None
+    step_id_max: int = Field(default=0, nullable=False)
+    sample_id_max: int = Field(default=0, nullable=False)
+    t0: float | None = None  # time origin of the time bins
+    time_bin_s: float = Field(default=1.0, nullable=False)
+    seq_bin: int = Field(default=16, nullable=False)
+    verify_steps: int = Field(default=0, nullable=False)
+    accept_len_sum: int = Field(default=0, nullable=False)
+    proposed: int = Field(default=0, nullable=False)
+    accepted: int = Field(default=0, nullable=False)
+    per_position: list = Field(default_factory=list, sa_type=sa.JSON, nullable=False)  # [[proposed, accepted], ...]
+    max_seq_pos: int | None = None
+    max_seq_pos_rid: str | None = _str()
+    max_seq_pos_step: int | None = None
+    traced_accept_length: float | None = None
+    sglang_accept_length: float | None = None
+    requests_count: int = Field(default=0, nullable=False)
+    request_totals: dict = Field(default_factory=dict, sa_type=sa.JSON, nullable=False)
+    updated_at: float | None = None
+
+
+class RunStatBin(SQLModel, table=True):
+    """One bucket of one per-run series: ``n`` rows, their ``total`` and, where kept, min and max.
+
+    Series (``draftscope.stats``): ``steps.time`` and ``steps.seq_pos`` (n steps, total accept_len),
+    ``steps.flags`` (key: the accept_flags pattern), ``steps.rid`` (key: rid; total accept_len, lo
+    and hi the first and last step_index), ``widths`` (key ``point|phase``, bucket: width),
+    ``norms.time`` (key: point; total, lo, hi of l2_mean), ``nonfinite`` (key: point).
+    """
+
+    __tablename__ = "run_stat_bins"
+
+    run_id: str = Field(sa_type=sa.String, primary_key=True, foreign_key="runs.id",
+                        ondelete="CASCADE")
+    series: str = Field(sa_type=sa.String, primary_key=True)
+    key: str = Field(sa_type=sa.String, primary_key=True)
+    bucket: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    n: int = Field(nullable=False)
+    total: float = Field(default=0.0, nullable=False)
+    lo: float | None = None
+    hi: float | None = None
 
 
 RECORD_MODELS: dict[str, type[SQLModel]] = {

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import sqlalchemy as sa
 
-from draftscope import models
+from draftscope import models, stats
 from draftscope.facts_view import expected_draft_input_width
 from draftscope_tracer.redact import redact_server_args
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
+SEVERITY_ORDER = ("error", "warning", "info")
+_FINDINGS = models.Finding.__table__
+_HEALTH = models.TracerHealth.__table__
+_REQUESTS = models.Request.__table__
+_STEPS = models.VerifyStep.__table__
+_SAMPLES = models.TensorSample.__table__
+_STATS = models.RunStats.__table__
+_BINS = models.RunStatBin.__table__
+COUNTERS = ("verify_ct", "accepted_drafts", "proposed_drafts")  # spec_* (SGLang) vs traced_*
+MAX_REQUESTS_SHOWN = 1000
 RUN_LIST_COLUMNS = ("id", "engine", "engine_version", "source", "status", "started_at", "ended_at",
                     "algorithm", "target_path", "draft_path")
 
@@ -28,27 +40,91 @@ def _batch_sum(column: str, name: str) -> sa.Label:
             .where(_BATCHES.c.run_id == _RUNS.c.id).scalar_subquery().label(f"{name}_count"))
 
 
-def list_runs(conn: sa.Connection, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest runs first, each with its record counts (requests, steps, samples, findings).
+class BadQuery(ValueError):
+    """A sort key or filter the query does not know; the message lists the accepted values."""
 
-    Steps and samples are summed from ``ingest_batches`` (every writer records its row counts
-    there), so the list stays fast while a run grows to millions of samples.
+
+def _pick(value: str, allowed: dict[str, Any], what: str) -> Any:
+    if value not in allowed:
+        raise BadQuery(f"Unknown {what} {value!r}; use one of: {', '.join(sorted(allowed))}.")
+    return allowed[value]
+
+
+def _severity_rank(column: sa.ColumnElement) -> sa.ColumnElement:
+    return sa.case({s: i for i, s in enumerate(SEVERITY_ORDER)}, value=column,
+                   else_=len(SEVERITY_ORDER))
+
+
+def _worst(column: str) -> sa.ScalarSelect:
+    return (sa.select(_FINDINGS.c[column]).where(_FINDINGS.c.run_id == _RUNS.c.id)
+            .order_by(_severity_rank(_FINDINGS.c.severity), _FINDINGS.c.id).limit(1).scalar_subquery())
+
+
+LIVE_WINDOW_S = 60.0  # a running run is live while batches arrived this recently (health: every 10 s)
+RUN_STATES = ("live", "stalled", "ended", "crashed", "imported")
+
+
+def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = True,
+              status: str | None = None, q: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Runs for the runs list: the columns of ``RUN_LIST_COLUMNS`` plus
+
+    - ``requests_count``, ``steps_count``, ``samples_count``, ``findings_count`` (steps and samples
+      summed from ``ingest_batches``: one row per batch, not per record);
+    - ``mean_accept_length``: the tracer's, 1 + accepted drafts per sampled verify step;
+      ``sglang_accept_length``: SGLang's, sum(output_len) / sum(spec_verify_ct) over requests
+      (counts the prefill's token, see ``run_summary``); ``per_position``: acceptance rate per
+      draft position 1..n (a list of floats); all three from ``run_stats``, None before any data;
+    - ``worst_severity`` / ``worst_rule_id``: the most severe finding (None without findings);
+    - ``last_batch_at``; ``state``: live (running, a batch within ``LIVE_WINDOW_S``), stalled
+      (running, nothing since), ended, crashed, or imported (a bundle); ``live``: state == live.
+
+    ``sort``: one of ``RUN_SORTS`` (nulls last either way); ``status``: one of ``RUN_STATES``;
+    ``q``: case-insensitive substring of the id, engine, algorithm, host, target or draft path.
+    Raises BadQuery for an unknown sort or status.
     """
-    query = (sa.select(*(_RUNS.c[c] for c in RUN_LIST_COLUMNS), _count(models.Request, "requests"),
-                       _batch_sum("step_rows", "steps"), _batch_sum("sample_rows", "samples"),
-                       _count(models.Finding, "findings"))
-             .order_by(_RUNS.c.started_at.desc()).limit(limit))
-    return [dict(row) for row in conn.execute(query).mappings()]
+    last = (sa.select(sa.func.max(_BATCHES.c.received_at)).where(_BATCHES.c.run_id == _RUNS.c.id)
+            .scalar_subquery())
+    state = sa.case((_RUNS.c.source == "bundle", "imported"),
+                    (sa.and_(_RUNS.c.status == "running", last > time.time() - LIVE_WINDOW_S), "live"),
+                    (_RUNS.c.status == "running", "stalled"), else_=_RUNS.c.status)
+    columns = {**{c: _RUNS.c[c] for c in RUN_LIST_COLUMNS},
+               "requests_count": _count(models.Request, "requests"),
+               "steps_count": _batch_sum("step_rows", "steps"),
+               "samples_count": _batch_sum("sample_rows", "samples"),
+               "findings_count": _count(models.Finding, "findings"),
+               "mean_accept_length": _STATS.c.traced_accept_length,
+               "sglang_accept_length": _STATS.c.sglang_accept_length,
+               "stats_per_position": _STATS.c.per_position,
+               "worst_severity": _worst("severity"), "worst_rule_id": _worst("rule_id"),
+               "last_batch_at": last, "state": state}
+    query = sa.select(*(c.label(k) for k, c in columns.items())).select_from(
+        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id))
+    sorts = {k: columns[k] for k in RUN_SORTS}
+    sorts["worst_severity"] = sa.case((columns["worst_severity"].is_(None), None),
+                                      else_=-_severity_rank(columns["worst_severity"]))
+    key = _pick(sort, sorts, "sort key")
+    query = query.order_by((key.desc() if desc else key.asc()).nulls_last(), _RUNS.c.id)
+    if status is not None:
+        query = query.where(state == _pick(status, {s: s for s in RUN_STATES}, "run state"))
+    if q:
+        needle = q.lower()
+        query = query.where(sa.or_(*(sa.func.lower(_RUNS.c[c]).contains(needle, autoescape=True)
+                                     for c in ("id", "engine", "algorithm", "host", "target_path",
+                                               "draft_path"))))
+    rows = []
+    for row in conn.execute(query.limit(limit)).mappings():
+        row = dict(row)
+        row["per_position"] = [a / p if p else None for p, a in row.pop("stats_per_position") or []]
+        row["live"] = row["state"] == "live"
+        rows.append(row)
+    return rows
 
 
-SEVERITY_ORDER = ("error", "warning", "info")
-_FINDINGS = models.Finding.__table__
-_HEALTH = models.TracerHealth.__table__
-_REQUESTS = models.Request.__table__
-_STEPS = models.VerifyStep.__table__
-_SAMPLES = models.TensorSample.__table__
-COUNTERS = ("verify_ct", "accepted_drafts", "proposed_drafts")  # spec_* (SGLang) vs traced_*
-MAX_REQUESTS_SHOWN = 1000
+RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "target_path",
+             "draft_path", "requests_count", "steps_count", "samples_count", "findings_count",
+             "mean_accept_length", "sglang_accept_length", "worst_severity", "last_batch_at")
+
+
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
@@ -108,45 +184,50 @@ def _with_completeness(request: dict[str, Any], stride: int) -> dict[str, Any]:
     return request
 
 
-def run_requests(conn: sa.Connection, run_id: str, stride: int = 1,
-                 limit: int = MAX_REQUESTS_SHOWN) -> list[dict[str, Any]]:
-    """The run's requests in arrival order, with counter mismatches, mean accept lengths (SGLang's,
-    and the tracer's over the sampled verify steps) and the steps the store lacks (``missing_steps``)."""
-    mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
-    steps = (sa.select(_STEPS.c.rid, mean_accept.label("traced_accept_length"),
-                       sa.func.count().label("sampled_steps"))
-             .where(_STEPS.c.run_id == run_id).group_by(_STEPS.c.rid).subquery())
-    query = (sa.select(*(c for c in _REQUESTS.c if c.name not in ("id", "run_id")),
-                       steps.c.traced_accept_length, sa.func.coalesce(steps.c.sampled_steps, 0)
-                       .label("sampled_steps"))
-             .select_from(_REQUESTS.outerjoin(steps, steps.c.rid == _REQUESTS.c.rid))
-             .where(_REQUESTS.c.run_id == run_id)
-             .order_by(_REQUESTS.c.started_at, _REQUESTS.c.id).limit(limit))
-    return [_with_completeness(_with_accept_stats(dict(row)), stride) for row in conn.execute(query).mappings()]
-
-
 def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """Request ids with verify steps but no request row: still running, or their finish record was
-    dropped. Each with its stored steps (count, first and last index) and when the first was taken."""
+    dropped. Each with its stored steps (count, first and last index) and when the first was taken.
+    From the run's aggregates (``steps.rid``), so current as of the last refresh."""
     rows = sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id)
-    query = (sa.select(_STEPS.c.rid, sa.func.count().label("sampled_steps"),
-                       sa.func.min(_STEPS.c.step_index).label("first_step"),
-                       sa.func.max(_STEPS.c.step_index).label("last_step"),
-                       sa.func.min(_STEPS.c.at).label("first_at"))
-             .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.not_in(rows))
-             .group_by(_STEPS.c.rid).order_by(sa.func.min(_STEPS.c.at)).limit(MAX_REQUESTS_SHOWN))
-    return [dict(row) for row in conn.execute(query).mappings()]
+    query = (sa.select(_BINS.c.key.label("rid"), _BINS.c.n.label("sampled_steps"),
+                       sa.cast(_BINS.c.lo, sa.Integer).label("first_step"),
+                       sa.cast(_BINS.c.hi, sa.Integer).label("last_step"))
+             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.key.not_in(rows))
+             .limit(MAX_REQUESTS_SHOWN))
+    orphans = [dict(row) for row in conn.execute(query).mappings()]
+    if orphans:
+        first = dict(conn.execute(sa.select(_STEPS.c.rid, sa.func.min(_STEPS.c.at))
+                                  .where(_STEPS.c.run_id == run_id,
+                                         _STEPS.c.rid.in_([o["rid"] for o in orphans]))
+                                  .group_by(_STEPS.c.rid)).all())
+        for o in orphans:
+            o["first_at"] = first.get(o["rid"])
+        orphans.sort(key=lambda o: (o["first_at"] is None, o["first_at"] or 0.0, o["rid"]))
+    return orphans
 
 
 def incomplete_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """Requests the store holds only part of: sampled ones that lack some of their verify steps
-    (``missing_steps`` > 0), then ids with steps but no request row (``row_missing``)."""
+    (``missing_steps`` > 0), then ids with steps but no request row (``row_missing``). From the
+    run's aggregates (``steps.rid``), so current as of the last refresh."""
     run = get_run(conn, run_id)
     if run is None:
         return []
-    partial = [{"rid": r["rid"], "row_missing": False, "sampled_steps": r["sampled_steps"],
-                "expected_steps": r["expected_steps"], "missing_steps": r["missing_steps"]}
-               for r in run_requests(conn, run_id, step_stride(run)) if r["missing_steps"]]
+    stride = step_stride(run)
+    R = _REQUESTS.c
+    steps = (sa.select(_BINS.c.key, _BINS.c.n)
+             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid").subquery())
+    stored = sa.func.coalesce(steps.c.n, 0)
+    query = (sa.select(R.rid, R.sampled, R.traced_verify_ct, stored.label("sampled_steps"))
+             .select_from(_REQUESTS.outerjoin(steps, steps.c.key == R.rid))
+             .where(R.run_id == run_id, R.sampled.is_(True), R.traced_verify_ct > 0,
+                    stored < (R.traced_verify_ct + stride - 1) // stride)
+             .order_by(R.started_at, R.id).limit(MAX_REQUESTS_SHOWN))
+    partial = []
+    for row in conn.execute(query).mappings():
+        r = _with_completeness(dict(row), stride)
+        partial.append({"rid": r["rid"], "row_missing": False, "sampled_steps": r["sampled_steps"],
+                        "expected_steps": r["expected_steps"], "missing_steps": r["missing_steps"]})
     orphans = [{"rid": o["rid"], "row_missing": True, "sampled_steps": o["sampled_steps"],
                 "expected_steps": None, "missing_steps": None} for o in orphan_requests(conn, run_id)]
     return partial + orphans
@@ -156,6 +237,217 @@ def last_batch_at(conn: sa.Connection, run_id: str) -> float | None:
     """When the run's newest batch was stored (a ``running`` run silent for long has lost its tracer)."""
     return conn.execute(sa.select(sa.func.max(_BATCHES.c.received_at))
                         .where(_BATCHES.c.run_id == run_id)).scalar()
+
+
+REQUEST_SORTS = ("started_at", "finished_at", "rid", "prompt_len", "output_len", "spec_verify_ct",
+                 "accept_length", "finish_reason")
+REQUEST_STATUSES = "a finish_reason, or 'incomplete' (traced counters disagree with SGLang's)"
+
+
+def _differs() -> sa.ColumnElement:
+    R = _REQUESTS.c
+    return sa.or_(*(sa.and_(R[f"spec_{c}"].is_not(None), R[f"traced_{c}"].is_not(None),
+                            R[f"spec_{c}"] != R[f"traced_{c}"]) for c in COUNTERS))
+
+
+def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | None = None,
+                      accept_max: float | None = None, finding: str | None = None,
+                      status: str | None = None, sort: str = "started_at", desc: bool = False,
+                      offset: int = 0, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
+    """One page of the run's requests and the number of requests that pass the filters.
+
+    Filters: ``accept_min`` / ``accept_max`` bound SGLang's accept length (output_len /
+    spec_verify_ct; requests without it are left out when a bound is set); ``finding``: a rule id
+    (or ``"any"``) of a finding that names the request (``findings.rid``); ``status``: a
+    finish_reason, or ``"incomplete"`` for sampled requests whose traced counters disagree with
+    SGLang's. ``sort``: one of ``REQUEST_SORTS`` (``accept_length`` is SGLang's), nulls last.
+    Raises BadQuery for an unknown sort key.
+
+    Each row: the request's stored fields, ``spec_accept_length``, ``mismatches`` (counters that
+    differ), ``traced_accept_length`` and ``sampled_steps`` (mean accept_len and count of its
+    stored verify steps; read for this page's requests only), ``expected_steps`` and
+    ``missing_steps`` (``_with_completeness``), ``finding_rules`` (rule ids of the findings
+    naming it).
+    """
+    R = _REQUESTS.c
+    accept = sa.cast(R.output_len, sa.Float) / sa.func.nullif(R.spec_verify_ct, 0)
+    where = [R.run_id == run_id]
+    if accept_min is not None:
+        where.append(accept >= accept_min)
+    if accept_max is not None:
+        where.append(accept <= accept_max)
+    if finding:
+        named = sa.select(_FINDINGS.c.rid).where(_FINDINGS.c.run_id == run_id,
+                                                  _FINDINGS.c.rid.is_not(None))
+        if finding != "any":
+            named = named.where(_FINDINGS.c.rule_id == finding)
+        where.append(R.rid.in_(named))
+    if status == "incomplete":
+        where.append(_differs())
+    elif status:
+        where.append(R.finish_reason == status)
+    sorts = {k: R[k] for k in REQUEST_SORTS if k != "accept_length"} | {"accept_length": accept}
+    key = _pick(sort, sorts, "sort key")
+    total = conn.execute(sa.select(sa.func.count()).select_from(_REQUESTS).where(*where)).scalar_one()
+    query = (sa.select(*(c for c in _REQUESTS.c if c.name not in ("id", "run_id"))).where(*where)
+             .order_by((key.desc() if desc else key.asc()).nulls_last(), R.id)
+             .offset(max(offset, 0)).limit(max(limit, 0)))
+    rows = [_with_accept_stats(dict(r)) for r in conn.execute(query).mappings()]
+    rids = [r["rid"] for r in rows]
+    if rids:
+        mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
+        steps = {rid: (mean, n) for rid, mean, n in conn.execute(
+            sa.select(_STEPS.c.rid, mean_accept, sa.func.count())
+            .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.in_(rids)).group_by(_STEPS.c.rid))}
+        rules: dict[str, list[str]] = {}
+        for rid, rule in conn.execute(sa.select(_FINDINGS.c.rid, _FINDINGS.c.rule_id).distinct()
+                                      .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.in_(rids))
+                                      .order_by(_FINDINGS.c.rule_id)):
+            rules.setdefault(rid, []).append(rule)
+        stride = step_stride(get_run(conn, run_id) or {})
+        for r in rows:
+            r["traced_accept_length"], r["sampled_steps"] = steps.get(r["rid"], (None, 0))
+            r["finding_rules"] = rules.get(r["rid"], [])
+            _with_completeness(r, stride)
+    return rows, total
+
+
+MAX_TIME_BINS, MAX_SEQ_BINS = 200, 100
+NORM_SUMMARY_POINTS = ("target.aux[", "draft.fc.out")
+
+
+def _rebin(buckets: list[dict[str, Any]], limit: int) -> tuple[int, list[list[dict[str, Any]]]]:
+    """Group stored buckets (sorted) into at most ``limit`` groups of ``factor`` neighbours."""
+    if not buckets:
+        return 1, []
+    span = buckets[-1]["bucket"] - buckets[0]["bucket"] + 1
+    factor = max(1, math.ceil(span / limit))
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for b in buckets:
+        groups.setdefault(b["bucket"] // factor, []).append(b)
+    return factor, [groups[g] for g in sorted(groups)]
+
+
+def _per_position(pairs: list[list[int]]) -> list[dict[str, Any]]:
+    return [{"position": i + 1, "proposed": p, "accepted": a, "rate": a / p if p else None}
+            for i, (p, a) in enumerate(pairs)]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def run_summary(conn: sa.Connection, run_id: str) -> dict[str, Any]:
+    """The run's aggregates as the run page draws them (from ``run_stats`` and ``run_stat_bins``,
+    maintained as data arrives; ``updated_at`` says when). Definitions:
+
+    - ``acceptance``: ``verify_steps``, ``proposed``, ``accepted`` over the stored (sampled) verify
+      steps; ``traced_accept_length`` = 1 + accepted / verify_steps (accepted drafts plus the bonus
+      token, per verify step); ``per_position`` [{position, proposed, accepted, rate}];
+      ``sglang``: SGLang's per-request counters summed over ``requests_counted`` requests
+      {verify_ct, accepted, proposed, output_len, accept_length = output_len / verify_ct};
+      ``reconcile``: why the two accept lengths differ (see ``_reconcile``).
+    - ``over_time``: [{t0, t1, steps, accept_length}] (<= 200 bins, epoch seconds);
+      ``by_seq_pos``: [{lo, hi, steps, accept_length}] (<= 100 bins, token positions, hi exclusive).
+    - ``widths``: {point: {phase: {width (a string): samples}}} for every sample point;
+      ``counts``: {point: samples}.
+    - ``norms``: {point: [{t0, t1, n, l2_mean, l2_min, l2_max}]} for ``target.aux[i]`` and
+      ``draft.fc.out`` (the mean, min and max of the samples' mean row L2 norm per bin).
+    """
+    row = stats.get_stats(conn, run_id) or {}
+    if not row:  # no aggregates yet; on PostgreSQL bins may commit between two reads: skip them
+        return _empty_summary(run_id)
+    pairs, totals = row["per_position"], row["request_totals"]
+    steps, proposed, accepted = row["verify_steps"], row["proposed"], row["accepted"]
+    t0, width = row["t0"] or 0.0, row["time_bin_s"]
+    over_time, by_seq, norms, widths, counts = [], [], {}, {}, {}
+    factor, groups = _rebin(stats.bins(conn, run_id, "steps.time"), MAX_TIME_BINS)
+    for g in groups:
+        n, total = sum(b["n"] for b in g), sum(b["total"] for b in g)
+        start = t0 + (g[0]["bucket"] // factor) * factor * width
+        over_time.append({"t0": start, "t1": start + factor * width, "steps": n,
+                          "accept_length": _ratio(total, n)})
+    factor, groups = _rebin(stats.bins(conn, run_id, "steps.seq_pos"), MAX_SEQ_BINS)
+    seq_bin = row["seq_bin"]
+    for g in groups:
+        n, total = sum(b["n"] for b in g), sum(b["total"] for b in g)
+        lo = (g[0]["bucket"] // factor) * factor * seq_bin
+        by_seq.append({"lo": lo, "hi": lo + factor * seq_bin, "steps": n,
+                       "accept_length": _ratio(total, n)})
+    norm_bins: dict[str, list[dict[str, Any]]] = {}
+    for b in stats.bins(conn, run_id, "norms.time"):
+        norm_bins.setdefault(b["key"], []).append(b)
+    for point, buckets in norm_bins.items():
+        factor, groups = _rebin(buckets, MAX_TIME_BINS)
+        norms[point] = []
+        for g in groups:
+            n = sum(b["n"] for b in g)
+            start = t0 + (g[0]["bucket"] // factor) * factor * width
+            norms[point].append({"t0": start, "t1": start + factor * width, "n": n,
+                                 "l2_mean": _ratio(sum(b["total"] for b in g), n),
+                                 "l2_min": min((b["lo"] for b in g if b["lo"] is not None), default=None),
+                                 "l2_max": max((b["hi"] for b in g if b["hi"] is not None), default=None)})
+    for b in stats.bins(conn, run_id, "widths"):
+        point, _, phase = b["key"].partition("|")
+        widths.setdefault(point, {}).setdefault(phase, {})[str(b["bucket"])] = b["n"]
+        counts[point] = counts.get(point, 0) + b["n"]
+    sglang = {"verify_ct": totals.get("sglang_verify_ct", 0), "accepted": totals.get("sglang_accepted", 0),
+              "proposed": totals.get("sglang_proposed", 0), "output_len": totals.get("sglang_output_len", 0)}
+    sglang["accept_length"] = _ratio(sglang["output_len"], sglang["verify_ct"])
+    acceptance = {"verify_steps": steps, "proposed": proposed, "accepted": accepted,
+                  "traced_accept_length": 1 + accepted / steps if steps else None,
+                  "sglang": sglang, "requests_counted": totals.get("sglang_requests", 0),
+                  "per_position": _per_position(pairs), "reconcile": _reconcile(totals, steps, accepted)}
+    return {"run_id": run_id, "updated_at": row["updated_at"], "requests": row["requests_count"],
+            "acceptance": acceptance, "over_time": over_time, "by_seq_pos": by_seq, "widths": widths,
+            "norms": norms, "counts": counts}
+
+
+def _empty_summary(run_id: str) -> dict[str, Any]:
+    sglang = {"verify_ct": 0, "accepted": 0, "proposed": 0, "output_len": 0, "accept_length": None}
+    acceptance = {"verify_steps": 0, "proposed": 0, "accepted": 0, "traced_accept_length": None,
+                  "sglang": sglang, "requests_counted": 0, "per_position": [],
+                  "reconcile": _reconcile({}, 0, 0)}
+    return {"run_id": run_id, "updated_at": None, "requests": 0, "acceptance": acceptance,
+            "over_time": [], "by_seq_pos": [], "widths": {}, "norms": {}, "counts": {}}
+
+
+def _reconcile(totals: dict[str, int], steps: int, accepted: int) -> dict[str, Any]:
+    """SGLang's accept length against the tracer's, term by term.
+
+    SGLang: output_len / verify_ct, where output_len counts every output token, including the one
+    the prefill produced (one per request, no verify step), and every verify step emits its
+    accepted drafts plus one token of the target. So output_len = accepted + verify_ct +
+    requests + ``unexplained_tokens`` (0 unless output was cut short, e.g. at max_new_tokens or a
+    stop string inside an accepted run). The tracer: 1 + accepted / verify steps, over the verify
+    steps it stored (``steps_not_sampled`` = SGLang's verify steps it did not store).
+    """
+    verify_ct, output_len = totals.get("sglang_verify_ct", 0), totals.get("sglang_output_len", 0)
+    requests, sg_accepted = totals.get("sglang_requests", 0), totals.get("sglang_accepted", 0)
+    return {
+        "sglang_accept_length": _ratio(output_len, verify_ct),
+        "prefill_tokens": requests,
+        "sglang_accept_length_without_prefill": _ratio(output_len - requests, verify_ct),
+        "sglang_drafts_accept_length": 1 + sg_accepted / verify_ct if verify_ct else None,
+        "unexplained_tokens": output_len - (sg_accepted + verify_ct + requests) if verify_ct else None,
+        "traced_accept_length": 1 + accepted / steps if steps else None,
+        "steps_not_sampled": max(verify_ct - steps, 0),
+        "sampled_requests": totals.get("sampled_requests", 0),
+        "sampled_verify_ct": totals.get("sampled_verify_ct", 0),
+        "sampled_accepted": totals.get("sampled_accepted", 0),
+        "sampled_output_len": totals.get("sampled_output_len", 0),
+        "sampled_sglang_accept_length": _ratio(totals.get("sampled_output_len", 0),
+                                               totals.get("sampled_verify_ct", 0)),
+        "traced_counters": {"verify_ct": totals.get("traced_verify_ct", 0),
+                            "accepted": totals.get("traced_accepted", 0),
+                            "proposed": totals.get("traced_proposed", 0)},
+        "incomplete_requests": totals.get("incomplete", 0),
+    }
+
+
+def compare_summary(conn: sa.Connection, run_a: str, run_b: str) -> dict[str, Any]:
+    """``run_summary`` of both runs: {"a": ..., "b": ...}."""
+    return {"a": run_summary(conn, run_a), "b": run_summary(conn, run_b)}
 
 
 def get_request(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any] | None:
@@ -185,14 +477,20 @@ class NotFound(LookupError):
     """No such run or request; the message says what was asked for and where to look."""
 
 
+RUN_VIEW_REQUESTS = 100
+
+
 def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
-    """Everything the run page shows (and ``GET /api/v1/runs/{run_id}`` returns)."""
+    """Everything ``GET /api/v1/runs/{run_id}`` returns: the run, its findings, latest health, the
+    summary (``run_summary``), the first ``RUN_VIEW_REQUESTS`` requests (``run_requests_page``),
+    ``requests_total``, ``orphan_requests`` and ``last_batch_at``."""
     run = get_run(conn, run_id)
     if run is None:
         raise NotFound(f"No run {run_id!r} is stored. The runs list at / shows every stored run; "
                        "a tracer's run appears there once its first batch has arrived.")
+    requests, total = run_requests_page(conn, run_id, limit=RUN_VIEW_REQUESTS)
     return {"run": run, "findings": run_findings(conn, run_id), "health": latest_health(conn, run_id),
-            "requests": run_requests(conn, run_id, step_stride(run)),
+            "summary": run_summary(conn, run_id), "requests": requests, "requests_total": total,
             "orphan_requests": orphan_requests(conn, run_id), "last_batch_at": last_batch_at(conn, run_id)}
 
 

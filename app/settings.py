@@ -18,6 +18,7 @@ class Settings(BaseSettings):
     port: int = 8177
     ingest_token: str | None = None  # when set, POST /api/v1/batches needs "Authorization: Bearer <token>"
     max_batch_bytes: int = 16 * 1024 * 1024
+    refresh_debounce_s: float = 2.0  # a run's aggregates and findings are refreshed at most this often
 
     @field_validator("max_batch_bytes")
     @classmethod

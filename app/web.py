@@ -14,9 +14,9 @@ from fastapi.staticfiles import StaticFiles
 from jinja2_fragments.fastapi import Jinja2Blocks
 
 from draftscope import api, db, queries
-from draftscope.analyze import FindingsRefresher
 from draftscope.facts_view import fact_sections
 from draftscope.ingest import BatchWriter
+from draftscope.refresh import RunRefresher
 from draftscope.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,10 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = db.make_engine(settings.database_url, autocheckpoint=checkpointer is None)
         app.state.engine = engine
         app.state.writer = BatchWriter(engine)
-        app.state.findings = FindingsRefresher(engine)
+        app.state.refresher = RunRefresher(engine, debounce_s=settings.refresh_debounce_s)
+        app.state.refresher.start()
         try:
             yield
         finally:
+            app.state.refresher.stop()
             engine.dispose()
             if checkpointer is not None:
                 checkpointer.stop()
@@ -89,7 +91,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run_page(request: Request, run_id: str):
         """One run: findings first, then identity, attach-time facts, tracer health, requests."""
-        request.app.state.findings.refresh(run_id)
         try:
             with request.app.state.engine.connect() as conn:
                 data = queries.run_view(conn, run_id)

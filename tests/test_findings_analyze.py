@@ -1,4 +1,4 @@
-"""analyze_run on a real migrated store: observation from stored rows, findings rows replaced."""
+"""refresh_run on a real migrated store: the observation from the run's aggregates, findings rows replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import uuid
 from sqlmodel import Session, select
 
 from draftscope import db, models
-from draftscope.analyze import analyze_run, build_observation
+from draftscope.analyze import refresh_run
+from draftscope.stats import observation
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
 from tests.test_findings_runtime import HEALTHY_FACTS
 
@@ -50,11 +51,14 @@ def test_analyze_aux_off_run(store_url, tmp_path):
     with Session(engine) as session:
         _store_run(session, run_id, facts, [("prefill", 128), ("draft_decode", 128)],
                    [[False, False, False]] * 30)
-        obs = build_observation(session, run_id)
-        assert obs.draft_input_widths == {"prefill": [128], "draft_decode": [128]}
-        assert (obs.verify_steps, obs.proposed_drafts, obs.accepted_drafts) == (30, 90, 0)
-        assert obs.aux_l2_mean == {0: 10.0, 1: 11.0, 2: 12.0} and obs.max_seq_pos == 49
-        found = analyze_run(session, run_id)
+    found = refresh_run(engine, run_id)
+    with engine.connect() as conn:
+        obs = observation(conn, run_id, facts)
+    assert obs.draft_input_widths == {"prefill": [128], "draft_decode": [128]}
+    assert (obs.verify_steps, obs.proposed_drafts, obs.accepted_drafts) == (30, 90, 0)
+    assert obs.aux_l2_mean == {0: 10.0, 1: 11.0, 2: 12.0} and obs.max_seq_pos == 49
+    assert obs.max_seq_pos_at == ("r0", 29) and obs.heartbeats == {"verify": 30, "draft": 30}
+    with Session(engine) as session:
         rows = session.exec(select(models.Finding).where(models.Finding.run_id == run_id)).all()
     assert [f.rule_id for f in found] == ["fc-bypassed"] and found[0].source == "static"
     assert [(r.rule_id, r.source) for r in rows] == [("fc-bypassed", "static")]
@@ -66,8 +70,9 @@ def test_analyze_healthy_collapse_is_quality(store_url):
     with Session(engine) as session:
         _store_run(session, run_id, HEALTHY_FACTS, [("prefill", 384), ("draft_decode", 128)],
                    [[False, False, False]] * 30)
-        found = analyze_run(session, run_id)
-        again = analyze_run(session, run_id)
+    found = refresh_run(engine, run_id)
+    again = refresh_run(engine, run_id)
+    with Session(engine) as session:
         rows = session.exec(select(models.Finding).where(models.Finding.run_id == run_id)).all()
     assert [f.rule_id for f in found] == ["acceptance-collapse-quality"] == [f.rule_id for f in again]
     assert [r.rule_id for r in rows] == ["acceptance-collapse-quality"]

@@ -1,10 +1,11 @@
-"""The dashboard diagnoses a traced run when new batches arrive, and keeps findings a bundle carried."""
+"""The dashboard diagnoses a traced run when new batches arrive (not when a page is read), and keeps
+findings a bundle carried."""
 
 from __future__ import annotations
 
 import uuid
 
-from tests.fixtures.store import make_batch, run_record, sample_record
+from tests.fixtures.store import make_batch, run_record, sample_record, settle
 
 AUX_OFF_FACTS = {"algorithm": "EAGLE3",
                  "target": {"hidden_size": 128, "num_layers": 8, "capture_aux_hidden_states": False,
@@ -23,11 +24,13 @@ def test_a_traced_run_is_diagnosed_and_rediagnosed_on_new_batches(client) -> Non
         run_id, run=run_record(facts={**AUX_OFF_FACTS, "target": {**AUX_OFF_FACTS["target"],
                                                                    "capture_aux_hidden_states": True}}),
         samples=[healthy])).status_code == 200
+    settle(client)
     assert "fc-bypassed" not in _rules(client, run_id)
 
     narrow = sample_record(1, width=128, phase="draft_extend", shape=[4, 128])
     assert client.post("/api/v1/batches", json=make_batch(
         run_id, run=run_record(facts=AUX_OFF_FACTS), samples=[narrow])).status_code == 200
+    settle(client)
     assert "fc-bypassed" in _rules(client, run_id)
     assert "fc-bypassed" in client.get(f"/runs/{run_id}").text
 
@@ -39,4 +42,5 @@ def test_findings_that_came_with_the_batches_are_kept(client) -> None:
     assert client.post("/api/v1/batches", json=make_batch(
         run_id, run=run_record(facts=AUX_OFF_FACTS), samples=[narrow],
         findings=[carried])).status_code == 200
+    settle(client)
     assert _rules(client, run_id) == ["hooks-starved"]

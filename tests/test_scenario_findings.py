@@ -6,10 +6,10 @@ a SQLite store by the `sglang_server` fixture, is then diagnosed from what the t
 
 - the runtime rules on the tracer's observation (attach-time facts, sample widths, weights check,
   acceptance) must name the same root cause, or its documented runtime twin (`docs/findings.md`):
-  once with the draft checkpoint read from disk (as `analyze_run` does when it can), and once from
+  once with the draft checkpoint read from disk (as `refresh_run` does when it can), and once from
   the trace alone (a dashboard that cannot read the checkpoint, e.g. the `docker compose` demo);
-- `analyze_run` (runtime plus static rules, as the dashboard runs it) must put it first, and so
-  must the run page.
+- `refresh_run` (runtime plus static rules, as the dashboard runs it when batches arrive) must put
+  it first, and so must the run page of a dashboard opened on the tracer's store.
 
 Scenarios that crash the server at a request are still diagnosed: the attach-time facts reach the
 store before any request is served.
@@ -25,18 +25,19 @@ import time
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from sqlmodel import Session
 from typer.testing import CliRunner
 
-from draftscope import db
-from draftscope.analyze import analyze_run, build_observation
+from draftscope import db, models
+from draftscope.analyze import refresh_run
 from draftscope.cli import app as cli
 from draftscope.findings import runtime_findings
 from draftscope.settings import Settings
 from draftscope.spec import read_draft, read_target
+from draftscope.stats import observation as run_observation
 from draftscope.web import create_app
 from testbed import scenarios
 from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from tests.fixtures.store import settle
 
 pytestmark = pytest.mark.sglang
 
@@ -110,6 +111,7 @@ def wait_for_run(url: str, finished: int, crashes: bool, run_counts: tuple[int, 
 
 def first_finding_on_run_page(url: str, run_id: str) -> tuple[str, str] | None:
     with TestClient(create_app(Settings(database_url=url))) as client:
+        settle(client)
         page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200, page.text[:500]
     found = re.search(r'<div class="finding (\w+)">\s*<strong[^>]*>\w+</strong> <code>([\w-]+)</code>',
@@ -134,9 +136,10 @@ def test_runtime_diagnosis_matches_doctor(name, sglang_server):
 
     engine = db.make_engine(server.trace_db_url)
     try:
-        with Session(engine) as session:
-            observation = build_observation(session, run_id)
-            analyzed = analyze_run(session, run_id)
+        analyzed = refresh_run(engine, run_id)
+        with engine.connect() as conn:
+            facts = conn.execute(sa.select(models.Run.facts).where(models.Run.id == run_id)).scalar()
+            observation = run_observation(conn, run_id, facts)
     finally:
         engine.dispose()
     spec = read_draft(prepared.draft_dir, target_layers=read_target(prepared.target_dir).num_layers)
@@ -147,7 +150,7 @@ def test_runtime_diagnosis_matches_doctor(name, sglang_server):
     report = (f"doctor: {[f['rule_id'] for f in doctor]}\n"
               f"runtime: {[(f.rule_id, f.severity) for f in runtime]}\n"
               f"runtime from the trace alone: {[(f.rule_id, f.severity) for f in trace_alone]}\n"
-              f"analyze_run: {[(f.rule_id, f.severity, f.source) for f in analyzed]}\n"
+              f"refresh_run: {[(f.rule_id, f.severity, f.source) for f in analyzed]}\n"
               f"draft.input widths: {observation.draft_input_widths}, verify steps "
               f"{observation.verify_steps}, accepted {observation.accepted_drafts}/"
               f"{observation.proposed_drafts}\nlayers_to_capture: "

@@ -15,10 +15,9 @@ from typing import Any
 
 import msgspec
 import sqlalchemy as sa
-from sqlmodel import Session
 
 from draftscope import models
-from draftscope.analyze import analyze_run
+from draftscope.analyze import analyze_in
 from draftscope.bundle import format as fmt
 from draftscope.bundle.reader import Bundle, BundleError
 from draftscope.ingest import BatchWriter, IngestError
@@ -59,8 +58,7 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
         conn.execute(_IMPORTS.insert().values(
             sha256=bundle.sha256, run_id=bundle.run_id, origin=origin, imported_at=time.time(),
             manifest=bundle.manifest.model_dump(mode="json")))
-        with Session(bind=conn) as session:  # joins this transaction: commits with the rest
-            analyze_run(session, bundle.run_id)
+        analyze_in(conn, bundle.run_id)  # aggregates and findings commit with the rest
     return ImportResult("imported", bundle.run_id, bundle.sha256, counts)
 
 
