@@ -35,7 +35,7 @@ def make_engine(url: str, autocheckpoint: bool = True) -> sa.Engine:
     sa_url = sa.make_url(url)
     if sa_url.get_backend_name() != "sqlite":
         return sa.create_engine(url, json_serializer=_json_dumps, pool_pre_ping=True)
-    if sa_url.database and sa_url.database != ":memory:":
+    if sa_url.database and sa_url.database != ":memory:" and not _is_uri(sa_url):
         Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, json_serializer=_json_dumps, connect_args={"timeout": 30})
 
@@ -92,9 +92,16 @@ class WalCheckpointer:
             conn.close()
 
 
+def _is_uri(sa_url: sa.URL) -> bool:
+    """A SQLite ``file:`` URI (``sqlite:///file:PATH?mode=ro&uri=true``: a read-only store)."""
+    return sa_url.query.get("uri") == "true"
+
+
 def is_sqlite_file(url: str) -> bool:
+    """A SQLite store in a file this process may checkpoint (not a ``file:`` URI, not in memory)."""
     sa_url = sa.make_url(url)
-    return sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "", ":memory:")
+    return sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "", ":memory:") \
+        and not _is_uri(sa_url)
 
 
 def alembic_config(url: str) -> Config:

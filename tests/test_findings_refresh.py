@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+import sqlalchemy as sa
+
+from draftscope_tracer.sqlite_sink import SqliteSink
 from tests.fixtures.store import make_batch, run_record, sample_record, settle
 
 AUX_OFF_FACTS = {"algorithm": "EAGLE3",
@@ -44,3 +48,20 @@ def test_findings_that_came_with_the_batches_are_kept(client) -> None:
         findings=[carried])).status_code == 200
     settle(client)
     assert _rules(client, run_id) == ["hooks-starved"]
+
+
+def test_batches_the_tracer_wrote_straight_into_the_store_are_diagnosed(client, store_url) -> None:
+    """No dashboard call: the tracer's SQLite sink writes the file; the dashboard's poll finds it."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("the tracer's direct sink writes SQLite files only")
+    run_id = uuid.uuid4().hex
+    sink = SqliteSink(sa.make_url(store_url).database)
+    try:
+        sink.send(make_batch(run_id, run=run_record(facts=AUX_OFF_FACTS),
+                             samples=[sample_record(0, width=128, phase="draft_extend", shape=[4, 128])]))
+    finally:
+        sink.close()
+    settle(client)
+    assert "fc-bypassed" in _rules(client, run_id)
+    listed = {r["id"]: r for r in client.get("/api/v1/runs").json()}
+    assert listed[run_id]["worst_rule_id"] == "fc-bypassed" and listed[run_id]["samples_count"] == 1
