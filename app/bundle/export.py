@@ -167,10 +167,9 @@ def _records(conn: sa.Connection, table: str, run_id: str, requests: list[str] |
 def _collect_steps(rows, emitted: dict[str, list[dict]]):
     """Pass verify steps through, keeping what ``text.jsonl`` needs of each."""
     for row in rows:
-        emitted.setdefault(row["rid"], []).append({
-            "drafted_tokens": orjson.loads(row["drafted_tokens"].contents),
-            "accept_flags": orjson.loads(row["accept_flags"].contents),
-            "bonus_token": row.get("bonus_token")})
+        step = orjson.loads(orjson.dumps({k: row.get(k) for k in ("drafted_tokens", "accept_flags",
+                                                                    "bonus_token")}))
+        emitted.setdefault(row["rid"], []).append(step)
         yield row
 
 

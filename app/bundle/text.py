@@ -2,7 +2,8 @@
 
 The tracer records token ids, never text, and never the prompt. A verify step's accepted drafts
 plus its bonus token are the tokens it emitted, so a request whose every step was sampled yields
-its generated text, less the first token (which the prefill emits). Decoding needs the target's
+its generated tokens, less the first (which the prefill emits); the last step may add up to a
+step's worth of tokens that SGLang cut off at ``max_new_tokens`` or a stop. Decoding needs the target's
 ``tokenizer.json`` at the recorded path and the ``tokenizers`` package (both in an SGLang
 environment).
 """
@@ -48,4 +49,4 @@ def text_line(tokenizer: Any, rid: str, steps: list[dict[str, Any]]) -> dict[str
     """One ``text.jsonl`` record: the request's emitted token ids and their text."""
     ids = emitted_tokens(steps)
     return {"rid": rid, "steps": len(steps), "token_ids": ids,
-            "text": tokenizer.decode(ids, skip_special_tokens=False)}
+            "text": tokenizer.decode(ids, skip_special_tokens=True)}  # as SGLang's default

@@ -1,0 +1,85 @@
+"""A bundle imported where the models are not readable still gets the reporter's findings (from the
+manifest's feature spec); paths under home are shortened unless kept.
+
+Starts from the recorded top-level-ids run (``demo/``, real SGLang on the CPU test bed), relocated to
+this checkout's test-bed models: its ``aux-ids-not-read`` finding is static, read from the draft's
+directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from draftscope import db, importer, queries
+from draftscope.analyze import analyze_run
+from draftscope.bundle.export import export_bundle
+from draftscope.bundle.loader import store_bundle
+from draftscope.bundle.reader import read_bundle
+from draftscope.ingest import BatchWriter
+from testbed import scenarios
+
+DEMO = Path(__file__).resolve().parent.parent / "demo"
+
+
+@pytest.fixture
+def recorded(tmp_path) -> tuple[sa.Engine, str, Path]:
+    """(store, run id, models root) of the top-level-ids recording, with its model paths pointing
+    at this checkout's test-bed models, analysed as the dashboard does on arrival."""
+    draft = scenarios.prepare("top-level-ids").draft_dir
+    root = draft.parent.parent
+    text = (DEMO / "top-level-ids.jsonl").read_text()
+    recorded_root = json.loads(text.splitlines()[0])["run"]["draft_path"].rsplit("/scenarios/", 1)[0]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(text.replace(recorded_root, str(root)))
+    url = f"sqlite:///{tmp_path / 'source.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    importer.import_files(engine, [trace])
+    with Session(engine) as session:
+        run_id = session.exec(sa.text("SELECT id FROM runs")).scalar_one()
+        analyze_run(session, run_id)
+    yield engine, run_id, root
+    engine.dispose()
+
+
+def _findings(engine: sa.Engine, run_id: str) -> list[tuple]:
+    with engine.connect() as conn:
+        return sorted((f["rule_id"], f["severity"], f["source"], f["message"], f["fix"])
+                      for f in queries.run_findings(conn, run_id))
+
+
+def test_findings_come_from_the_manifest_where_the_models_are_unreadable(recorded, store_url,
+                                                                          monkeypatch) -> None:
+    source, run_id, root = recorded
+    monkeypatch.setenv("HOME", str(root))  # paths become ~/..., which the importing side cannot open
+    out = io.BytesIO()
+    manifest = export_bundle(source, run_id, out)
+    assert manifest["paths"] == "shortened" and manifest["feature_spec"]["draft"]["path"].startswith("~/")
+    engine = db.make_engine(store_url)
+    try:
+        store_bundle(BatchWriter(engine), read_bundle(io.BytesIO(out.getvalue())), "top-level-ids.zip")
+        imported = _findings(engine, run_id)
+    finally:
+        engine.dispose()
+    expected = [tuple(v.replace(str(root) + "/", "~/") if isinstance(v, str) else v for v in f)
+                for f in _findings(source, run_id)]
+    assert ("aux-ids-not-read", "error", "static") in [f[:3] for f in imported]
+    assert imported == expected
+
+
+def test_keep_paths_keeps_them(recorded, monkeypatch) -> None:
+    source, run_id, root = recorded
+    monkeypatch.setenv("HOME", str(root))
+    out = io.BytesIO()
+    export_bundle(source, run_id, out, keep_paths=True)
+    with zipfile.ZipFile(out) as zf:
+        run = json.loads(zf.read("run.json"))
+        assert run["draft_path"].startswith(str(root) + "/")
+        assert json.loads(zf.read("manifest.json"))["paths"] == "kept"
