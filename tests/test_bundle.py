@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from sqlmodel import Session
 
 from draftscope import db, importer, queries
-from draftscope.analyze import analyze_run
+from draftscope.analyze import refresh_run
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
@@ -42,9 +41,9 @@ def recorded(tmp_path) -> tuple[sa.Engine, str, Path]:
     db.upgrade(url)
     engine = db.make_engine(url)
     importer.import_files(engine, [trace])
-    with Session(engine) as session:
-        run_id = session.exec(sa.text("SELECT id FROM runs")).scalar_one()
-        analyze_run(session, run_id)
+    with engine.connect() as conn:
+        run_id = conn.execute(sa.text("SELECT id FROM runs")).scalar_one()
+    refresh_run(engine, run_id)
     yield engine, run_id, root
     engine.dispose()
 
