@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2_fragments.fastapi import Jinja2Blocks
 
-from draftscope import api, db, queries
+from draftscope import api, db, metrics, queries
 from draftscope.facts_view import fact_sections
 from draftscope.ingest import BatchWriter
 from draftscope.refresh import RunRefresher
@@ -73,11 +73,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if checkpointer is not None:
                 checkpointer.stop()
 
-    app = FastAPI(title="draftscope", lifespan=lifespan)
+    app = FastAPI(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None)  # /docs: metrics.py
     app.state.settings = settings
     app.include_router(api.router)
     from draftscope import bundle_web  # after this module's templates exist
     app.include_router(bundle_web.router)
+    app.include_router(metrics.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/", response_class=HTMLResponse)
