@@ -1,0 +1,74 @@
+"""A full disk under the real SGLang server's SQLite sink (a 2 MB tmpfs): SGLang answers as before,
+SGLang's log says what failed (the real error, once), and when delivery works again; the run ends
+``ended`` with its drops counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+from draftscope import db as store_db
+from testbed.models import ensure_models
+from testbed.server import start_server
+
+pytestmark = pytest.mark.sglang
+PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D"]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(folder):
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_full_disk_is_said_in_sglangs_log_and_the_run_ends(tiny_disk, tmp_path):
+    models = ensure_models()
+    store = tiny_disk / "store.db"
+    store_db.upgrade(f"sqlite:///{store}")
+    log = tmp_path / "server.log"
+    env = {"DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
+    with start_server(models.target, models.draft, [], log, env=env) as server:
+        server.generate(PROMPTS[0], max_new_tokens=8)
+        time.sleep(1.0)
+        filler = _fill(tiny_disk)
+        full = [server.generate(p, max_new_tokens=48) for p in PROMPTS[1:]]
+        time.sleep(1.0)
+        os.remove(filler)
+        after = server.generate(PROMPTS[0], max_new_tokens=8)
+        time.sleep(1.0)
+    assert all(out["text"] for out in full)  # SGLang kept answering
+    text = log.read_text()
+    failed = [line for line in text.splitlines() if ") failed: " in line and "SQLite sink" in line]
+    assert len(failed) == 1 and "OperationalError: database or disk is full" in failed[0], failed
+    assert "WARNING" in failed[0] and "no transaction is active" not in text
+    assert "works again after" in text
+    conn = sqlite3.connect(store)
+    assert conn.execute("select status from runs").fetchone() == ("ended",)
+    drops = json.loads(conn.execute("select drops from tracer_health order by at desc limit 1").fetchone()[0])
+    assert drops.get("sink_error", 0) > 0
+    assert conn.execute("select count(*) from requests where rid = ?", (after["meta_info"]["id"],)).fetchone() == (1,)
