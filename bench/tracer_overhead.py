@@ -4,11 +4,15 @@ Each block starts two servers that run side by side: one **without the tracer** 
 ``SGLANG_PLUGINS`` allow-list names every other general plugin but ours, so SGLang never imports
 ``draftscope_tracer``) and one **traced** at ``DRAFTSCOPE_SAMPLE_RATE=1/16``; both get the same sink
 settings, so only the plugin loading differs. Both run with ``--sleep-on-idle``: without it an idle
-SGLang scheduler spins a whole core, which would be taken from the other server. In each round four
-units of 16 greedy requests (waves of ``--concurrency``) run one after another, in an order rotated per
-round: the server without the tracer; the traced server with no request sampled; with exactly 1 of
-the 16 sampled ("1 in 16"); with all 16 sampled ("every request"). The request ids decide which
-requests the tracer samples. A round takes ~10 s, so the machine's drift cancels within a round;
+SGLang scheduler spins a whole core, which would be taken from the other server (the bench prints
+what each server used while the other was measured).
+
+In each round four units of 16 greedy requests (waves of ``--concurrency``) run one after another,
+in an order rotated per round: the server without the tracer; the traced server with no request
+sampled; with exactly 1 of the 16 sampled ("1 in 16"); with all 16 sampled ("every request"). The
+request ids decide which requests the tracer samples. Each unit ends with a pause of 0.3 s, counted
+in its CPU but not in its wall time, so that the tracer's recorder finishes the unit's records
+before the next unit starts. A round takes ~10 s, so the machine's drift cancels within a round;
 several blocks (fresh server pairs) let a difference between two server processes average out too.
 
 Overheads are per round (tokens/s: the baseline's over the variant's, minus 1; CPU per token: the
@@ -61,6 +65,7 @@ VARIANTS = {"no tracer": (False, 0), "tracer, nothing sampled": (True, 0), "1 in
             "every request": (True, UNIT)}
 BASELINES = ("no tracer", "tracer, nothing sampled")
 TARGETS = {"1 in 16": 2.0, "every request": 10.0}  # percent, against no tracer
+SETTLE_S = 0.3  # pause after each unit: the recorder finishes its records (relay every 100 ms)
 
 
 def plugins_except_ours(python) -> str:
@@ -92,7 +97,8 @@ def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
 
 
 def run_unit(server, pool: ThreadPoolExecutor, rids: list[str], width: int, new_tokens: int) -> tuple[float, float]:
-    """(tokens/s, server CPU ms per token) of the requests ``rids``, in waves of ``width``."""
+    """(tokens/s, server CPU ms per token) of the requests ``rids``, in waves of ``width``; the CPU includes
+    a pause of ``SETTLE_S`` after the last wave."""
     tokens, wall, cpu0 = 0, 0.0, tree_cpu_seconds(server.pid)
     for w in range(0, len(rids), width):
         t0 = time.perf_counter()
@@ -100,6 +106,7 @@ def run_unit(server, pool: ThreadPoolExecutor, rids: list[str], width: int, new_
                                                   rid=rids[i]), range(w, min(w + width, len(rids))))
         tokens += sum(o["meta_info"]["completion_tokens"] for o in outs)
         wall += time.perf_counter() - t0
+    time.sleep(SETTLE_S)
     return tokens / wall, 1000 * (tree_cpu_seconds(server.pid) - cpu0) / tokens
 
 
@@ -108,8 +115,9 @@ def stored_runs(store: Path) -> int:
         return c.execute("SELECT count(*) FROM runs").fetchone()[0]
 
 
-def run_block(args, models, work: Path, block: int, sink: dict, store: Path, results: dict) -> None:
-    """One server pair; appends each round's (tokens/s, CPU ms per token) per variant to ``results[block]``."""
+def run_block(args, models, work: Path, block: int, sink: dict, store: Path, results: dict, idle: dict) -> None:
+    """One server pair; appends each round's (tokens/s, CPU ms per token) per variant to ``results[block]``,
+    and adds to ``idle[traced]`` the (CPU, wall) seconds of each server while the other one is measured."""
     python = args.python or venv_python()
     base = {"OMP_NUM_THREADS": str(args.server_threads), **sink, "DRAFTSCOPE_SAMPLE_RATE": "1/16"}
     runs_before = stored_runs(store)
@@ -126,7 +134,11 @@ def run_block(args, models, work: Path, block: int, sink: dict, store: Path, res
             for name in names[r % len(names):] + names[:r % len(names)]:
                 traced, sampled = VARIANTS[name]
                 rids = [request_id(f"b{block}-r{r}-{names.index(name)}-{i}", i < sampled) for i in range(UNIT)]
+                other, t0 = servers[not traced], time.perf_counter()
+                cpu0 = tree_cpu_seconds(other.pid)
                 t, c = run_unit(servers[traced], pool, rids, args.concurrency, args.new_tokens)
+                idle[not traced][0] += tree_cpu_seconds(other.pid) - cpu0
+                idle[not traced][1] += time.perf_counter() - t0
                 results[block][name].append((t, c))
                 print(f"block {block} round {r} {name}: {t:.1f} tok/s, {c:.2f} server CPU ms/token", flush=True)
     if stored_runs(store) != runs_before + 1:  # the traced server's run, and none from the plain one
@@ -161,7 +173,7 @@ def cost(groups: list[list[float]]) -> str:
     return f"{100 * statistics.median([x for g in groups for x in g]):+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def report(results: dict) -> None:
+def report(results: dict, idle: dict) -> None:
     for measure, title in ((0, "tokens/s (wall clock; higher is better)"),
                            (1, "server CPU ms per token, whole process tree (lower is better)")):
         print(f"\n{title}\n\n| variant | median | min-max | vs no tracer [95% interval] | "
@@ -175,6 +187,9 @@ def report(results: dict) -> None:
     for name in list(VARIANTS)[1:]:
         print(f"  {name}: " + ", ".join(f"{100 * statistics.median(g):+.1f}%"
                                         for g in overheads(results, name, "no tracer", 0)))
+    print("\nidle, while the other server was measured: " + ", ".join(
+        f"{'traced server' if traced else 'server without the tracer'} {1000 * c / w:.1f} CPU ms per s"
+        for traced, (c, w) in idle.items() if w))
     print("\ntargets, tokens/s against no tracer: " + ", ".join(f"{n} <= {t:g}%" for n, t in TARGETS.items()))
 
 
@@ -204,6 +219,7 @@ def main() -> None:
     store = work / "store.db"
     store_db.upgrade(f"sqlite:///{store}")
     results = {b: {name: [] for name in VARIANTS} for b in range(args.blocks)}
+    idle = {False: [0.0, 0.0], True: [0.0, 0.0]}  # per server kind: CPU and wall seconds while the other ran
     with contextlib.ExitStack() as stack:
         if args.sink == "http":
             sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
@@ -211,12 +227,14 @@ def main() -> None:
             sink = {"DRAFTSCOPE_DB": str(store)}
         try:
             for b in range(args.blocks):
-                run_block(args, models, work, b, sink, store, results)
+                run_block(args, models, work, b, sink, store, results, idle)
         except KeyboardInterrupt:  # e.g. `timeout -s INT`: report the rounds completed so far
             results = completed_rounds(results)
             print(f"\ninterrupted: reporting the {sum(len(b['no tracer']) for b in results.values())} "
                   f"rounds completed in {len(results)} blocks", flush=True)
-    report(results)
+            if not results:
+                raise SystemExit(f"no round completed; logs in {work}")
+    report(results, idle)
     print(f"\nload average {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min), "
           f"{os.getloadavg()[2]:.2f} (15 min) at the end; logs in {work}")
 
