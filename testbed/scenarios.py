@@ -157,6 +157,21 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+# scenario -> (doctor's root cause, the runtime root cause, the server dies serving the demo prompts): what the
+# CPU bed finds (tests/test_scenario_findings.py), and the GPU bed must find the same (tests/gpu).
+FINDINGS = {
+    "healthy": (None, None, False),
+    "aux-off": ("fc-bypassed", "fc-bypassed", False),
+    "algo-eagle": ("eagle-algorithm-with-eagle3-draft", "eagle-algorithm-with-eagle3-draft", False),
+    "weights-dropped": ("draft-weights-not-loaded", "draft-weights-not-loaded", False),
+    "d2t-absolute": ("d2t-not-offsets", "d2t-not-offsets", True),
+    "last-layer-id": ("aux-count-short", "aux-count-short", True),
+    # Static: the ids sit outside eagle_config. Runtime twin: the captured layers are SGLang's
+    # fallback, not the trained ones.
+    "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
+}
+
+
 def prepare(name: str, root: Path | str | None = None) -> PreparedScenario:
     """Write (once) and return the scenario's target/draft directories and extra server arguments.
 

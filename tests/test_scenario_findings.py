@@ -42,18 +42,7 @@ from tests.fixtures.store import settle
 pytestmark = pytest.mark.sglang
 
 
-# scenario -> (doctor's root cause, the runtime root cause, the server dies serving the demo prompts)
-EXPECTED = {
-    "healthy": (None, None, False),
-    "aux-off": ("fc-bypassed", "fc-bypassed", False),
-    "algo-eagle": ("eagle-algorithm-with-eagle3-draft", "eagle-algorithm-with-eagle3-draft", False),
-    "weights-dropped": ("draft-weights-not-loaded", "draft-weights-not-loaded", False),
-    "d2t-absolute": ("d2t-not-offsets", "d2t-not-offsets", True),
-    "last-layer-id": ("aux-count-short", "aux-count-short", True),
-    # Static: the ids sit outside eagle_config. Runtime twin: the captured layers are SGLang's
-    # fallback, not the trained ones.
-    "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
-}
+EXPECTED = scenarios.FINDINGS
 # Scenarios whose runtime root cause needs the draft checkpoint: from the trace alone it is missed.
 FLUSH_TIMEOUT_S = 60.0
 

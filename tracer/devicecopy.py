@@ -11,7 +11,7 @@ at once (a few microseconds; there is no device to wait for).
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,6 +33,23 @@ def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
     host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
     host.numpy()[:] = values
     return host.to(device, non_blocking=True)
+
+
+def later_list(t: torch.Tensor) -> Callable[[], list]:
+    """``t.tolist`` for another thread to call, without a host sync here: on CUDA a non-blocking copy
+    into pinned memory now and an event that the returned function waits on."""
+    if t.device.type != "cuda":
+        return t.tolist
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+
+    def load() -> list:
+        event.synchronize()
+        return host.tolist()
+
+    return load
 
 
 class HostInts:

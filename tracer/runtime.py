@@ -30,7 +30,7 @@ from . import coverage
 from . import facts as facts_mod
 from . import records
 from .config import TracerConfig
-from .devicecopy import HostInts, device_index, host_view
+from .devicecopy import HostInts, device_index, host_view, later_list
 from .health import Health
 from .recorder import Shared
 from .relay import Relay
@@ -256,7 +256,7 @@ class Tracer:
             return
         hot = getattr(worker, "hot_token_id", None)
         if hot is not None and self._hot is None:
-            self._hot = Shared("hot_token_id", hot.tolist)  # read once, on the relay thread
+            self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
         for j, (_, rid, _) in enumerate(rows):
             if seed:
                 self.draft_seed[rid] = (pending, j, hot is not None)

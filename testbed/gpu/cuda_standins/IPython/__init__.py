@@ -1,0 +1,1 @@
+"""``IPython`` stand-in: ``sglang/utils.py`` imports ``IPython.display`` at import time."""

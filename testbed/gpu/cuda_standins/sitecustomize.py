@@ -1,0 +1,115 @@
+"""GPU test bed only: patches applied right after SGLang imports a few of its modules, in every Python
+process started with this folder first on ``PYTHONPATH`` (SGLang spawns its schedulers, which run it too).
+
+- ``sglang.srt.layers.dual_gemm``: the dual-GEMM mode selector imports CuTe DSL kernels
+  (nvidia-cutlass-dsl, not on the device); here it picks "no dual GEMM", what the real selector ends
+  in for unquantised float32 weights without those kernels.
+- ``SGLANG_GPU_TESTBED_NO_JIT=1`` keeps SGLang off its nvcc JIT kernels: ``load_jit`` raises naming
+  the module; the EAGLE tree build and greedy tree verify run SGLang's own Triton versions; the KV
+  store takes SGLang's plain-indexing fallback.
+- ``SGLANG_GPU_TESTBED_COUNT_REPLAYS=1`` counts ``torch.cuda.CUDAGraph.replay`` calls and logs the total
+  at powers of two (``[gpu-testbed] graph replays: N``): proof that requests ran through CUDA graphs.
+"""
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"[gpu-testbed] {msg} (pid {os.getpid()})\n")
+
+
+def _no_dual_gemm(mod):
+    mod.DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
+
+
+def _refuse_jit(mod):
+    def load_jit(*args, **kwargs):
+        name = args[0] if args else kwargs.get("name", "?")
+        _log(f"refused JIT module {name!r}")
+        raise RuntimeError(f"SGLang JIT kernels are off on the GPU test bed (SGLANG_GPU_TESTBED_NO_JIT=1): {name}")
+
+    mod.load_jit = load_jit
+
+
+def _triton_tree_ops(mod):
+    def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                    retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                    draft_token_num, tree_mask_mode):
+        from sglang.kernels.ops.speculative import spec_tree
+
+        spec_tree.sgl_build_tree_kernel_triton(
+            parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+            retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num,
+            spec_tree.TreeMaskMode(int(tree_mask_mode)))
+
+    def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                           retrive_next_token, retrive_next_sibling, target_predict):
+        from sglang.kernels.ops.speculative import spec_tree
+
+        spec_tree.verify_tree_greedy_triton(
+            predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num,
+            candidates=candidates, retrieve_index=retrive_index, retrieve_next_token=retrive_next_token,
+            retrieve_next_sibling=retrive_next_sibling, target_predict=target_predict)
+
+    mod.build_tree_kernel_efficient = build_tree_kernel_efficient
+    mod.verify_tree_greedy = verify_tree_greedy
+
+
+def _spec_tree_builder(mod):
+    from sglang.kernels.ops.speculative import tree
+
+    mod.sgl_build_tree_kernel_efficient = tree.build_tree_kernel_efficient
+
+
+def _no_store_cache(mod):
+    mod.can_use_store_cache = lambda *args, **kwargs: False
+
+
+PATCHES = {"sglang.srt.layers.dual_gemm": _no_dual_gemm}
+if os.environ.get("SGLANG_GPU_TESTBED_NO_JIT") == "1":
+    PATCHES.update({
+        "sglang.kernels.jit.utils.compile": _refuse_jit,
+        "sglang.kernels.ops.speculative.tree": _triton_tree_ops,
+        "sglang.kernels.ops.speculative.spec_tree": _spec_tree_builder,
+        "sglang.srt.mem_cache.memory_pool": _no_store_cache,
+    })
+
+
+class _PatchAfterExec(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        patch = PATCHES.get(fullname)
+        spec = None if patch is None else importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchAfterExec(spec.loader, patch)
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+
+if os.environ.get("SGLANG_GPU_TESTBED_COUNT_REPLAYS") == "1":
+    import torch.cuda.graphs as _graphs
+
+    _replay, _count = _graphs.CUDAGraph.replay, [0]
+
+    def replay(self, *args, **kwargs):
+        _count[0] += 1
+        if _count[0] & (_count[0] - 1) == 0:
+            _log(f"graph replays: {_count[0]}")
+        return _replay(self, *args, **kwargs)
+
+    _graphs.CUDAGraph.replay = replay

@@ -1,0 +1,29 @@
+#!/bin/bash
+# The GPU test bed on the device (copied into the kit as run.sh by testbed/gpu/build_kit.py):
+# installs the kit, then testbed/gpu/runner.py starts the servers and runs every check.
+# Results: $OUT/results.json, $OUT/pytest.log, $OUT/artifacts.tgz (traces/, logs/). Arguments go to
+# the runner (e.g. --skip throughput).
+set -u
+KIT=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-testbed-out}
+WORK=/tmp/gpu-testbed-work SITE=/tmp/gpu-testbed-site TRACER=/tmp/gpu-testbed-tracer
+mkdir -p "$OUT"; rm -rf "$WORK" "$TRACER"; mkdir -p "$WORK"
+T0=$(date +%s)
+if [ ! -d "$SITE/sglang" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$KIT"/wheels/*.whl || exit 1
+  tar -xJf "$KIT/sglang.tar.xz" -C "$SITE" || exit 1
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$TRACER" "$KIT"/draftscope-*.whl || exit 1
+echo "[run.sh] kit installed in $(( $(date +%s) - T0 )) s"
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 TORCHDYNAMO_DISABLE=1 PYTHONUNBUFFERED=1 \
+  SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python SGLANG_FORCE_FUSED_OP_BACKEND=torch \
+  SGLANG_GPU_TESTBED_NO_JIT=1 SGLANG_GPU_TESTBED_COUNT_REPLAYS=1
+export PYTHONPATH="$KIT/standins:$TRACER:$SITE:$KIT/src"
+cd "$KIT/src" || exit 1
+python3 -m testbed.gpu.runner --kit "$KIT" --work "$WORK" --tracer-site "$TRACER" \
+  --server-path "$KIT/standins:$SITE" "$@"
+rc=$?
+cp "$WORK/results.json" "$WORK/pytest.log" "$OUT/" 2>/dev/null
+tar -czf "$OUT/artifacts.tgz" -C "$WORK" traces logs 2>/dev/null
+echo "[run.sh] done in $(( $(date +%s) - T0 )) s, runner rc=$rc"
+exit $rc

@@ -1,0 +1,294 @@
+"""The GPU test bed's device run: real SGLang 0.5.23 servers on CUDA (graphs on), traced, then the checks.
+
+Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths and calls it)::
+
+    python3 -m testbed.gpu.runner --kit KIT --work DIR
+
+1. ``bench/gpu_hooks.py``: host time of the hooks' path per sampled iteration (GPU busy, no sync).
+2. In parallel, one server each (file sink, every request sampled): ``eager`` (``--disable-cuda-graph``),
+   ``graphs`` (CUDA graphs, ``DRAFTSCOPE_SYNC_DEBUG=1``), the scenarios ``aux-off``, ``algo-eagle``,
+   ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
+   Each answers the demo prompts one at a time, then four at once, with fixed request ids.
+3. Throughput: three servers (no tracer: the plugin is not on the path; 1 in 16; every request), the
+   same workload in interleaved rounds; tokens/s per round and the ratios to no tracer within a round.
+4. ``pytest -m gpu tests/gpu`` checks what was recorded (and runs the live CUDA checks).
+
+Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks), ``traces/``,
+``logs/``, ``pytest.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS, SCENARIOS
+from testbed.server import HOST, ServerHandle, free_port, log_tail
+
+SERVER_ARGS = [
+    "--dtype", "float32", "--attention-backend", "triton", "--grammar-backend", "none",
+    "--skip-server-warmup", "--max-total-tokens", "8192", "--max-running-requests", "8",
+    "--cuda-graph-max-bs-decode", "8", "--mem-fraction-static", "0.1",
+]
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
+CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
+START_TIMEOUT_S = 240
+THROUGHPUT = {"rounds": 7, "requests": 16, "concurrency": 8, "new_tokens": 64}  # round 0 is warm-up
+
+
+@dataclass
+class Spec:
+    name: str
+    draft: str  # kit models/<draft>
+    args: list
+    tracer: dict = field(default_factory=dict)  # DRAFTSCOPE_* (empty: the plugin is not on the path)
+
+
+def check_specs() -> list:
+    every = {"DRAFTSCOPE_SAMPLE_RATE": "1"}
+    specs = [Spec("eager", "draft", CHAIN + ["--disable-cuda-graph"], every),
+             Spec("graphs", "draft", CHAIN, {**every, "DRAFTSCOPE_SYNC_DEBUG": "1"}),
+             Spec("tree", "draft", TREE, every)]
+    for name in CHECKED_SCENARIOS:
+        s = SCENARIOS[name]
+        specs.append(Spec(name, "draft" if s.edit is None else f"scenarios/{name}", CHAIN + list(s.server_args),
+                          every))
+    return specs
+
+
+def throughput_specs() -> list:
+    return [Spec("no-tracer", "draft", CHAIN), Spec("1/16", "draft", CHAIN, {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}),
+            Spec("every", "draft", CHAIN, {"DRAFTSCOPE_SAMPLE_RATE": "1"})]
+
+
+class Bed:
+    def __init__(self, kit: Path, work: Path, tracer_site: str, server_path: str):
+        self.kit, self.work, self.tracer_site, self.server_path = kit, work, tracer_site, server_path
+        for sub in ("traces", "logs"):
+            (work / sub).mkdir(parents=True, exist_ok=True)
+
+    def slug(self, name: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+    def start(self, spec: Spec) -> tuple:
+        """Launch one server (not waiting); returns (handle, trace path or None)."""
+        port, models = free_port(), self.kit / "models"
+        # a scenario's own --speculative-algorithm comes last: argparse takes the last one
+        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(models / "target"),
+                "--host", HOST, "--port", str(port), *SERVER_ARGS, "--speculative-algorithm", "EAGLE3",
+                "--speculative-draft-model-path", str(models / spec.draft), *spec.args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
+        paths = self.server_path.split(os.pathsep)  # the stand-ins first, then the installed wheels
+        trace = None
+        if spec.tracer:
+            trace = self.work / "traces" / f"{self.slug(spec.name)}.jsonl"
+            env.update(spec.tracer, DRAFTSCOPE_FILE=str(trace), DRAFTSCOPE_FLUSH_INTERVAL_S="0.2")
+            paths.insert(1, self.tracer_site)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        log = self.work / "logs" / f"{self.slug(spec.name)}.log"
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(args) + "\n")
+            f.flush()
+            process = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return ServerHandle(process, f"http://{HOST}:{port}", log), trace
+
+    def start_all(self, specs: list) -> dict:
+        """Start every server at once; wait until each answers ``/model_info`` (or failed)."""
+        t0 = time.monotonic()
+        started = {s.name: (s, *self.start(s)) for s in specs}
+        state = {}
+        while len(state) < len(started) and time.monotonic() - t0 < START_TIMEOUT_S:
+            for name, (spec, handle, trace) in started.items():
+                if name in state:
+                    continue
+                if handle.process.poll() is not None:
+                    state[name] = {"ok": False, "error": f"exited with {handle.process.returncode}",
+                                   "log_tail": log_tail(handle.log_path, 30)}
+                elif handle.is_healthy():
+                    state[name] = {"ok": True, "start_s": round(time.monotonic() - t0, 1)}
+            time.sleep(0.5)
+        for name, (spec, handle, trace) in started.items():
+            state.setdefault(name, {"ok": False, "error": f"not healthy after {START_TIMEOUT_S} s",
+                                    "log_tail": log_tail(handle.log_path, 30)})
+            state[name].update(spec={"draft": spec.draft, "args": spec.args, "tracer": spec.tracer},
+                               handle=handle, trace=str(trace) if trace else None)
+            print(f"[runner] server {name}: {'healthy' if state[name]['ok'] else state[name]['error']}", flush=True)
+        return state
+
+    def stop_all(self, state: dict) -> None:
+        for s in state.values():
+            s.pop("handle").stop()
+        for s in state.values():  # what the log says about the run
+            s["log_facts"] = log_facts(Path(self.work / "logs" / f"{self.slug(s['name'])}.log"))
+
+
+def log_facts(log: Path) -> dict:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    replays = [int(n) for n in re.findall(r"graph replays: (\d+)", text)]
+    return {"graph_replays_at_least": max(replays, default=0),
+            "cuda_graph_batches": len(re.findall(r"cuda graph: True", text)),
+            "eager_batches": len(re.findall(r"cuda graph: False", text)),
+            "standins_called": sorted(set(re.findall(r"\[sgl_kernel stand-in\] called (\S+)", text))),
+            "stubs_called": sorted(set(re.findall(r"STUB CALLED (\S+)", text))),
+            "jit_refused": sorted(set(re.findall(r"refused JIT module '([^']+)'", text))),
+            "tracer_lines": [ln[:400] for ln in text.splitlines() if "draftscope" in ln][:40],
+            "tracebacks": text.count("Traceback")}
+
+
+def ask(handle: ServerHandle, text: str, rid: str, new_tokens: int) -> dict:
+    out = handle.generate(text, new_tokens, rid=rid)
+    m = out["meta_info"]
+    keep = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_histogram", "e2e_latency")
+    return {"rid": rid, "prompt": text, "text": out["text"], "meta": {k: m[k] for k in keep if k in m}}
+
+
+def demo_requests(name: str, handle: ServerHandle) -> list:
+    """The demo prompts one by one, then the first four at once (batch > 1 through the graphs)."""
+    answers = []
+    try:
+        for i, p in enumerate(DEMO_PROMPTS):
+            answers.append(ask(handle, p, f"seq-{i}", DEMO_NEW_TOKENS))
+        together = [None] * 4
+
+        def one(j):
+            together[j] = ask(handle, DEMO_PROMPTS[j], f"conc-{j}", DEMO_NEW_TOKENS)
+
+        threads = [threading.Thread(target=one, args=(j,)) for j in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        answers += [a for a in together if a is not None]
+    except Exception as exc:  # noqa: BLE001 - recorded; the checks say what it means
+        answers.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
+    print(f"[runner] {name}: {len(answers)} answers", flush=True)
+    return answers
+
+
+def throughput(state: dict) -> dict:
+    """Interleaved rounds (order shuffled per round): completion tokens per wall second per server."""
+    cfg = THROUGHPUT
+    rng = random.Random(0)
+    rounds = []
+    names = [n for n, s in state.items() if s["ok"]]
+    for r in range(cfg["rounds"]):
+        order = names[:]
+        rng.shuffle(order)
+        row = {}
+        for name in order:
+            handle = state[name]["handle"]
+            prompts = [(f"tp-{r}-{j}", f"{DEMO_PROMPTS[j % len(DEMO_PROMPTS)]} {j}") for j in range(cfg["requests"])]
+            tokens, lock, it = [0], threading.Lock(), iter(prompts)
+
+            def worker():
+                while True:
+                    with lock:
+                        nxt = next(it, None)
+                    if nxt is None:
+                        return
+                    meta = handle.generate(nxt[1], cfg["new_tokens"], rid=nxt[0])["meta_info"]
+                    with lock:
+                        tokens[0] += meta["completion_tokens"]
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=worker) for _ in range(cfg["concurrency"])]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            row[name] = tokens[0] / (time.perf_counter() - t0)
+        rounds.append(row)
+        print(f"[runner] throughput round {r}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in row.items()), flush=True)
+    measured = rounds[1:]
+    out = {"workload": cfg, "rounds": rounds, "median_tokens_per_s": {}, "median_ratio_to_no_tracer": {}}
+    for name in names:
+        out["median_tokens_per_s"][name] = round(statistics.median(r[name] for r in measured), 1)
+        if name != "no-tracer" and "no-tracer" in names:
+            ratios = sorted(r[name] / r["no-tracer"] for r in measured)
+            out["median_ratio_to_no_tracer"][name] = {"median": round(statistics.median(ratios), 4),
+                                                      "min": round(ratios[0], 4), "max": round(ratios[-1], 4)}
+    return out
+
+
+def machine() -> dict:
+    import torch
+    import triton
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    return {"gpu": smi, "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton.__version__}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kit", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--tracer-site", required=True, help="the folder holding draftscope (added for traced servers)")
+    ap.add_argument("--server-path", required=True, help="PYTHONPATH of every server: stand-ins, installed wheels")
+    ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    bed = Bed(a.kit, a.work, a.tracer_site, a.server_path)
+    results = {"machine": machine(), "kit": str(a.kit), "started_at": time.time(),
+               "manifest": json.loads((a.kit / "manifest.json").read_text())}
+    save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str))  # noqa: E731
+    src = Path(__file__).resolve().parents[2]
+    if "hooks" not in skip:
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, str(src / "bench" / "gpu_hooks.py")], env={**os.environ, "OUT": str(a.work)},
+                           capture_output=True, text=True, timeout=300)
+        (a.work / "logs" / "gpu_hooks.log").write_text(p.stdout + p.stderr)
+        hooks = a.work / "gpu_hooks.json"
+        results["hooks"] = {"rc": p.returncode, "s": round(time.monotonic() - t0, 1),
+                            "result": json.loads(hooks.read_text()) if hooks.exists() else None,
+                            "tail": (p.stdout + p.stderr)[-3000:]}
+        print(f"[runner] hooks bench rc={p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}", flush=True)
+        save()
+    if "checks" not in skip:
+        state = bed.start_all(check_specs())
+        for name, s in state.items():
+            s["name"] = name
+        answers = {}
+        threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, demo_requests(n, s["handle"])))
+                   for n, s in state.items() if s["ok"]]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        time.sleep(1.0)  # flush intervals: every finished request reaches the file
+        bed.stop_all(state)
+        results["servers"] = state
+        results["answers"] = answers
+        save()
+    if "throughput" not in skip:
+        state = bed.start_all(throughput_specs())
+        for name, s in state.items():
+            s["name"] = name
+        try:
+            results["throughput"] = throughput(state)
+        except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
+            results["throughput"] = {"error": f"{type(exc).__name__}: {exc}"}
+        bed.stop_all(state)
+        results["throughput_servers"] = state
+        save()
+    if "pytest" not in skip:
+        save()
+        p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu",
+                            "-rA", "tests/gpu"], cwd=src, env={**os.environ, "DRAFTSCOPE_GPU_RUN": str(a.work)},
+                           capture_output=True, text=True, timeout=300)
+        (a.work / "pytest.log").write_text(p.stdout + p.stderr)
+        results["pytest"] = {"rc": p.returncode, "summary": p.stdout.strip().splitlines()[-1:] if p.stdout else []}
+        print(p.stdout[-6000:], p.stderr[-2000:], flush=True)
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Read a tracer file sink (JSON lines, one batch a line) and compare two traces record by record.
+
+Used by the GPU test bed's checks (``tests/gpu``): graphs on and graphs off must record the same for
+the same greedy prompts and request ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STATS = ("l2_mean", "l2_max", "mean", "std", "absmax")
+REL, ABS = 1e-3, 1e-4  # float32 on one GPU: graph replay and eager kernels may round differently
+
+
+@dataclass
+class Trace:
+    run: dict = field(default_factory=dict)
+    requests: dict = field(default_factory=dict)  # rid -> merged request record
+    steps: dict = field(default_factory=dict)  # (rid, step_index) -> step record
+    samples: dict = field(default_factory=dict)  # (rid, step_index, point, phase) -> [sample records]
+    health: list = field(default_factory=list)
+
+    def last_health(self) -> dict:
+        return self.health[-1] if self.health else {}
+
+    def summary(self) -> dict:
+        """Counts a reader can compare at a glance."""
+        positions = Counter(len(s.get("draft_topk") or []) for s in self.steps.values())
+        points = Counter(f"{k[2]}@{k[3]}" for k, v in self.samples.items() for _ in v)
+        return {"requests": len(self.requests), "steps": len(self.steps),
+                "steps_by_draft_topk_positions": dict(sorted(positions.items())),
+                "samples_by_point": dict(sorted(points.items())),
+                "errors": self.last_health().get("errors", {}), "drops": self.last_health().get("drops", {})}
+
+
+def load(path: Path | str) -> Trace:
+    t = Trace()
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        batch = json.loads(line)
+        if batch.get("run"):
+            t.run.update(batch["run"])
+        for r in batch.get("requests") or []:
+            t.requests.setdefault(r["rid"], {}).update({k: v for k, v in r.items() if v is not None})
+        for s in batch.get("steps") or []:
+            t.steps[(s["rid"], s["step_index"])] = s
+        for s in batch.get("samples") or []:
+            t.samples.setdefault((s.get("rid"), s.get("step_index"), s["point"], s["phase"]), []).append(s)
+        t.health += batch.get("health") or []
+    return t
+
+
+def _close(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return abs(a - b) <= ABS + REL * max(abs(a), abs(b))
+
+
+def _topk_same(a, b) -> bool:
+    """Same positions, same best id at each, probabilities close."""
+    a, b = a or [], b or []
+    return len(a) == len(b) and all(
+        (not pa and not pb) or (pa and pb and pa[0][0] == pb[0][0] and _close(pa[0][1], pb[0][1]))
+        for pa, pb in zip(a, b))
+
+
+def differences(a: Trace, b: Trace, limit: int = 20) -> list:
+    """What ``b`` records differently from ``a`` (steps, acceptance, top-k, samples), at most ``limit`` lines."""
+    out = []
+    for key in sorted(set(a.steps) | set(b.steps)):
+        sa, sb = a.steps.get(key), b.steps.get(key)
+        if sa is None or sb is None:
+            out.append(f"step {key}: only in {'b' if sa is None else 'a'}")
+            continue
+        for f in ("drafted_tokens", "accept_len", "accept_flags", "bonus_token"):
+            if sa.get(f) != sb.get(f):
+                out.append(f"step {key}: {f} {sa.get(f)} != {sb.get(f)}")
+        for f in ("draft_topk", "target_topk"):
+            if not _topk_same(sa.get(f), sb.get(f)):
+                out.append(f"step {key}: {f} has {len(sa.get(f) or [])} positions vs {len(sb.get(f) or [])}"
+                           f" or differs ({str(sa.get(f))[:120]} vs {str(sb.get(f))[:120]})")
+    for key in sorted(set(a.samples) | set(b.samples), key=str):
+        la, lb = a.samples.get(key, []), b.samples.get(key, [])
+        if len(la) != len(lb):
+            out.append(f"samples {key}: {len(la)} vs {len(lb)}")
+            continue
+        for x, y in zip(la, lb):
+            if (x.get("width"), x.get("rows"), x.get("shape")) != (y.get("width"), y.get("rows"), y.get("shape")):
+                out.append(f"sample {key}: shape {x.get('shape')} vs {y.get('shape')}")
+            bad = [s for s in STATS if not _close(x.get(s), y.get(s))]
+            if bad:
+                out.append(f"sample {key}: {', '.join(f'{s} {x.get(s)} vs {y.get(s)}' for s in bad)}")
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])

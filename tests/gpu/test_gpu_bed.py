@@ -1,0 +1,156 @@
+"""Checks of a GPU test-bed run: real SGLang 0.5.23 on CUDA (graphs on), traced by the tracer.
+
+The device run (``testbed/gpu/runner.py``, from the kit's ``run.sh``) starts the servers, sends the
+requests and then runs these checks over what it recorded (``DRAFTSCOPE_GPU_RUN``: its folder with
+``results.json``, ``traces/``, ``logs/``). Elsewhere (CI, a CPU machine) they are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from testbed.gpu import traces
+from testbed.gpu.runner import CHECKED_SCENARIOS
+from testbed.scenarios import FINDINGS
+
+RUN = os.environ.get("DRAFTSCOPE_GPU_RUN")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not RUN, reason="needs a GPU test-bed run: testbed/gpu/run_device.sh on the H200 sets DRAFTSCOPE_GPU_RUN "
+                    "(docs/testbed.md)")]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return json.loads((Path(RUN) / "results.json").read_text())
+
+
+def server(results: dict, name: str) -> dict:
+    s = results["servers"][name]
+    assert s["ok"], f"server {name} did not start: {s.get('error')}\n{s.get('log_tail', '')}"
+    return s
+
+
+def trace(results: dict, name: str) -> traces.Trace:
+    return traces.load(server(results, name)["trace"])
+
+
+def answers(results: dict, name: str) -> list:
+    out = results["answers"][name]
+    assert out and not [a for a in out if "error" in a], f"{name}: {out[-1]}"
+    return out
+
+
+def test_graphs_are_replayed_and_eager_is_not(results):
+    graphs, eager = server(results, "graphs")["log_facts"], server(results, "eager")["log_facts"]
+    assert graphs["graph_replays_at_least"] >= 64 and graphs["cuda_graph_batches"] > 0, graphs
+    assert eager["graph_replays_at_least"] == 0 and eager["cuda_graph_batches"] == 0, eager
+
+
+def test_no_standin_stub_is_ever_called(results):
+    for name, s in {**results["servers"], **results.get("throughput_servers", {})}.items():
+        facts = s.get("log_facts", {})
+        assert not facts.get("stubs_called"), f"{name} called stand-in stubs: {facts.get('stubs_called')}"
+
+
+def test_graphs_on_and_off_answer_the_same(results):
+    on, off = answers(results, "graphs"), answers(results, "eager")
+    assert [(a["rid"], a["text"], a["meta"]["spec_verify_ct"]) for a in on] == \
+        [(a["rid"], a["text"], a["meta"]["spec_verify_ct"]) for a in off]
+
+
+def test_graphs_on_and_off_record_the_same(results):
+    """Steps, acceptance, aux and fc samples, draft top-k at every position, draft logits samples."""
+    on, off = trace(results, "graphs"), trace(results, "eager")
+    report = f"graphs on: {on.summary()}\ngraphs off: {off.summary()}"
+    assert off.steps and off.samples, report
+    assert traces.differences(off, on) == [], report
+
+
+def test_every_draft_position_has_its_topk(results):
+    """Chain of 3 draft steps, 4 draft tokens: top-k at positions 1-3 on every step, graphs on and off."""
+    for name in ("graphs", "eager"):
+        t = trace(results, name)
+        missing = [k for k, s in t.steps.items() if len(s.get("draft_topk") or []) != 3]
+        assert not missing, f"{name}: {len(missing)} of {len(t.steps)} steps lack draft top-k at some position " \
+                            f"({t.summary()['steps_by_draft_topk_positions']})"
+
+
+def test_sync_debug_run_has_no_tracer_error_and_samples_every_request(results):
+    t = trace(results, "graphs")
+    assert t.run["tracer_config"]["sync_debug"] is True
+    health = t.last_health()
+    assert health.get("errors") == {} and not health.get("disabled_probes"), health
+    assert {"verify", "draft", "draft_extend"} <= set(health.get("heartbeats", {})), health
+    answered = {a["rid"] for a in answers(results, "graphs")}
+    assert answered <= {rid for rid, r in t.requests.items() if r.get("sampled")}, t.requests.keys()
+
+
+@pytest.mark.parametrize("name", ["graphs", "eager", "tree", *CHECKED_SCENARIOS])
+def test_traced_totals_equal_sglang_meta_info(results, name):
+    t = trace(results, name)
+    assert t.last_health().get("errors") == {}, t.last_health()
+    for a in answers(results, name):
+        r = t.requests.get(a["rid"])
+        assert r is not None, f"{name}: {a['rid']} not recorded"
+        assert r["traced_verify_ct"] == r["spec_verify_ct"] == a["meta"]["spec_verify_ct"], r
+        assert r["traced_accepted_drafts"] == r["spec_accepted_drafts"], r
+
+
+def test_tree_drafting_is_traced(results):
+    """--speculative-eagle-topk 4, 8 draft tokens: each verify step records its 7 drafted tree nodes."""
+    t = trace(results, "tree")
+    assert t.steps and all(len(s["drafted_tokens"]) == 7 for s in t.steps.values()), t.summary()
+    assert any(s["accept_len"] > 1 for s in t.steps.values()), t.summary()
+
+
+@pytest.mark.parametrize("name", ["healthy", *CHECKED_SCENARIOS])
+def test_scenario_findings_match_the_cpu_bed(results, name, tmp_path):
+    """The runtime rules on the GPU trace name the root cause the CPU bed's trace gives."""
+    import sqlalchemy as sa
+    from sqlmodel import Session
+
+    from draftscope import db
+    from draftscope.analyze import analyze_run, build_observation
+    from draftscope.findings import runtime_findings
+    from draftscope.importer import import_files
+    from draftscope.spec import read_draft, read_target
+
+    static_cause, runtime_cause, _ = FINDINGS[name]
+    run_name = "graphs" if name == "healthy" else name
+    answers(results, run_name)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        import_files(engine, [Path(server(results, run_name)["trace"])])
+        with Session(engine) as session:
+            run_id = session.execute(sa.text("SELECT id FROM runs")).scalar_one()
+            observation = build_observation(session, run_id)
+            analyzed = analyze_run(session, run_id)
+    finally:
+        engine.dispose()
+    kit_models = Path(results["kit"]) / "models"
+    draft = kit_models / ("draft" if run_name in ("graphs", "algo-eagle") else f"scenarios/{name}")
+    spec = read_draft(draft, target_layers=read_target(kit_models / "target").num_layers)
+    runtime = [f for f in runtime_findings(spec, observation) if f.severity in ("error", "warning")]
+    alone = [f for f in runtime_findings(None, observation) if f.severity in ("error", "warning")]
+    report = f"runtime: {[f.rule_id for f in runtime]}, trace alone: {[f.rule_id for f in alone]}, " \
+             f"analyze_run: {[(f.rule_id, f.severity) for f in analyzed]}"
+    if runtime_cause is None:
+        assert not runtime and not alone, report
+        assert not [f for f in analyzed if f.severity in ("error", "warning")], report
+        return
+    assert runtime and runtime[0].rule_id == runtime_cause, report
+    assert alone and alone[0].rule_id == runtime_cause, report
+    assert analyzed[0].rule_id == static_cause, report
+
+
+def test_throughput_ran_interleaved_for_all_three(results):
+    tp = results["throughput"]
+    assert "error" not in tp, tp
+    assert set(tp["median_tokens_per_s"]) == {"no-tracer", "1/16", "every"}, tp
+    assert all(row.keys() == tp["rounds"][0].keys() for row in tp["rounds"]), tp["rounds"]
