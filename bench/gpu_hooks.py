@@ -6,9 +6,11 @@
    relay pickles them, equal those of the CPU path (``host_reduce.host_rows``) on the same rows (1e-4).
 2. Host time: ``testbed.gpu.hooks_path.HooksPath`` runs the hooks' whole per-iteration path (the real
    ``Tracer`` methods: draft taps, verify, draft extend with the fc recompute and the device-side index
-   of the seed rows, totals) at batch 8 and 64, 1 request in 16 sampled. No synchronisation before an
-   iteration: each one first queues 0.2 ms of GPU work (``torch.cuda._sleep``), so the GPU never idles
-   and a hook that waited for it would show. Wall-clock microseconds of the hooks' host work per
+   of the seed rows, totals) at batch 8 and 64, 1 request in 16 sampled, a thread pickling the queued
+   calls every 100 ms as the relay does. Paced as SGLang's overlap scheduler runs: each iteration first
+   queues 3 ms of GPU work (``torch.cuda._sleep``, the model's forward), the hooks run while it is queued,
+   and only then the host waits for the previous iteration's work. So the GPU is never idle when the hooks
+   run and a hook that waited for it would show. Wall-clock microseconds of the hooks' host work per
    iteration: median and 90th percentile of 300 iterations after 30 warm-up ones, and where it goes.
 
     python bench/gpu_hooks.py        # JSON also to $OUT/gpu_hooks.json if OUT is set
@@ -36,7 +38,7 @@ from tracer.records import topk_list  # noqa: E402
 from tracer.stats import merged_stats  # noqa: E402
 from tracer.summaries import Summaries  # noqa: E402
 
-ITERATIONS, WARMUP, GPU_AHEAD_MS = 300, 30, 0.2
+ITERATIONS, WARMUP, FORWARD_MS = 300, 30, 3.0
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 
@@ -67,13 +69,18 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
     torch.cuda.synchronize()  # once, before the measured run
     launches = path.tracer.summaries  # counted below from the summarisers' launch counters
     before = sum(s.launches for s, _ in launches._by_shape.values())
-    times, stages = [], {}
+    times, stages, previous, busy = [], {}, None, 0
     for _ in range(ITERATIONS):
-        torch.cuda._sleep(int(cycles_per_ms * GPU_AHEAD_MS))
+        torch.cuda._sleep(int(cycles_per_ms * FORWARD_MS))
         t0 = time.perf_counter()
         path.iteration(stages)
         times.append(time.perf_counter() - t0)
-    gpu_busy_after = not torch.cuda.current_stream().query()
+        busy += not torch.cuda.current_stream().query()
+        done = torch.cuda.Event()
+        done.record()
+        if previous is not None:
+            previous.synchronize()  # the scheduler's wait for the previous batch, outside the hooks
+        previous = done
     n = sum(s.launches for s, _ in launches._by_shape.values()) - before
     health = path.close()
     if health["errors"] or health["relay_error"]:
@@ -84,7 +91,7 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
             "host_us_p90": round(1e6 * times[int(0.9 * len(times))], 1),
             "launches_per_iteration": n / ITERATIONS,
             "host_us_by_hook": {k: round(1e6 * v / ITERATIONS, 1) for k, v in stages.items()},
-            "gpu_still_busy_after_last_iteration": gpu_busy_after, "drops": health["drops"]}
+            "iterations_gpu_busy_after_hooks": busy, "drops": health["drops"]}
 
 
 def main() -> None:

@@ -3,9 +3,9 @@
 On CUDA a host list becomes a device index tensor through pinned memory and a ``non_blocking`` copy
 (``device_index``): a pageable copy or ``torch.tensor(list, device=cuda)`` waits for the stream, i.e.
 for all GPU work queued ahead. PyTorch's pinned allocator keeps the host block until the copy is done.
-``HostInts`` gathers elements of a few device tensors with one such index copy, one concatenation and
-one non-blocking copy into pinned memory, and an event that ``result()`` synchronises (on the relay
-thread, when the call is pickled for the recorder). On a CPU the elements are read through numpy views
+``HostInts`` copies a few small device tensors into pinned memory without blocking, with an event
+that ``result()`` synchronises before indexing them (on the relay thread, when the call is pickled for
+the recorder). On a CPU the elements are read through numpy views
 at once (a few microseconds; there is no device to wait for).
 """
 
@@ -53,25 +53,25 @@ def later_list(t: torch.Tensor) -> Callable[[], list]:
 
 
 class HostInts:
-    """``tensor[index]`` of each ``(tensor, index)`` pair as one flat list of Python ints."""
+    """``tensor[index]`` of each ``(tensor, index)`` pair as one flat list of Python ints.
+
+    On CUDA each (small) tensor is copied whole into pinned memory without blocking, one copy per
+    tensor and one event; the indexing happens on the host in ``result()``."""
 
     def __init__(self, parts: Sequence[Tuple[torch.Tensor, List[int]]]):
+        self.event, self._parts = None, None
         views = [host_view(t) for t, _ in parts]
-        self.event = None
         if all(v is not None for v in views):
             self._values: Optional[list] = np.concatenate(
                 [v[i].astype(np.int64) for v, (_, i) in zip(views, parts)]).tolist()
             return
         self._values = None
-        index = device_index([k for _, i in parts for k in i], parts[0][0].device)
-        pieces, at = [], 0
-        for t, i in parts:
-            pieces.append(t[index[at:at + len(i)]].to(torch.int64))
-            at += len(i)
-        flat = torch.cat(pieces)
-        self.host = torch.empty(flat.shape, dtype=torch.int64, device="cpu", pin_memory=flat.is_cuda)
-        self.host.copy_(flat, non_blocking=True)
-        if flat.is_cuda:
+        self._parts = []
+        for t, index in parts:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            host.copy_(t, non_blocking=True)
+            self._parts.append((host, index))
+        if any(t.is_cuda for t, _ in parts):
             self.event = torch.cuda.Event()
             self.event.record()
 
@@ -82,5 +82,7 @@ class HostInts:
         if self._values is None:
             if self.event is not None:
                 self.event.synchronize()
-            self._values = self.host.tolist()
+            self._values = np.concatenate([host.numpy()[index].astype(np.int64)
+                                           for host, index in self._parts]).tolist()
+            self._parts = None
         return self._values

@@ -336,9 +336,9 @@ class Tracer:
             accepted = host_view(batch_result.accept_lens)
             if accepted is not None:  # CPU: read the accept lengths directly
                 sel = [i * N + int(accepted[i]) - 1 for i, _, _ in upcoming]
-            else:  # device: the last accepted row of each request, computed on the device (no sync)
-                idx = device_index([i for i, _, _ in upcoming], logits.device)
-                sel = idx * N + batch_result.accept_lens[idx].to(torch.int64) - 1
+            else:  # device: the last accepted row of each request, on the device (no sync), padded
+                sel = self.summaries.device_rows([i for i, _, _ in upcoming], [i * N - 1 for i, _, _ in upcoming],
+                                                 batch_result.accept_lens)
             self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
                                seed=True)
 

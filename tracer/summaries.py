@@ -24,6 +24,11 @@ from .summarize import Pending, Summarizer
 RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
 
 
+def capacity(n: int) -> int:
+    """Rows of the Summarizer that takes ``n`` rows (powers of two, at least 8)."""
+    return max(8, 1 << (n - 1).bit_length())
+
+
 class Summaries:
     """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two.
 
@@ -36,6 +41,15 @@ class Summaries:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self.health, self.topk, self.reduce = health, topk, reduce
         self._by_shape: Dict[tuple, Tuple[Summarizer, torch.Tensor]] = {}
+
+    @staticmethod
+    def device_rows(at: Sequence[int], base: Sequence[int], values: torch.Tensor) -> torch.Tensor:
+        """``base[j] + values[at[j]]`` on ``values``' device as rows for :meth:`launch`, padded to its capacity
+        with negative (unused) rows: one index copy, one gather, one add."""
+        pad = capacity(len(at)) - len(at)
+        index = device_index([*at, *[0] * pad, *base, *[-(1 << 40)] * pad], values.device)
+        half = index.shape[0] // 2
+        return index[half:] + values[index[:half]]
 
     def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
@@ -55,13 +69,15 @@ class Summaries:
         key = (width, chunk, vocab, hidden.device)
         summ, buf = self._by_shape.get(key, (None, None))
         if summ is None or summ.max_rows < n:
-            max_rows = max(8, 1 << (n - 1).bit_length())
+            max_rows = capacity(n)
             summ = Summarizer(max_rows=max_rows, width=width, chunk_width=chunk, vocab_size=vocab,
                               topk=min(self.topk, vocab) if vocab else self.topk, ring_size=RING_SIZE,
                               device=hidden.device)
             buf = torch.empty(max_rows, dtype=torch.int64, device=hidden.device)
             self._by_shape[key] = (summ, buf)
-        if isinstance(rows, torch.Tensor):  # already on the device
+        if isinstance(rows, torch.Tensor) and n == summ.max_rows:  # already padded on the device
+            index = rows
+        elif isinstance(rows, torch.Tensor):
             buf.fill_(-1)
             buf[:n].copy_(rows)
             index = buf

@@ -284,6 +284,9 @@ class Summarizer:
         self._host_bufs = [torch.zeros(offset, dtype=torch.uint8, pin_memory=pin) for _ in range(ring_size)]
         self._host = [self._views(b) for b in self._host_bufs]
         self._busy = [False] * ring_size
+        # one completion event per ring slot, re-recorded by each launch that takes the slot (creating
+        # an event per launch costs host time)
+        self._events = [torch.cuda.Event() for _ in range(ring_size)] if self.device.type == "cuda" else None
         self._next = 0
 
         # Scratch, preallocated so a launch allocates nothing.
@@ -536,8 +539,8 @@ class Summarizer:
     def _copy_out(self, slot: int, tag: Any) -> Pending:
         self._host_bufs[slot].copy_(self._dev_buf, non_blocking=True)
         event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
+        if self._events is not None:
+            event = self._events[slot]
             event.record()
         self.launches += 1
         return Pending(self, slot, event, tag)

@@ -6,7 +6,8 @@ logits taps, the verify step (aux hidden states, target logits, token ids throug
 draft extend (``fc`` recomputed on the sampled rows, the seed logits indexed on the device) and the
 result processing's totals. SGLang's batch objects are plain namespaces holding device tensors shaped
 as SGLang 0.5.23 hands them to the hooks (``accept_lens`` on the host by result processing, as there).
-A reader thread plays the relay: it pickles each queued call (which resolves its summaries).
+A thread plays the relay: every 100 ms it pickles the queued calls with the relay's own pickler
+(which waits for and decodes their summaries).
 
 Shapes: Kimi-K2.5 (hidden 7168, 3 aux layers in bf16, 163,840-vocab fp32 target logits, 32,000-vocab
 draft, 4 draft tokens), one request in ``sample_every`` sampled. Needs torch (and Triton for the fast
@@ -15,8 +16,8 @@ summaries); used by ``bench/gpu_hooks.py`` and ``tests/gpu/test_hooks_path.py``.
 
 from __future__ import annotations
 
-import pickle
-import queue
+import collections
+import io
 import threading
 import time
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ from typing import Dict, Optional
 import torch
 
 from tracer.config import TracerConfig
+from tracer.relay import POLL_S, _Pickler
 from tracer.runtime import Tracer
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
@@ -39,32 +41,39 @@ class _Mode:
 
 
 class _Relay:
-    """What the tracer's ``Relay`` does with a call, on its own thread: pickle it (resolving every
-    summary handle in it, waiting on their events there). Counts calls and keeps the first error."""
+    """What the tracer's ``Relay`` thread does with the queued calls, without the recorder process: every
+    ``POLL_S`` it pickles what is queued in one payload with the relay's own pickler (``Shared`` values
+    once), which waits for and decodes each summary. Counts calls and keeps the first error."""
 
     def __init__(self):
         self.calls, self.error = 0, None
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: collections.deque = collections.deque()
+        self._sent: set = set()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hooks-path-relay", daemon=True)
         self._thread.start()
 
     def submit(self, call) -> bool:
-        self._queue.put(call)
+        self._queue.append(call)
         return True
 
     def _run(self) -> None:
         while True:
-            call = self._queue.get()
-            if call is None:
+            stopping = self._stop.wait(POLL_S)
+            jobs = [self._queue.popleft() for _ in range(len(self._queue))]
+            if jobs:
+                try:
+                    pickler = _Pickler(io.BytesIO(), self._sent)
+                    pickler.dump(jobs)
+                    self._sent |= pickler.new
+                    self.calls += len(jobs)
+                except Exception as exc:  # noqa: BLE001 - reported by drain()
+                    self.error = self.error or f"{type(exc).__name__}: {exc}"
+            if stopping:
                 return
-            try:
-                pickle.dumps(call)
-                self.calls += 1
-            except Exception as exc:  # noqa: BLE001 - reported by drain()
-                self.error = self.error or f"{type(exc).__name__}: {exc}"
 
     def drain(self) -> None:
-        self._queue.put(None)
+        self._stop.set()
         self._thread.join()
 
 

@@ -10,7 +10,8 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
    ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
    Each answers the demo prompts one at a time, then four at once, with fixed request ids.
 3. Throughput: three servers (no tracer: the plugin is not on the path; 1 in 16; every request), the
-   same workload in interleaved rounds; tokens/s per round and the ratios to no tracer within a round.
+   same workload (32 demo prompts x 64 tokens, 8 at a time, fixed request ids) in interleaved rounds in
+   a shuffled order; after 3 warm-up rounds, tokens/s per round and the ratios to no tracer per round.
 4. ``pytest -m gpu tests/gpu`` checks what was recorded (and runs the live CUDA checks).
 
 Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks), ``traces/``,
@@ -45,7 +46,7 @@ CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--spe
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
 START_TIMEOUT_S = 240
-THROUGHPUT = {"rounds": 7, "requests": 16, "concurrency": 8, "new_tokens": 64}  # round 0 is warm-up
+THROUGHPUT = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 
 
 @dataclass
@@ -187,7 +188,7 @@ def throughput(state: dict) -> dict:
         row = {}
         for name in order:
             handle = state[name]["handle"]
-            prompts = [(f"tp-{r}-{j}", f"{DEMO_PROMPTS[j % len(DEMO_PROMPTS)]} {j}") for j in range(cfg["requests"])]
+            prompts = [(f"tp-{r}-{j}", DEMO_PROMPTS[j % len(DEMO_PROMPTS)]) for j in range(cfg["requests"])]
             tokens, lock, it = [0], threading.Lock(), iter(prompts)
 
             def worker():
@@ -207,7 +208,7 @@ def throughput(state: dict) -> dict:
             row[name] = tokens[0] / (time.perf_counter() - t0)
         rounds.append(row)
         print(f"[runner] throughput round {r}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in row.items()), flush=True)
-    measured = rounds[1:]
+    measured = rounds[cfg["warmup_rounds"]:]
     out = {"workload": cfg, "rounds": rounds, "median_tokens_per_s": {}, "median_ratio_to_no_tracer": {}}
     for name in names:
         out["median_tokens_per_s"][name] = round(statistics.median(r[name] for r in measured), 1)
