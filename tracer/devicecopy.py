@@ -1,8 +1,9 @@
 """Index tensors to the device and selected elements back, without a host sync.
 
 On CUDA a host list becomes a device index tensor through pinned memory and a ``non_blocking`` copy
-(``device_index``): a pageable copy or ``torch.tensor(list, device=cuda)`` waits for the stream, i.e.
-for all GPU work queued ahead. PyTorch's pinned allocator keeps the host block until the copy is done.
+(``device_index``, which keeps recent ones): a pageable copy or ``torch.tensor(list, device=cuda)``
+waits for the stream, i.e. for all GPU work queued ahead. PyTorch's pinned allocator keeps the host
+block until the copy is done.
 ``HostInts`` copies a few small device tensors into pinned memory without blocking, with an event
 that ``result()`` synchronises before indexing them (on the relay thread, when the call is pickled for
 the recorder). On a CPU the elements are read through numpy views
@@ -11,6 +12,7 @@ at once (a few microseconds; there is no device to wait for).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,13 +28,27 @@ def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
     return t.numpy()
 
 
+_INDEX_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
+
+
 def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``; on CUDA copied from pinned memory without blocking."""
+    """``values`` as an int64 tensor on ``device`` (never written to: callers only read it). On CUDA the
+    tensors of recent lists are kept, so a batch whose sampled rows have not changed costs no copy; a new
+    list is copied from pinned memory without blocking."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=torch.int64, device=device)
+    key = (device, *values)
+    out = _INDEX_CACHE.get(key)
+    if out is not None:
+        _INDEX_CACHE.move_to_end(key)
+        return out
     host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
     host.numpy()[:] = values
-    return host.to(device, non_blocking=True)
+    out = _INDEX_CACHE[key] = host.to(device, non_blocking=True)
+    if len(_INDEX_CACHE) > INDEX_CACHE_SIZE:
+        _INDEX_CACHE.popitem(last=False)
+    return out
 
 
 def later_list(t: torch.Tensor) -> Callable[[], list]:
