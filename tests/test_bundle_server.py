@@ -1,0 +1,233 @@
+"""Trace bundles of a real traced run: the aux-off scenario of the CPU test bed, served by SGLang with
+``--api-key`` and asked a prompt holding a unique marker.
+
+Round trip into a fresh store (SQLite and PostgreSQL): the same JSON twins of the run and its
+requests, the same findings. Privacy: neither the API key nor the marker is in any member; the
+generated text only with ``--include-text``. Also through the CLI and the dashboard's routes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sqlite3
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from tokenizers import Tokenizer
+from typer.testing import CliRunner
+
+from draftscope import db
+from draftscope.analyze import refresh_run
+from draftscope.bundle.export import export_bundle
+from draftscope.bundle.loader import store_bundle
+from draftscope.bundle.reader import read_bundle
+from draftscope.cli import app as cli
+from draftscope.ingest import BatchWriter
+from draftscope.settings import Settings
+from draftscope.web import create_app
+from testbed import scenarios
+from testbed.server import start_server
+from tests.fixtures.sglang_server import PROBE_WITHOUT_GENERATION
+
+pytestmark = pytest.mark.sglang
+PROMPTS = ("The quick brown fox", "Hello world, this is", "Once upon a time")
+
+
+@dataclass(frozen=True)
+class Traced:
+    url: str  # the tracer's SQLite store
+    run_id: str
+    secret: str  # the server's --api-key
+    marker: str  # in one prompt
+    outputs: dict[str, dict]  # rid -> the server's answer (text, output_ids)
+    models_root: Path  # holds the target and the aux-off draft
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> Traced:
+    root = tmp_path_factory.mktemp("bundle-run")
+    prepared = scenarios.prepare("aux-off")
+    store = root / "trace.db"
+    url = f"sqlite:///{store}"
+    db.upgrade(url)
+    secret, marker = f"ds-key-{uuid.uuid4().hex}", f"ds-marker-{uuid.uuid4().hex}"
+    env = {**PROBE_WITHOUT_GENERATION, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1",
+           "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
+    with start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args,
+                      root / "server.log", env=env, api_key=secret) as server:
+        answers = [server.generate(f"{prompt} {marker}", max_new_tokens=12) for prompt in PROMPTS]
+        time.sleep(1.5)  # a few flush intervals
+    assert secret in (root / "server.log").read_text()  # it was on SGLang's command line
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            run_id = conn.execute(sa.text("SELECT id FROM runs")).scalar_one()
+        refresh_run(engine, run_id)  # what the dashboard does when a run's batches arrive
+    finally:
+        engine.dispose()
+    return Traced(url, run_id, secret, marker, {a["meta_info"]["id"]: a for a in answers},
+                  prepared.draft_dir.parent.parent)
+
+
+def _export(url: str, run_id: str, **options) -> bytes:
+    engine = db.make_engine(url)
+    try:
+        out = io.BytesIO()
+        export_bundle(engine, run_id, out, **options)
+        return out.getvalue()
+    finally:
+        engine.dispose()
+
+
+def _unzipped(bundle: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def _twins(url: str, run_id: str) -> tuple[dict, dict]:
+    """The run's JSON twin (findings without row id and time, and without the times data arrived
+    in this store) and each request's JSON twin."""
+    with TestClient(create_app(Settings(database_url=url))) as client:
+        run = client.get(f"/api/v1/runs/{run_id}").json()
+        requests = {r["rid"]: client.get(f"/api/v1/runs/{run_id}/requests/{r['rid']}").json()
+                    for r in run["requests"]}
+    run.pop("last_batch_at")  # when data arrived in this store, not a property of the run
+    run["summary"].pop("updated_at")
+    run["findings"] = sorted(({k: v for k, v in f.items() if k not in ("id", "at")}
+                              for f in run["findings"]), key=json.dumps)
+    return run, requests
+
+
+def _rows(url: str, table: str) -> list:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1")).all()
+    finally:
+        engine.dispose()
+
+
+def test_round_trip_gives_the_same_run_and_findings(traced, store_url, monkeypatch) -> None:
+    """Exported with the models' folder as the home directory, so that the bundle's paths read
+    ``~/...`` and the importing side cannot open them: its findings come from the manifest's
+    feature spec, as on a maintainer's machine."""
+    home = str(traced.models_root)
+    monkeypatch.setenv("HOME", home)
+    bundle = _export(traced.url, traced.run_id)
+    engine = db.make_engine(store_url)
+    try:
+        result = store_bundle(BatchWriter(engine), read_bundle(io.BytesIO(bundle)), "aux-off.zip")
+    finally:
+        engine.dispose()
+    assert result.status == "imported"
+    source_run, source_requests = _twins(traced.url, traced.run_id)
+    expected = json.loads(orjson.dumps(source_run).decode().replace(home + "/", "~/"))
+    expected["run"]["source"] = "bundle"
+    expected["run"]["tracer_config"].pop("ingest_token", None)  # a secret-shaped name
+    imported_run, imported_requests = _twins(store_url, traced.run_id)
+    assert "~/scenarios/" in imported_run["run"]["draft_path"]
+    assert [f["rule_id"] for f in imported_run["findings"]] == ["fc-bypassed"]
+    assert imported_run == expected
+    assert len(imported_requests) == len(PROMPTS) and imported_requests == source_requests
+
+
+def test_default_bundle_holds_no_secret_no_prompt_no_text(traced) -> None:
+    members = _unzipped(_export(traced.url, traced.run_id))
+    assert "text.jsonl" not in members
+    manifest = json.loads(members["manifest.json"])
+    assert manifest["server_args"]["speculative_algorithm"] == "EAGLE3"
+    assert manifest["versions"]["torch"] and manifest["feature_spec"]["draft"]["k"] == 3
+    for name, data in members.items():
+        assert traced.secret.encode() not in data, name
+        assert traced.marker.encode() not in data, name
+        for answer in traced.outputs.values():
+            assert answer["text"].encode() not in data, name
+
+
+def test_include_text_adds_the_generated_text(traced) -> None:
+    members = _unzipped(_export(traced.url, traced.run_id, include_text=True))
+    lines = [json.loads(line) for line in members["text.jsonl"].splitlines()]
+    assert sorted(line["rid"] for line in lines) == sorted(traced.outputs)
+    tokenizer = Tokenizer.from_file(str(traced.models_root / "target" / "tokenizer.json"))
+    for line in lines:
+        # the tokens the verify steps emitted: all but the first (the prefill's), and at most a
+        # step's worth more than SGLang kept (it cuts at max_new_tokens)
+        generated = traced.outputs[line["rid"]]["output_ids"]
+        assert line["token_ids"][:len(generated) - 1] == generated[1:]
+        assert len(generated) - 1 <= len(line["token_ids"]) < len(generated) - 1 + 4
+        assert line["text"] == tokenizer.decode(line["token_ids"], skip_special_tokens=True)
+    everything = b"".join(members.values())
+    assert traced.secret.encode() not in everything
+    assert traced.marker.encode() not in everything  # the tracer never records the prompt
+
+
+def test_a_bundle_from_an_old_store_holding_secrets_holds_none(traced, tmp_path) -> None:
+    """A store written before the tracer's allow-list: SGLang's whole ``vars(server_args)``, and
+    secret-shaped names in the facts and the tracer config."""
+    old = tmp_path / "old.db"
+    shutil.copy(sa.make_url(traced.url).database, old)
+    secret = traced.secret
+    server_args = {"_launch_command": f"--model-path /m --api-key {secret}", "api_key": secret,
+                   "admin_api_key": secret, "ssl_keyfile_password": secret,
+                   "_raw_input": {"api_key": secret, "speculative_algorithm": "EAGLE3"},
+                   "speculative_algorithm": "EAGLE3"}
+    with sqlite3.connect(old) as conn:
+        (facts, config), = conn.execute("SELECT facts, tracer_config FROM runs").fetchall()
+        facts, config = json.loads(facts), json.loads(config)
+        facts["draft"]["config"]["hf_token"] = secret
+        config["ingest_token"] = secret
+        conn.execute("UPDATE runs SET server_args = ?, facts = ?, tracer_config = ?",
+                     (json.dumps(server_args), json.dumps(facts), json.dumps(config)))
+    members = _unzipped(_export(f"sqlite:///{old}", traced.run_id))
+    assert all(secret.encode() not in data for data in members.values())
+    assert json.loads(members["manifest.json"])["server_args"] == {"speculative_algorithm": "EAGLE3"}
+
+
+def test_cli_export_and_import(traced, store_url, tmp_path) -> None:
+    runner, bundle = CliRunner(), tmp_path / "aux-off.zip"
+    rid = sorted(traced.outputs)[0]
+    exported = runner.invoke(cli, ["export", traced.run_id, "--db", traced.url, "-o", str(bundle),
+                                   "--requests", rid])
+    assert exported.exit_code == 0, exported.output
+    assert f"wrote {bundle}" in exported.output and "1 requests" in exported.output
+    first = runner.invoke(cli, ["import", str(bundle), "--db", store_url])
+    again = runner.invoke(cli, ["import", str(bundle), "--db", store_url])
+    assert first.exit_code == 0 and f"imported run {traced.run_id}" in first.output
+    assert again.exit_code == 0 and "already imported" in again.output
+    assert [row.rid for row in _rows(store_url, "requests")] == [rid]
+    missing = runner.invoke(cli, ["export", "no-such-run", "--db", traced.url, "-o", str(bundle)])
+    assert missing.exit_code == 1 and "No run 'no-such-run' is stored" in missing.output
+
+
+def test_download_and_upload_through_the_dashboard(traced, store_url) -> None:
+    def rows(url: str) -> list:
+        return [_rows(url, t) for t in ("runs", "requests", "verify_steps", "tensor_samples",
+                                        "findings", "ingest_batches")]
+
+    rid = sorted(traced.outputs)[0]
+    before = rows(traced.url)
+    with TestClient(create_app(Settings(database_url=traced.url))) as source:
+        whole = source.get(f"/runs/{traced.run_id}/bundle.zip")
+        one = source.get(f"/runs/{traced.run_id}/requests/{rid}/bundle.zip")
+    assert rows(traced.url) == before  # exporting only reads
+    assert whole.status_code == one.status_code == 200
+    assert whole.headers["content-type"] == "application/zip"
+    assert json.loads(_unzipped(one.content)["manifest.json"])["counts"]["requests"] == 1
+    with TestClient(create_app(Settings(database_url=store_url))) as target:
+        bad = target.post("/import", files={"bundle": ("x.zip", whole.content[:999], "application/zip")},
+                          headers={"HX-Request": "true"})
+        assert bad.status_code == 200 and "Not a readable zip archive" in bad.text
+        assert "<html" not in bad.text  # the result block alone, shown inline
+        good = target.post("/import", files={"bundle": ("aux-off.zip", whole.content, "application/zip")})
+        assert good.status_code == 200 and f"/runs/{traced.run_id}" in good.text
+        page = target.get(f"/runs/{traced.run_id}")
+        assert page.status_code == 200 and "fc-bypassed" in page.text
