@@ -1,0 +1,254 @@
+"""Dashboard page latency and weight on a large run, while ingest continues.
+
+1. Starts `draftscope serve --upgrade` on a temp SQLite store.
+2. Fills one run of --requests requests x --steps-per-request verify steps (2 tensor samples per
+   step) through `ingest.BatchWriter` (the ingest API's own code) from this process, a writer
+   beside the dashboard as the tracer's SQLite sink or `draftscope import` would be; the
+   dashboard's refresher folds the run's aggregates as the batches land. Prints the fill rate and
+   how long after the last batch the aggregates had caught up.
+3. Starts a second process that posts a second, live run to `POST /api/v1/batches` at
+   --ingest-rows-s rows/s for the rest of the bench.
+4. Loads each page --rounds times (round-robin over the pages, one keep-alive connection) and
+   prints p50 / p95 / max of the wall time of each GET on loopback (an upper bound of the server
+   time: it includes the HTTP exchange) and the page weight: HTML bytes, plus the JS and CSS files
+   it links from /static/ (each counted once).
+
+    .venv/bin/python bench/page_bench.py                      # 10,000 requests, 1,000,000 steps
+    .venv/bin/python bench/page_bench.py --requests 500       # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+POINTS = [("target.aux[0]", "prefill", 128), ("target.aux[1]", "prefill", 128),
+          ("target.aux[2]", "prefill", 128), ("draft.fc.out", "draft_extend", 128)]
+FACTS = {"algorithm": "EAGLE3", "spec_topk": 1,
+         "target": {"hidden_size": 128, "num_layers": 8, "capture_aux_hidden_states": True,
+                    "layers_to_capture": [2, 5, 7]},
+         "draft": {"embed_width": 128, "fc_in_features": 384, "hidden_size": 128}}
+DRAFTS = 3  # drafted positions per verify step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_record(started_at: float) -> dict:
+    return {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
+            "started_at": started_at, "host": "bench", "pid": os.getpid(), "algorithm": "EAGLE3",
+            "target_path": "/models/Llama-3.1-8B-Instruct",
+            "draft_path": "/models/EAGLE3-LLaMA3.1-Instruct-8B", "facts": FACTS,
+            "tracer_config": {"step_stride": 1}}
+
+
+def request_batch(run_id: str, rids: list[str], steps: int, t0: float, rng: random.Random,
+                  run: dict | None = None) -> bytes:
+    """One batch: ``rids`` finished requests with ``steps`` verify steps each, 2 samples per step."""
+    requests, step_rows, samples = [], [], []
+    for rid in rids:
+        prompt = rng.randrange(100, 2000)
+        start = t0 + rng.random() * 3000
+        accepted_total = 0
+        for i in range(steps):
+            a = min(DRAFTS, int(rng.expovariate(0.8)))  # accepted drafts this step
+            accepted_total += a
+            at = start + 0.02 * i
+            flags = [p < a for p in range(DRAFTS)]
+            step_rows.append({"rid": rid, "step_index": i, "at": at, "seq_pos": prompt + 2 * i,
+                              "drafted_tokens": [rng.randrange(32000) for _ in range(DRAFTS)],
+                              "accept_len": a + 1, "accept_flags": flags,
+                              "bonus_token": rng.randrange(32000),
+                              "draft_topk": [[[rng.randrange(32000), 0.5], [rng.randrange(32000), 0.2]]
+                                             for _ in range(DRAFTS)],
+                              "target_topk": [[[rng.randrange(32000), 0.6], [rng.randrange(32000), 0.1]]
+                                              for _ in range(DRAFTS)]})
+            base = {"at": at, "rid": rid, "step_index": i, "dtype": "bfloat16", "rows": 1,
+                    "l2_mean": rng.uniform(20, 80), "l2_max": 90.0, "mean": 0.0, "std": 0.5,
+                    "absmax": 9.0, "nan_count": 0, "inf_count": 0}
+            point, phase, width = POINTS[i % len(POINTS)]
+            samples.append({**base, "point": "draft.input", "phase": "draft_decode",
+                            "shape": [1, 128], "width": 128})
+            samples.append({**base, "point": point, "phase": phase, "shape": [1, width], "width": width})
+        output = accepted_total + steps + 1
+        requests.append({"rid": rid, "sampled": True, "prompt_len": prompt, "output_len": output,
+                         "started_at": start, "finished_at": start + 0.02 * steps,
+                         "finish_reason": rng.choice(["stop", "stop", "length"]),
+                         "spec_verify_ct": steps, "spec_accepted_drafts": accepted_total,
+                         "spec_proposed_drafts": DRAFTS * steps, "traced_verify_ct": steps,
+                         "traced_accepted_drafts": accepted_total,
+                         "traced_proposed_drafts": DRAFTS * steps})
+    return orjson.dumps({"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id,
+                         "sent_at": time.time(), "run": run, "requests": requests,
+                         "steps": step_rows, "samples": samples})
+
+
+def fill(url: str, run_id: str, args: argparse.Namespace) -> None:
+    from draftscope import db
+    from draftscope.ingest import BatchWriter
+
+    engine = db.make_engine(url)
+    writer, rng = BatchWriter(engine), random.Random(0)
+    t0 = time.time() - 4000
+    writer.write(orjson.dumps({"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id,
+                               "sent_at": time.time(), "run": run_record(t0)}))
+    start, rows, per = time.perf_counter(), 0, args.requests_per_batch
+    for first in range(0, args.requests, per):
+        rids = [f"req-{i:05d}" for i in range(first, min(first + per, args.requests))]
+        body = request_batch(run_id, rids, args.steps_per_request, t0, rng)
+        result = writer.write(body)
+        rows += sum(result.rows.values())
+        print(f"\r  stored {first + len(rids):,} / {args.requests:,} requests", end="", flush=True)
+    elapsed = time.perf_counter() - start
+    print(f"\nfill: {rows:,} rows in {elapsed:.0f} s = {rows / elapsed:,.0f} rows/s "
+          f"(BatchWriter, {per} requests per batch)")
+    engine.dispose()
+
+
+def ingest_forever(port: int, rows_s: float) -> None:
+    """The live run: batches of 10 requests x 50 steps (1,510 rows) at ``rows_s`` rows/s."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    run_id, rng, n = sys.argv[sys.argv.index("--live-run") + 1], random.Random(1), 0
+    run = run_record(time.time())
+    while True:
+        t = time.perf_counter()
+        rids = [f"live-{n + i:06d}" for i in range(10)]
+        body = request_batch(run_id, rids, 50, time.time(), rng, run=run)
+        run, n = None, n + 10
+        conn.request("POST", "/api/v1/batches", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise SystemExit(f"live ingest failed: {response.status}")
+        time.sleep(max(0.0, 1510 / rows_s - (time.perf_counter() - t)))
+
+
+def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, bytes, float]:
+    t = time.perf_counter()
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = response.read()
+    return response.status, body, time.perf_counter() - t
+
+
+def weight(conn: http.client.HTTPConnection, html: bytes) -> int:
+    """Bytes of the JS and CSS a page links from /static/."""
+    total = 0
+    for path in sorted(set(re.findall(rb'(?:src|href)="(/static/[^"]+\.(?:js|css))"', html))):
+        status, body, _ = get(conn, path.decode())
+        total += len(body) if status == 200 else 0
+    return total
+
+
+def wait_for(conn: http.client.HTTPConnection, run_id: str, steps: int, timeout_s: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        status, body, _ = get(conn, f"/api/v1/runs/{run_id}")
+        if status == 200 and orjson.loads(body)["summary"]["acceptance"]["verify_steps"] >= steps:
+            return time.perf_counter() - start
+        time.sleep(0.5)
+    raise SystemExit(f"the dashboard's aggregates did not reach {steps} steps in {timeout_s} s")
+
+
+def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int) -> None:
+    times: dict[str, list[float]] = {name: [] for name in pages}
+    info: dict[str, tuple[int, int, int]] = {}
+    for name, path in pages.items():
+        status, body, first = get(conn, path)
+        info[name] = (status, len(body), weight(conn, body) if status == 200 else 0)
+        times[name].append(first)
+    for _ in range(rounds - 1):
+        for name, path in pages.items():
+            if info[name][0] == 200:
+                times[name].append(get(conn, path)[2])
+    print(f"\n{'page':<22} {'path':<48} {'status':>6} {'first':>7} {'p50':>7} {'p95':>7} {'max':>7}"
+          f" {'HTML':>9} {'JS+CSS':>9} {'total':>9}")
+    for name, path in pages.items():
+        status, html, assets = info[name]
+        first, ms = times[name][0] * 1000, sorted(t * 1000 for t in times[name][1:]) or [float("nan")]
+        p95 = statistics.quantiles(ms, n=20)[18] if len(ms) >= 2 else ms[0]
+        shown = path if len(path) <= 48 else path[:45] + "..."
+        print(f"{name:<22} {shown:<48} {status:>6} {first:>7.0f} {statistics.median(ms):>7.0f}"
+              f" {p95:>7.0f} {ms[-1]:>7.0f} {html:>9,} {assets:>9,} {html + assets:>9,}")
+    print(f"(ms: wall time of each GET on loopback; first: the first load, p50/p95/max over the "
+          f"next {rounds - 1}; bytes: the response, and the /static/ JS+CSS it links)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--steps-per-request", type=int, default=100)
+    parser.add_argument("--requests-per-batch", type=int, default=100)
+    parser.add_argument("--ingest-rows-s", type=float, default=5000,
+                        help="rows/s of the live run posted while pages are measured")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--live-run", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.live_run:
+        ingest_forever(args.port, args.ingest_rows_s)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
+    url, port = f"sqlite:///{tmp / 'pages.db'}", free_port()
+    draftscope = Path(sys.executable).with_name("draftscope")
+    server = subprocess.Popen([str(draftscope), "serve", "--db", url, "--port", str(port), "--upgrade"],
+                              start_new_session=True)
+    live = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("draftscope serve did not start within 60 s")
+                time.sleep(0.3)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        big, live_id = uuid.uuid4().hex, uuid.uuid4().hex
+        steps = args.requests * args.steps_per_request
+        print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
+        fill(url, big, args)
+        print(f"aggregates caught up {wait_for(conn, big, steps, 600):.1f} s after the last batch")
+        live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),
+                                 "--ingest-rows-s", str(args.ingest_rows_s)], start_new_session=True)
+        wait_for(conn, live_id, 1, 60)
+        rid = f"req-{args.requests // 2:05d}"
+        pages = {"runs list": "/", "run page": f"/runs/{big}",
+                 "requests table": f"/runs/{big}/requests?sort=accept_length&desc=true&offset=500",
+                 "request page": f"/runs/{big}/requests/{rid}",
+                 "compare": f"/compare?a={big}&b={live_id}", "metrics": "/metrics",
+                 "api run": f"/api/v1/runs/{big}", "api runs": "/api/v1/runs"}
+        print(f"live run {live_id}: posting ~{args.ingest_rows_s:,.0f} rows/s to the ingest API "
+              f"while pages load; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        measure(conn, pages, args.rounds)
+        status, body, _ = get(conn, f"/api/v1/runs/{live_id}")
+        print(f"live run after the bench: {orjson.loads(body)['summary']['acceptance']['verify_steps']:,}"
+              f" verify steps folded; load average {os.getloadavg()[0]:.1f}")
+    finally:
+        if live is not None:
+            os.killpg(live.pid, signal.SIGTERM)
+            live.wait(timeout=30)
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
