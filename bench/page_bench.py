@@ -12,8 +12,11 @@
    prints p50 / p95 / max of the wall time of each GET on loopback (an upper bound of the server
    time: it includes the HTTP exchange) and the page weight: HTML bytes, plus the JS and CSS files
    it links from /static/ (each counted once).
+5. Where the time goes: the CPU time of each data-layer query behind the pages, called in this
+   process on the same store (the best of 5), which machine load inflates far less than wall time.
 
-    .venv/bin/python bench/page_bench.py                      # 10,000 requests, 1,000,000 steps
+    .venv/bin/python bench/page_bench.py --keep               # 10,000 requests, 1,000,000 steps
+    .venv/bin/python bench/page_bench.py --store DIR          # again on a kept store (no fill)
     .venv/bin/python bench/page_bench.py --requests 500       # a quick look
 """
 
@@ -24,6 +27,7 @@ import http.client
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -191,6 +195,43 @@ def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int
           f"next {rounds - 1}; bytes: the response, and the /static/ JS+CSS it links)")
 
 
+def profile_queries(url: str, big: str, rid: str) -> None:
+    """CPU ms of each query behind the pages (best of 5), in this process."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from draftscope import db, queries
+    from draftscope.metrics import StoreCollector
+
+    def scrape(conn) -> bytes:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(conn))
+        return generate_latest(registry)
+
+    calls = {"list_runs": lambda c: queries.list_runs(c),
+             "run_summary": lambda c: queries.run_summary(c, big),
+             "run_requests_page (50)": lambda c: queries.run_requests_page(c, big),
+             "run_requests_page sorted": lambda c: queries.run_requests_page(
+                 c, big, sort="accept_length", desc=True, offset=500),
+             "incomplete_requests": lambda c: queries.incomplete_requests(c, big),
+             "run_view (api run)": lambda c: queries.run_view(c, big),
+             "request_view": lambda c: queries.request_view(c, big, rid),
+             "compare_summary": lambda c: queries.compare_summary(c, big, big),
+             "metrics scrape": scrape}
+    engine = db.make_engine(url)
+    print(f"\n{'query':<28} {'CPU ms':>7}")
+    with engine.connect() as conn:
+        for name, call in calls.items():
+            best = float("inf")
+            for _ in range(5):
+                t = time.process_time()
+                call(conn)
+                best = min(best, time.process_time() - t)
+                conn.rollback()
+            print(f"{name:<28} {best * 1000:>7.1f}")
+    engine.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
@@ -199,13 +240,15 @@ def main() -> None:
     parser.add_argument("--ingest-rows-s", type=float, default=5000,
                         help="rows/s of the live run posted while pages are measured")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
+    parser.add_argument("--store", type=Path, help="a folder a --keep run left: measure it, no fill")
     parser.add_argument("--live-run", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.live_run:
         ingest_forever(args.port, args.ingest_rows_s)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
+    tmp = args.store or Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
     url, port = f"sqlite:///{tmp / 'pages.db'}", free_port()
     draftscope = Path(sys.executable).with_name("draftscope")
     server = subprocess.Popen([str(draftscope), "serve", "--db", url, "--port", str(port), "--upgrade"],
@@ -224,9 +267,13 @@ def main() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         big, live_id = uuid.uuid4().hex, uuid.uuid4().hex
         steps = args.requests * args.steps_per_request
-        print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
-        fill(url, big, args)
-        print(f"aggregates caught up {wait_for(conn, big, steps, 600):.1f} s after the last batch")
+        if args.store:
+            big = max(orjson.loads(get(conn, "/api/v1/runs")[1]), key=lambda r: r["steps_count"])["id"]
+            print(f"run {big} of {tmp}: measured again, no fill")
+        else:
+            print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
+            fill(url, big, args)
+            print(f"aggregates caught up {wait_for(conn, big, steps, 600):.1f} s after the last batch")
         live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),
                                  "--ingest-rows-s", str(args.ingest_rows_s)], start_new_session=True)
         wait_for(conn, live_id, 1, 60)
@@ -242,12 +289,17 @@ def main() -> None:
         status, body, _ = get(conn, f"/api/v1/runs/{live_id}")
         print(f"live run after the bench: {orjson.loads(body)['summary']['acceptance']['verify_steps']:,}"
               f" verify steps folded; load average {os.getloadavg()[0]:.1f}")
+        profile_queries(url, big, rid)
     finally:
         if live is not None:
             os.killpg(live.pid, signal.SIGTERM)
             live.wait(timeout=30)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+        if args.keep or args.store:
+            print(f"store kept: --store {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
