@@ -38,20 +38,11 @@ class RowSummary(NamedTuple):
 
 
 @dataclass(frozen=True)
-class DraftRow:
-    """One selected row of the draft top-k inputs (ids already mapped to target ids)."""
-
-    row: int
-    topk: list[tuple[int, float]]
-
-
-@dataclass(frozen=True)
 class Summary:
     """A decoded summary of one launch; padding rows (``-1``) are left out."""
 
     tag: Any
     rows: list[RowSummary]
-    draft: Optional[list[DraftRow]]
 
     def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
         """Statistics of ``chunk`` over several summarised rows (positions in :attr:`rows`, default
@@ -132,7 +123,7 @@ class RowCopies:
                 cells = [[] for _ in self._rows] if self._x is None else chunk_stats(self._x, self.chunk_width)
                 self._summary = Summary(tag=self.tag, rows=[
                     RowSummary(row=row, chunks=cells[r], topk=None if topk is None else topk[r])
-                    for r, row in enumerate(self._rows)], draft=None)
+                    for r, row in enumerate(self._rows)])
                 self._x = self._probs = self._ids = None
             return self._summary
 

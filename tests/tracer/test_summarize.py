@@ -129,27 +129,15 @@ def test_topk_vocab_not_a_multiple_of_the_block():
     _check_topk(logits, [1], k=8)                                      # default block choice
 
 
-def test_draft_topk_rows_and_hot_token_mapping():
-    probs = torch.rand(5, 4)
-    ids = torch.randint(0, 32, (5, 4), dtype=torch.int32)
-    hot = torch.arange(32, dtype=torch.int64) * 10 + 3
-    summ = Summarizer(max_rows=2, width=H, draft_k=4, max_draft_rows=3)
-    summary = summ.summarize(torch.zeros(4, H), torch.tensor([0, 1]), draft_probs=probs, draft_ids=ids,
-                             draft_rows=torch.tensor([4, -1, 1]), hot_token_id=hot).result()
-    assert [d.row for d in summary.draft] == [4, 1]
-    for d in summary.draft:
-        assert d.topk == [(int(i) * 10 + 3, pytest.approx(float(p))) for i, p in zip(ids[d.row], probs[d.row])]
-
-
 def test_ring_reuse_is_counted_as_drops_not_blocking():
     hidden, rows = _hidden(2).float(), torch.tensor([0, 1])
     summ = Summarizer(max_rows=2, width=K * H, chunk_width=H, ring_size=2)
     first = summ.summarize(hidden, rows, tag=1)
     second = summ.summarize(hidden * 2, rows, tag=2)
     assert summ.summarize(hidden, rows) is None and summ.drops == 1   # both slots unread
-    assert first.ready() and first.result().tag == 1
+    assert first.result().tag == 1
     third = summ.summarize(hidden * 3, rows, tag=3)                    # reuses first's slot
-    assert third is not None and summ.drops == 1 and summ.launches == 3
+    assert third is not None and summ.drops == 1
     # second's slot was not overwritten by the third launch
     assert second.result().rows[0].chunks[0].mean == pytest.approx(2 * first.result().rows[0].chunks[0].mean)
     assert third.result().rows[0].chunks[0].mean == pytest.approx(3 * first.result().rows[0].chunks[0].mean)

@@ -1,0 +1,143 @@
+"""The Summarizer's fast path on CUDA: three Triton kernels (per row and chunk statistics in one fp32
+pass; per-block logits max / exp-sum / top-k candidates; final top-k and softmax) and their scratch."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+try:  # Triton ships with every SGLang GPU install; without it the pure-torch path runs.
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - any import failure only disables the fast path
+    triton = None
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+if triton is not None:
+    @triton.jit
+    def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
+                             R, K, H, BLOCK_H: tl.constexpr):
+        """Program (r, c): chunk c of selected row r in one fp32 pass; also copies rows[r] out."""
+        r = tl.program_id(0)
+        c = tl.program_id(1)
+        row = tl.load(rows + r)
+        if c == 0:
+            tl.store(rows_out + r, row)
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        base = hidden + row * stride_row + c * H
+        acc_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_sq = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_nan = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_inf = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_max = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for start in range(0, H, BLOCK_H):
+            offs = start + tl.arange(0, BLOCK_H)
+            x = tl.load(base + offs, mask=offs < H, other=0.0).to(tl.float32)
+            is_nan = x != x
+            ax = tl.abs(x)
+            acc_sum += x
+            acc_sq += x * x
+            acc_nan += is_nan.to(tl.float32)
+            acc_inf += (ax == float("inf")).to(tl.float32)
+            acc_max = tl.maximum(acc_max, tl.where(is_nan, 0.0, ax))
+        nan = tl.sum(acc_nan, axis=0)
+        out = r * K + c
+        plane = R * K
+        tl.store(sums + out, tl.sum(acc_sum, axis=0))
+        tl.store(sums + plane + out, nan)
+        tl.store(sums + 2 * plane + out, nan + tl.sum(acc_inf, axis=0))
+        tl.store(sums + 3 * plane + out, tl.sum(acc_sq, axis=0))
+        tl.store(absmax + out, tl.where(nan > 0, float("nan"), tl.max(acc_max, axis=0)))
+
+    @triton.jit
+    def _logits_block_kernel(logits, stride_row, n_rows, rows, bmax, bsum, cand_val, cand_id,
+                             V, NB, TOPK: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Program (r, b): max, sum of exp(x - max) and the top-TOPK (value, id) of one block of a row."""
+        r = tl.program_id(0)
+        b = tl.program_id(1)
+        row = tl.minimum(tl.maximum(tl.load(rows + r), 0), n_rows - 1)
+        idx = tl.arange(0, BLOCK_V)
+        offs = b * BLOCK_V + idx
+        x = tl.load(logits + row * stride_row + offs, mask=offs < V, other=float("-inf"))
+        m = tl.max(x, axis=0)
+        s = tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), axis=0))
+        tl.store(bmax + r * NB + b, m)
+        tl.store(bsum + r * NB + b, s)
+        out = (r * NB + b) * TOPK
+        for j in tl.static_range(TOPK):
+            v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(cand_val + out + j, v)
+            tl.store(cand_id + out + j, b * BLOCK_V + i)
+            x = tl.where(idx == i, float("-inf"), x)
+
+    @triton.jit
+    def _logits_final_kernel(bmax, bsum, cand_val, cand_id, topk_p, topk_id,
+                             NB, TOPK: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+        """Program r: row max and softmax denominator from the blocks; final top-TOPK, best first."""
+        r = tl.program_id(0)
+        ob = tl.arange(0, NB_P2)
+        bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
+        bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
+        m = tl.max(bm, axis=0)
+        denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
+        oc = tl.arange(0, NC_P2)
+        nc = NB * TOPK
+        cv = tl.load(cand_val + r * nc + oc, mask=oc < nc, other=float("-inf"))
+        ci = tl.load(cand_id + r * nc + oc, mask=oc < nc, other=0)
+        for j in tl.static_range(TOPK):
+            v, i = tl.max(cv, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tok = tl.sum(tl.where(oc == i, ci, 0), axis=0)
+            tl.store(topk_id + r * TOPK + j, tok.to(tl.int64))
+            tl.store(topk_p + r * TOPK + j, tl.exp(v - m) / denom)
+            cv = tl.where(oc == i, float("-inf"), cv)
+
+
+class TritonPath:
+    """Scratch and launches of the three kernels for one Summarizer layout. ``run`` returns False for
+    inputs it does not take (rows not contiguous) and raises on failure; the Summarizer then runs the
+    torch path (for that launch, or from then on)."""
+
+    def __init__(self, *, max_rows: int, num_chunks: int, chunk_width: int, vocab_size: Optional[int],
+                 topk: int, block: Optional[int], device: torch.device):
+        self.max_rows, self.num_chunks, self.chunk_width = max_rows, num_chunks, chunk_width
+        self.vocab_size, self.topk = vocab_size, topk
+        self.hblock = min(pow2_at_least(chunk_width), 8192)
+        # Warps per program of the three kernels (tuned on an H200 by bench/gpu_summarize.py).
+        self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
+        self.block = None
+        if vocab_size is None:
+            return
+        V, k, R = vocab_size, topk, max_rows
+        tb = max(pow2_at_least(block or 2048), pow2_at_least(k))
+        tb = min(tb, max(pow2_at_least(V), pow2_at_least(k)))
+        while pow2_at_least(-(-V // tb) * k) > 16384:  # keep the final stage's candidates in registers
+            tb *= 2
+        self.block = tb
+        self.nb = -(-V // tb)
+        self.bmax = torch.zeros(R, self.nb, dtype=torch.float32, device=device)
+        self.bsum = torch.zeros(R, self.nb, dtype=torch.float32, device=device)
+        self.cval = torch.zeros(R, self.nb * k, dtype=torch.float32, device=device)
+        self.cid = torch.zeros(R, self.nb * k, dtype=torch.int32, device=device)
+
+    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict) -> bool:
+        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views)."""
+        if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
+            return False
+        R, K = self.max_rows, self.num_chunks
+        _hidden_stats_kernel[(R, K)](hidden, hidden.stride(0), hidden.shape[0], rows, out["rows"], out["sums"],
+                                     out["absmax"], R, K, self.chunk_width, BLOCK_H=self.hblock,
+                                     num_warps=self.warps["hidden"])
+        if self.vocab_size is not None:
+            nb, k = self.nb, self.topk
+            _logits_block_kernel[(R, nb)](logits, logits.stride(0), logits.shape[0], rows, self.bmax, self.bsum,
+                                          self.cval, self.cid, self.vocab_size, nb, TOPK=k, BLOCK_V=self.block,
+                                          num_warps=self.warps["block"])
+            _logits_final_kernel[(R,)](self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
+                                       nb, TOPK=k, NB_P2=pow2_at_least(nb), NC_P2=pow2_at_least(nb * k),
+                                       num_warps=self.warps["final"])
+        return True
