@@ -64,7 +64,7 @@ class Ring:
 
     def __init__(self, layout: Layout, size: int, device: torch.device, chunk_width: int):
         pin = device.type == "cuda"
-        self.device, self.chunk_width = device, chunk_width
+        self.chunk_width = chunk_width
         self._bufs = [torch.zeros(layout.nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(size)]
         self._views = [layout.views(b) for b in self._bufs]
         self._busy = [False] * size
