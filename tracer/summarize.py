@@ -131,6 +131,11 @@ class Summarizer:
         return self._ring.drops
 
     @property
+    def launches(self) -> int:
+        """Launches copied out so far."""
+        return self._ring.launches
+
+    @property
     def triton_warps(self) -> dict:
         """Warps per program of the three Triton kernels (a dict the GPU bench tunes in place)."""
         return self._triton.warps

@@ -73,6 +73,7 @@ class Ring:
         self._events = [torch.cuda.Event() for _ in range(size)] if device.type == "cuda" else None
         self._next = 0
         self.drops = 0  # launches refused because every slot was still unread
+        self.launches = 0  # copies made (bench/gpu_hooks.py counts launches per iteration)
 
     def reserve(self) -> Optional[int]:
         n = len(self._busy)
@@ -95,6 +96,7 @@ class Ring:
         if self._events is not None:
             event = self._events[slot]
             event.record()
+        self.launches += 1
         return Pending(lambda: decode(self._views[slot], self.chunk_width, tag), lambda: self.release(slot),
                        event, tag)
 

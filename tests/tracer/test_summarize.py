@@ -137,7 +137,7 @@ def test_ring_reuse_is_counted_as_drops_not_blocking():
     assert summ.summarize(hidden, rows) is None and summ.drops == 1   # both slots unread
     assert first.result().tag == 1
     third = summ.summarize(hidden * 3, rows, tag=3)                    # reuses first's slot
-    assert third is not None and summ.drops == 1
+    assert third is not None and summ.drops == 1 and summ.launches == 3
     # second's slot was not overwritten by the third launch
     assert second.result().rows[0].chunks[0].mean == pytest.approx(2 * first.result().rows[0].chunks[0].mean)
     assert third.result().rows[0].chunks[0].mean == pytest.approx(3 * first.result().rows[0].chunks[0].mean)
