@@ -1,0 +1,23 @@
+// Renders the server-built plotly figures (<div class="plot" data-figure="ID"> + <script id="ID"
+// type="application/json">), again after every htmx swap; a timeline bar click loads that step.
+(function () {
+  function render(root) {
+    root.querySelectorAll("div.plot[data-figure]").forEach(function (div) {
+      if (div.dataset.rendered) return;
+      var source = document.getElementById(div.dataset.figure);
+      if (!source || !window.Plotly) return;
+      var fig = JSON.parse(source.textContent);
+      div.dataset.rendered = "1";
+      Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true,
+        modeBarButtonsToRemove: ["lasso2d", "select2d"]});
+      if (div.dataset.stepUrl) {
+        div.on("plotly_click", function (ev) {
+          var step = ev.points[0].customdata;
+          htmx.ajax("GET", div.dataset.stepUrl.replace("STEP", step), {target: div.dataset.stepTarget});
+        });
+      }
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { render(document); });
+  document.addEventListener("htmx:afterSettle", function (ev) { render(ev.target); });
+})();
