@@ -20,7 +20,8 @@ from draftscope.bundle.export import ExportError, export_to_file
 from draftscope.bundle.loader import ImportResult, store_bundle
 from draftscope.bundle.reader import BundleError, read_bundle
 from draftscope.bundle.text import TextUnavailable
-from draftscope.web import not_found, templates
+from draftscope.pages import PageError
+from draftscope.templating import templates
 
 router = APIRouter()
 MAX_UPLOAD_BYTES = 2 * 1024**3  # compressed; the reader's limits bound what it expands to
@@ -50,7 +51,7 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
                        include_text=include_text, keep_paths=keep_paths)
     except ExportError as exc:
         path.unlink(missing_ok=True)
-        return not_found(request, str(exc))
+        raise PageError(404, "Not found", str(exc), ["Open the runs list to see every stored run."]) from None
     except TextUnavailable as exc:
         path.unlink(missing_ok=True)
         return HTMLResponse(f"<p>{_escape(str(exc))}</p>", status_code=409)

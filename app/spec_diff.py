@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from draftscope.spec.describe import SpecRow
 from draftscope.spec.draft import trained_layers_from_config
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3Speculator"}
@@ -27,6 +28,7 @@ class DiffRow:
     served: str
     state: str
     note: str = ""
+    predicted: str = ""  # what SGLang will do, predicted from the checkpoint (doctor's spec block)
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -263,3 +265,33 @@ def _norms(stats: dict[str, Any], summary: dict) -> list[DiffRow]:
         rows.append(DiffRow(f"norm_{i}", f"aux[{i}] L2 norm", trained, f"mean {seen:.4g}",
                             OK if inside else MISMATCH))
     return rows
+
+
+# Which observed row sits on which row of doctor's spec block; observed-only rows follow their anchor.
+_ANCHOR = {"algorithm": "algorithm", "capture": "layers", "layers": "layers",
+           "aux_widths": "aux_width", "concat": "fc_in", "input_prefill": "fc_in",
+           "input_draft_extend": "fc_in", "input_draft_decode": "fc_in", "fc": "fc_in",
+           "weights": "weights", "positions": "positions"}
+_SAME = {"algorithm": "algorithm", "layers": "layers", "aux_widths": "aux_width",
+         "concat": "fc_in", "vocab": "vocab", "weights": "weights", "positions": "positions"}
+
+
+def combine(static: list[SpecRow] | None, observed: list[DiffRow]) -> list[DiffRow]:
+    """One table: doctor's spec block (trained, and what SGLang will do) with what the tracer saw
+    on the same row where both speak of one thing; observed-only rows after their anchor row.
+    Without a readable checkpoint the observed rows stand alone, trained values from the facts."""
+    if not static:
+        return observed
+    by_static = {v: k for k, v in _SAME.items()}
+    seen = {r.key: r for r in observed}
+    rows: list[DiffRow] = []
+    for s in static:
+        mine = seen.get(by_static.get(s.key, ""))
+        state = MISMATCH if s.mismatch or (mine and mine.state == MISMATCH) else \
+            (mine.state if mine else OK)
+        note = "; ".join(n for n in (s.note, mine.note if mine else "") if n)
+        rows.append(DiffRow(s.key, s.label, s.trained, mine.served if mine else "", state, note,
+                            predicted=s.sglang))
+        rows += [r for r in observed if _ANCHOR.get(r.key) == s.key and r.key not in _SAME]
+    placed = {r.key for r in rows} | set(_SAME)
+    return rows + [r for r in observed if r.key not in placed]

@@ -2,52 +2,71 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
-from pathlib import Path
 
 from alembic.runtime.migration import MigrationContext
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
-from jinja2_fragments.fastapi import Jinja2Blocks
+from starlette.exceptions import HTTPException
 
-from draftscope import api, db, metrics, queries
-from draftscope.facts_view import fact_sections
+from draftscope import api, bundle_web, charts, db, metrics, pages
 from draftscope.ingest import BatchWriter
 from draftscope.refresh import RunRefresher
+from draftscope.resources import STATIC_DIR
 from draftscope.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = REPO_ROOT / "templates"
-STATIC_DIR = REPO_ROOT / "static"
-HTMX_JS = "htmx-2.0.4.min.js"
+log = logging.getLogger("draftscope.web")
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return ""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _wants_html(request: Request) -> bool:
+    path = request.url.path
+    return not (path.startswith("/api/") or path.endswith((".json", ".csv")))
 
 
-def _num(value: float | None, digits: int = 3) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
+def _install_error_pages(app: FastAPI) -> None:
+    """Pages get error pages that say what to do next; the API and twins keep JSON errors."""
 
+    @app.exception_handler(pages.PageError)
+    async def page_error(request: Request, exc: pages.PageError):
+        return pages.error_response(request, exc)
 
-templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))  # autoescapes .html templates
-templates.env.filters["when"] = _when
-templates.env.filters["num"] = _num
-templates.env.globals["htmx_js"] = HTMX_JS
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'request'}: {e['msg']}"
+                             for e in exc.errors())
+        if not _wants_html(request):
+            return JSONResponse({"detail": exc.errors()}, status_code=422)
+        return pages.error_response(request, pages.PageError(
+            400, "Bad request", f"This page cannot read its parameters ({problems}).",
+            ["Fix or remove the query parameters in the address bar."]))
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        if not _wants_html(request):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        title = "Not found" if exc.status_code == 404 else f"Error {exc.status_code}"
+        return pages.error_response(request, pages.PageError(
+            exc.status_code, title, f"Nothing is served at {request.url.path}.",
+            ["Open the runs list to see every stored run."]))
 
-def _block(request: Request, name: str) -> str | None:
-    """Only block ``name`` for an htmx request (live refresh), the whole page otherwise."""
-    return name if request.headers.get("hx-request") else None
-
-
-def not_found(request: Request, message: str) -> HTMLResponse:
-    return templates.TemplateResponse(request, "not_found.html", {"message": message}, status_code=404)
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception):
+        ref = uuid.uuid4().hex[:12]
+        log.exception("unhandled error %s on %s %s", ref, request.method, request.url.path)
+        message = (f"draftscope failed while building this page (error reference {ref}). The full "
+                   "traceback is in the dashboard's log under that reference.")
+        if not _wants_html(request):
+            return JSONResponse({"error": "internal error", "reference": ref}, status_code=500)
+        return pages.error_response(request, pages.PageError(
+            500, "Something went wrong", message,
+            ["Reload the page: a store that is being migrated or written can fail a read once.",
+             f"If it persists, report it with the reference {ref} and the log lines around it "
+             "(draftscope export RUN_ID makes a bundle of the run without prompts or secrets)."]))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -65,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.writer = BatchWriter(engine)
         app.state.refresher = RunRefresher(engine, debounce_s=settings.refresh_debounce_s)
         app.state.refresher.start()
+        charts.warm_up()
         try:
             yield
         finally:
@@ -75,42 +95,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None)  # /docs: metrics.py
     app.state.settings = settings
+    _install_error_pages(app)
     app.include_router(api.router)
-    from draftscope import bundle_web  # after this module's templates exist
-    app.include_router(bundle_web.router)
+    app.include_router(bundle_web.router)  # before pages: its .../requests/{rid}/bundle.zip is more specific
+    app.include_router(pages.router)
     app.include_router(metrics.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-    @app.get("/", response_class=HTMLResponse)
-    def runs_page(request: Request):
-        """Runs list; an htmx request gets only the table."""
-        with request.app.state.engine.connect() as conn:
-            runs = queries.list_runs(conn)
-        return templates.TemplateResponse(request, "runs.html", {"runs": runs},
-                                          block_name=_block(request, "runs_table"))
-
-    @app.get("/runs/{run_id}", response_class=HTMLResponse)
-    def run_page(request: Request, run_id: str):
-        """One run: findings first, then identity, attach-time facts, tracer health, requests."""
-        try:
-            with request.app.state.engine.connect() as conn:
-                data = queries.run_view(conn, run_id)
-        except queries.NotFound as exc:
-            return not_found(request, str(exc))
-        context = {**data, "fact_sections": fact_sections(data["run"]["facts"])}
-        return templates.TemplateResponse(request, "run.html", context,
-                                          block_name=_block(request, "live"))
-
-    @app.get("/runs/{run_id}/requests/{rid:path}", response_class=HTMLResponse)
-    def request_page(request: Request, run_id: str, rid: str):
-        """One request: its verify-step timeline and its tensor samples."""
-        try:
-            with request.app.state.engine.connect() as conn:
-                data = queries.request_view(conn, run_id, rid)
-        except queries.NotFound as exc:
-            return not_found(request, str(exc))
-        context = {k: v for k, v in data.items() if k != "request"} | {"req": data["request"]}
-        return templates.TemplateResponse(request, "request.html", context)
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:

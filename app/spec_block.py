@@ -1,0 +1,39 @@
+"""The draft's spec block (``describe_spec``) for a stored run, read from its draft and target
+directories when they are readable from the dashboard host; cached per checkpoint identity."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from draftscope.spec import SpecError, expect_sglang, read_draft, read_target
+from draftscope.spec.describe import SpecRow, describe_spec
+from draftscope.spec.target import check_target_matches
+from draftscope_tracer.redact import redact_server_args
+
+
+def static_spec(run: dict[str, Any]) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
+    """(spec block rows, training-time feature statistics) of the run's draft, or (None, None)
+    when its directories are not readable here (another host, an imported bundle)."""
+    facts = run.get("facts") or {}
+    draft = (facts.get("draft") or {}).get("path") or run.get("draft_path")
+    target = (facts.get("target") or {}).get("path") or run.get("target_path")
+    if not draft or not target or not Path(draft).is_dir():
+        return None, None
+    args = redact_server_args(run.get("server_args") or {})
+    algorithm = run.get("algorithm") or facts.get("algorithm") or args.get("speculative_algorithm")
+    return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"), algorithm)
+
+
+@lru_cache(maxsize=64)
+def _read(draft: str, target: str, _draft_hash: str | None, _target_hash: str | None,
+          algorithm: str | None) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
+    try:
+        target_spec = read_target(target)
+        spec = read_draft(draft, target_layers=target_spec.num_layers)
+        check_target_matches(spec, target_spec)
+    except SpecError:
+        return None, None
+    exp = expect_sglang(spec, target_spec, {"speculative_algorithm": algorithm} if algorithm else {})
+    return describe_spec(spec, target_spec, exp), spec.feature_stats
