@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.store",
     "tests.fixtures.sglang_server",
+    "tests.fixtures.demo_store",
 ]

@@ -3,11 +3,18 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
 import uuid
 
 import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from draftscope.settings import Settings
+from draftscope.web import create_app
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 EVIL = "<script>alert(1)</script>"
@@ -76,96 +83,151 @@ def run_id(client) -> str:
 
 
 def section(page: str, name: str) -> str:
-    match = re.search(rf'<section id="{name}">(.*?)</section>', page, re.S)
+    match = re.search(rf'<section class="card" id="{name}">(.*?)</section>', page, re.S)
     assert match, f"no section {name}"
     return match.group(1)
 
 
-def test_runs_list_links_to_the_run_page(client, run_id) -> None:
-    assert f'href="/runs/{run_id}"' in client.get("/").text
+def rows_of(html: str) -> list[str]:
+    return re.findall(r"<tr(.*?)</tr>", html, re.S)
 
 
-def test_run_page_puts_findings_first_by_severity(client, run_id) -> None:
+def test_runs_list_names_the_root_cause(client, run_id) -> None:
+    page = client.get("/").text
+    row = re.search(rf'<tr data-run="{run_id}">(.*?)</tr>', page, re.S).group(1)
+    assert f'href="/runs/{run_id}"' in row
+    assert '<span class="badge error">aux-capture-off</span>' in row and "+2" in row
+
+
+def test_run_page_reads_top_to_bottom(client, run_id) -> None:
     page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200
     text = page.text
-    order = [text.index(f'<section id="{s}">') for s in ("findings", "identity", "facts", "health", "requests")]
+    order = [text.index(f'id="{s}"') for s in ("diagnosis", "spec-diff", "acceptance", "features",
+                                                "requests", "health", "facts")]
     assert order == sorted(order)
-    findings = section(text, "findings")
-    assert [findings.index(r) for r in ("aux-capture-off", "hot-token-map", "draft-low-acceptance")] \
-        == sorted(findings.index(r) for r in ("aux-capture-off", "hot-token-map", "draft-low-acceptance"))
-    assert "--speculative-algorithm EAGLE3" in findings and "fc_in_features" in findings
-    assert f'href="/runs/{run_id}/requests/{RID_URL}"' in findings
+    diagnosis = section(text, "diagnosis")
+    root = diagnosis.split("<details")[0]
+    assert "aux-capture-off" in root and "--speculative-algorithm EAGLE3" in root
+    rest = diagnosis.split("<details", 1)[1]
+    assert rest.index("hot-token-map") < rest.index("draft-low-acceptance")
+    assert f'href="/runs/{run_id}/requests/{RID_URL}"' in rest
 
 
-def test_run_page_shows_identity_facts_and_latest_health(client, run_id) -> None:
+def test_spec_diff_highlights_only_what_differs(client, run_id) -> None:
+    diff = section(client.get(f"/runs/{run_id}").text, "spec-diff")
+    rows = {re.search(r'data-key="([^"]+)"', r).group(1): r for r in rows_of(diff) if "data-key" in r}
+    assert rows["input_prefill"].startswith(' class="mismatch"')
+    assert "384" in rows["input_prefill"] and "128 (1 sample)" in rows["input_prefill"]
+    assert rows["capture"].startswith(' class="mismatch"')  # trained with capture, served without
+    assert rows["weights"].startswith(' class="mismatch"') and "1 differ" in rows["weights"]
+    assert rows["vocab"].startswith(' class="ok"')
+
+
+def test_run_page_shows_facts_and_latest_health(client, run_id) -> None:
     text = client.get(f"/runs/{run_id}").text
-    identity = section(text, "identity")
-    assert "sglang 0.5.23" in identity and "/models/EAGLE3-LLaMA3.1-Instruct-8B" in identity
-    assert "speculative_algorithm" in identity
     facts = section(text, "facts")
     for label, value in [("Layers to capture", "not read"), ("fc input width", "384"),
                          ("Capturing aux hidden states", "no"), ("Equals d2t + arange", "yes"),
                          ("Differ from the checkpoint", "fc.weight"), ("Algorithm", "EAGLE3")]:
         assert re.search(rf"<dt>{re.escape(label)}</dt><dd>{re.escape(value)}</dd>", facts), label
+    assert "speculative_algorithm" in facts
     health = section(text, "health")
     assert "queue_full" in health and ">3<" in health and "draft_input" in health
     assert ">14<" in health and "draft_logits" in health  # the latest snapshot, not the first
 
 
-def test_requests_table_highlights_counter_mismatch(client, run_id) -> None:
-    requests = section(client.get(f"/runs/{run_id}").text, "requests")
-    rows = re.findall(r"<tr(.*?)</tr>", requests, re.S)[1:]
-    bad, ok = rows
-    assert 'class="mismatch"' in bad and "accepted_drafts" in bad and "10 / 7" in bad
-    assert f'href="/runs/{run_id}/requests/{RID_URL}"' in bad
-    assert "2 / 2" in bad and "mismatch" not in ok  # mean accept length 24 / 12 = 2 (SGLang), steps 2 / 2
+def test_acceptance_charts_are_plotly_figures(client, run_id) -> None:
+    text = client.get(f"/runs/{run_id}").text
+    figures = dict(re.findall(r'<script type="application/json" id="fig-([^"]+)">(.*?)</script>', text, re.S))
+    per_position = json.loads(figures["per-position"])
+    assert per_position["data"][0]["type"] == "bar" and per_position["data"][0]["y"][0] == 1.0
+    assert "plotly-basic-4.1.1.min.js" in text
+    assert client.get("/static/plotly-basic-4.1.1.min.js").status_code == 200
 
 
-def test_request_page_shows_steps_and_flags_the_draft_input_width(client, run_id) -> None:
-    page = client.get(f"/runs/{run_id}/requests/{RID_URL}")
+def test_requests_fragment_filters_sorts_and_pages(client, run_id) -> None:
+    def rids(**params) -> list[str]:
+        html = client.get(f"/runs/{run_id}/requests", params=params).text
+        assert "<html" not in html
+        return re.findall(r"<code class=\"trunc\">(.*?)</code>", html)
+
+    assert rids() == ["req-&lt;b&gt;7&lt;/b&gt;", "req-ok"]
+    assert rids(status="incomplete") == ["req-&lt;b&gt;7&lt;/b&gt;"]
+    assert rids(sort="output_len", desc=1) == ["req-&lt;b&gt;7&lt;/b&gt;", "req-ok"]
+    assert rids(sort="output_len") == ["req-ok", "req-&lt;b&gt;7&lt;/b&gt;"]
+    assert rids(accept_min=2.5) == []
+    assert rids(finding="aux-capture-off") == ["req-&lt;b&gt;7&lt;/b&gt;"]
+    assert rids(offset=1) == ["req-ok"]
+    bad = client.get(f"/runs/{run_id}/requests", params={"sort": "nope"})
+    assert bad.status_code == 400 and "Unknown sort key" in bad.text
+
+
+def test_request_page_timeline_and_step_detail(client, run_id) -> None:
+    url = f"/runs/{run_id}/requests/{RID_URL}"
+    page = client.get(url)
     assert page.status_code == 200
-    steps = section(page.text, "steps")
-    assert "Step 0 · seq pos 40 · accept length 2" in steps
-    first = re.search(r'<table class="step">.*?<tbody>(.*?)</tbody>', steps, re.S).group(1)
-    positions = re.findall(r"<tr>(.*?)</tr>", first, re.S)
-    assert len(positions) == 3
-    assert ">yes<" in positions[0] and ">no<" in positions[1]
-    assert "<code>12</code> 0.6" in positions[1] and "<code>77</code> 0.7" in positions[1]
+    assert 'id="fig-timeline"' in page.text and "incomplete trace" in page.text
+    detail = client.get(url + "/steps/0", headers={"HX-Request": "true"}).text
+    assert "<html" not in detail and 'id="step-detail"' in detail
+    positions = rows_of(detail.split("<tbody>")[1])
+    assert positions[0].startswith(' class="accepted"') and 'class="agree"' in positions[0]
+    assert positions[1].startswith(' class="first-rejected"') and "agree" not in positions[1]
+    assert positions[2].startswith(' class="not-reached"')
+    assert "<code>77</code>" in positions[1]
     samples = section(page.text, "samples")
-    rows = re.findall(r"<tr(.*?)</tr>", samples, re.S)[1:]
-    draft_input, aux = rows
-    assert 'class="mismatch"' in draft_input and "≠ 384" in draft_input and "draft.input" in draft_input
-    assert "mismatch" not in aux and "13.2" in aux
-    assert "differ" in page.text  # SGLang's accepted drafts 10 vs the tracer's 7
+    draft_input = next(r for r in rows_of(samples) if "draft.input" in r)
+    assert draft_input.startswith(' class="mismatch"') and "<td>384</td>" in draft_input
+    assert client.get(url + "/steps/9").status_code == 404
 
 
 def test_content_is_escaped(client, run_id) -> None:
-    for url in (f"/runs/{run_id}", f"/runs/{run_id}/requests/{RID_URL}"):
+    for url in ("/", f"/runs/{run_id}", f"/runs/{run_id}/requests/{RID_URL}",
+                f"/runs/{run_id}/requests/{RID_URL}/steps/0", f"/runs/{run_id}/requests",
+                f"/compare?a={run_id}&b={run_id}"):
         text = client.get(url).text
-        assert EVIL not in text and "<b>7</b>" not in text
-        assert "req-&lt;b&gt;7&lt;/b&gt;" in text
+        assert EVIL not in text and "<b>7</b>" not in text, url
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in client.get(f"/runs/{run_id}").text
 
 
-def test_json_twins(client, run_id) -> None:
-    run = client.get(f"/api/v1/runs/{run_id}").json()
+def test_json_and_csv_twins(client, run_id) -> None:
+    run = client.get(f"/runs/{run_id}.json").json()
     assert run["run"]["facts"]["draft"]["fc_in_features"] == 384
     assert [f["severity"] for f in run["findings"]] == ["error", "warning", "info"]
-    assert run["health"]["drops"] == {"queue_full": 3}
-    bad = next(r for r in run["requests"] if r["rid"] == RID)
-    assert bad["mismatches"] == ["accepted_drafts"] and bad["spec_accept_length"] == 2.0
-    request = client.get(f"/api/v1/runs/{run_id}/requests/{RID_URL}").json()
-    assert request["run_id"] == run_id and request["expected_draft_input_width"] == 384
+    assert {r["key"]: r["state"] for r in run["diff"]}["input_prefill"] == "mismatch"
+    assert run["summary"]["acceptance"]["verify_steps"] == 2
+    request = client.get(f"/runs/{run_id}/requests/{RID_URL}.json").json()
     assert [s["step_index"] for s in request["steps"]] == [0, 1]
-    assert request["steps"][0]["accept_flags"] == [True, False, False]
-    assert [(s["point"], s["width"], s["width_mismatch"]) for s in request["samples"]] == [
-        ("draft.input", 128, True), ("target.aux[0]", 384, False)]
+    assert request["expected_widths"]["prefill"] == 384
+    for url, first_column, n in ((f"/runs.csv", "id", None), (f"/runs/{run_id}/requests.csv", "rid", 2),
+                                 (f"/runs/{run_id}/findings.csv", "severity", 3),
+                                 (f"/runs/{run_id}/spec.csv", "key", None),
+                                 (f"/runs/{run_id}/requests/{RID_URL}/steps.csv", "step_index", 2),
+                                 (f"/runs/{run_id}/requests/{RID_URL}/samples.csv", "point", 2)):
+        response = client.get(url)
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
+        table = list(csv.reader(io.StringIO(response.text)))
+        assert table[0][0] == first_column, url
+        if n is not None:
+            assert len(table) == n + 1, url
+    assert client.get("/runs.json").json()[0]["id"] == run_id
 
 
 def test_htmx_refresh_gets_only_the_live_part(client, run_id) -> None:
     fragment = client.get(f"/runs/{run_id}", headers={"HX-Request": "true"}).text
-    assert '<section id="findings">' in fragment and "<html" not in fragment
+    assert 'id="diagnosis"' in fragment and "<html" not in fragment
+
+
+def test_compare(client, run_id) -> None:
+    other = uuid.uuid4().hex
+    assert client.post("/api/v1/batches", json=make_batch(other, run=run_record())).status_code == 200
+    page = client.get("/compare", params=[("run", run_id), ("run", other)])
+    assert page.status_code == 200 and 'id="spec-compare"' in page.text
+    assert 'id="fig-cmp-per-position"' in page.text
+    data = client.get(f"/compare.json?a={run_id}&b={other}").json()
+    assert data["a"]["run"]["id"] == run_id and data["b"]["run"]["id"] == other
+    one = client.get("/compare", params={"a": run_id})
+    assert one.status_code == 400 and "exactly two runs" in one.text
 
 
 @pytest.mark.parametrize("path, words", [
@@ -181,3 +243,24 @@ def test_unknown_run_or_request_is_a_clear_404(client, run_id, path, words) -> N
     for word in words:
         word = word.format(run_id=run_id)
         assert word in page.text.replace("&#39;", "'") and word in as_json.json()["error"]
+
+
+def test_unknown_path_and_bad_parameters_get_error_pages(client, run_id) -> None:
+    missing = client.get("/no/such/page")
+    assert missing.status_code == 404 and "Nothing is served at /no/such/page" in missing.text
+    bad = client.get(f"/runs/{run_id}/requests", params={"offset": "many"})
+    assert bad.status_code == 400 and "offset" in bad.text and "<html" in bad.text
+
+
+def test_a_broken_store_row_gets_a_500_page_not_a_traceback(store_url, run_id) -> None:
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:  # a row no draftscope wrote: facts that are not JSON
+        conn.execute(sa.text("UPDATE runs SET facts = :bad WHERE id = :id"), {"bad": "{oops", "id": run_id})
+    engine.dispose()
+    with TestClient(create_app(Settings(database_url=store_url)), raise_server_exceptions=False) as client:
+        page = client.get(f"/runs/{run_id}")
+        assert page.status_code == 500
+        assert "Something went wrong" in page.text and "reference" in page.text
+        assert "Traceback" not in page.text and "JSONDecodeError" not in page.text
+        as_json = client.get(f"/runs/{run_id}.json")
+        assert as_json.status_code == 500 and as_json.json()["error"] == "internal error"

@@ -1,0 +1,45 @@
+"""Playwright driving Debian's chromium (``/usr/bin/chromium``, or ``DRAFTSCOPE_CHROMIUM``) against a
+real dashboard; every test leaves a screenshot under ``artifacts/screenshots/``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("DRAFTSCOPE_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+# Flags for a closed network and a root user (see the machine notes): no sandbox, no background
+# connections, no first-run work.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: scripts/test installs Debian's chromium "
+                    "(apt-get install chromium), or set DRAFTSCOPE_CHROMIUM")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, request) -> Iterator:
+    """A fresh 1400 × 900 page; its screenshot is saved as ``<test name>.png`` at teardown, and
+    console errors fail the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert not errors, f"the page logged errors: {errors}"
