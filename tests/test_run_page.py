@@ -107,11 +107,10 @@ def test_run_page_reads_top_to_bottom(client, run_id) -> None:
                                                 "requests", "health", "facts")]
     assert order == sorted(order)
     diagnosis = section(text, "diagnosis")
-    root = diagnosis.split("<details")[0]
+    root, rest = diagnosis.split('<details class="finding', 1)
     assert "aux-capture-off" in root and "--speculative-algorithm EAGLE3" in root
-    rest = diagnosis.split("<details", 1)[1]
+    assert f'href="/runs/{run_id}/requests/{RID_URL}"' in root
     assert rest.index("hot-token-map") < rest.index("draft-low-acceptance")
-    assert f'href="/runs/{run_id}/requests/{RID_URL}"' in rest
 
 
 def test_spec_diff_highlights_only_what_differs(client, run_id) -> None:
