@@ -7,7 +7,7 @@ import io
 import json
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -71,6 +71,10 @@ def _csv(rows: Iterable[dict[str, Any]], columns: Iterable[str], filename: str) 
                          for v in (row.get(c) for c in columns)])
     return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
                     headers={"content-disposition": f'attachment; filename="{filename}"'})
+
+
+def _run_url(run_id: str) -> str:
+    return "/runs/" + quote(run_id)
 
 
 def _bad_query(exc: queries.BadQuery) -> PageError:
@@ -161,7 +165,7 @@ def _reconcile(acc: dict[str, Any]) -> list[dict[str, Any]]:
 def _run_data(conn, run_id: str) -> dict[str, Any]:
     run = queries.get_run(conn, run_id)
     if run is None:
-        raise PageError(404, "Run not found",
+        raise PageError(404, "Not found",
                         f"No run {run_id!r} is stored. A tracer's run appears once its first batch "
                         "has arrived; an imported trace once its import has finished.",
                         ["Open the runs list to see every stored run."])
@@ -269,7 +273,7 @@ def run_page(request: Request, run_id: str):
         others = [r for r in queries.list_runs(conn, limit=50) if r["id"] != run_id]
     findings = data["findings"]
     draft_max = ((run.get("facts") or {}).get("draft") or {}).get("max_position_embeddings")
-    context.update(root=findings[0] if findings and findings[0]["severity"] != "info" else None,
+    context.update(run_url=_run_url(run_id), root=findings[0] if findings and findings[0]["severity"] != "info" else None,
                    rest=findings[1:] if findings and findings[0]["severity"] != "info" else findings,
                    charts=_figures([("run", data["summary"])], data["feature_stats"], draft_max),
                    fact_sections=fact_sections(run.get("facts")), other_runs=others,
@@ -392,7 +396,9 @@ def request_page(request: Request, run_id: str, rest: str):
     if kind == "samples.csv":
         return _csv(data["samples"], SAMPLE_CSV, "samples.csv")
     decode = decoder(data["run"].get("target_path"))
-    context = {**data, "decode": decode, "timeline_figure": charts.timeline(data["steps"])}
+    run_url = _run_url(run_id)
+    context = {**data, "decode": decode, "timeline_figure": charts.timeline(data["steps"]),
+               "run_url": run_url, "req_url": f"{run_url}/requests/{quote(rid)}"}
     if kind == "step" and _htmx(request):
         return templates.TemplateResponse(request, "request.html", context, block_name="step_detail")
     return templates.TemplateResponse(request, "request.html", context)

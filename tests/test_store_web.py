@@ -13,7 +13,7 @@ def test_runs_page_lists_runs_with_escaped_content(client) -> None:
     assert client.post("/api/v1/batches", json=make_batch(run_id, run=run_record(target_path=evil))).status_code == 200
     page = client.get("/")
     assert page.status_code == 200
-    assert run_id[:12] in page.text and "EAGLE3" in page.text
+    assert run_id[:8] in page.text and "EAGLE3" in page.text
     assert "<script>alert(1)</script>" not in page.text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert "/static/htmx-2.0.4.min.js" in page.text
@@ -22,7 +22,7 @@ def test_runs_page_lists_runs_with_escaped_content(client) -> None:
 def test_htmx_request_gets_only_the_table(client) -> None:
     client.post("/api/v1/batches", json=make_batch(uuid.uuid4().hex, run=run_record()))
     fragment = client.get("/", headers={"HX-Request": "true"}).text
-    assert "<table>" in fragment and "<html" not in fragment
+    assert '<table class="runs">' in fragment and "<html" not in fragment
 
 
 def test_empty_store_says_how_to_get_runs(client) -> None:
