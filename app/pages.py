@@ -185,6 +185,17 @@ def _figures(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | Non
             "norms": charts.norms(runs, stats)}
 
 
+def _number(text: str | None, name: str) -> float | None:
+    """A filter's number; an empty field (a cleared form input) is no filter."""
+    if text is None or not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise PageError(400, "Bad filter", f"{name} must be a number, not {text!r}.",
+                        ["Clear the field or type a number such as 1.5."]) from None
+
+
 def _request_filters(accept_min: float | None, accept_max: float | None, finding: str | None,
                      status: str | None, sort: str, desc: bool, offset: int) -> dict[str, Any]:
     if offset < 0:
@@ -247,12 +258,13 @@ def run_requests_csv(request: Request, run_id: str):
 
 
 @router.get("/runs/{run_id}/requests", response_class=HTMLResponse)
-def run_requests_fragment(request: Request, run_id: str, accept_min: float | None = None,
-                          accept_max: float | None = None, finding: str | None = None,
+def run_requests_fragment(request: Request, run_id: str, accept_min: str | None = None,
+                          accept_max: str | None = None, finding: str | None = None,
                           status: str | None = None, sort: str = "started_at", desc: bool = False,
                           offset: int = Query(0)):
     """The run page's requests table (htmx): filtered, sorted, one page of it."""
-    filters = _request_filters(accept_min, accept_max, finding, status, sort, desc, offset)
+    filters = _request_filters(_number(accept_min, "accept_min"), _number(accept_max, "accept_max"),
+                               finding, status, sort, desc, offset)
     with _conn(request) as conn:
         run = queries.get_run(conn, run_id)
         if run is None:

@@ -263,3 +263,10 @@ def test_a_broken_store_row_gets_a_500_page_not_a_traceback(store_url, run_id) -
         assert "Traceback" not in page.text and "JSONDecodeError" not in page.text
         as_json = client.get(f"/runs/{run_id}.json")
         assert as_json.status_code == 500 and as_json.json()["error"] == "internal error"
+
+
+def test_cleared_filter_fields_mean_no_filter(client, run_id) -> None:
+    page = client.get(f"/runs/{run_id}/requests", params={"accept_min": "", "accept_max": "", "finding": ""})
+    assert page.status_code == 200 and page.text.count('class="trunc"') == 2
+    bad = client.get(f"/runs/{run_id}/requests", params={"accept_min": "lots"})
+    assert bad.status_code == 400 and "accept_min must be a number" in bad.text.replace("&#39;", "'")
