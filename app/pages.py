@@ -285,7 +285,10 @@ def run_page(request: Request, run_id: str):
         others = [r for r in queries.list_runs(conn, limit=50) if r["id"] != run_id]
     findings = data["findings"]
     draft_max = ((run.get("facts") or {}).get("draft") or {}).get("max_position_embeddings")
-    context.update(run_url=_run_url(run_id), root=findings[0] if findings and findings[0]["severity"] != "info" else None,
+    reached = max((b["hi"] for b in data["summary"].get("by_seq_pos") or []), default=0)
+    draft_max = draft_max if draft_max and reached >= draft_max / 2 else None  # else it squashes the data
+    context.update(has_predicted=any(r.predicted for r in data["diff"]),
+                   run_url=_run_url(run_id), root=findings[0] if findings and findings[0]["severity"] != "info" else None,
                    rest=findings[1:] if findings and findings[0]["severity"] != "info" else findings,
                    charts=_figures([("run", data["summary"])], data["feature_stats"], draft_max),
                    fact_sections=fact_sections(run.get("facts")), other_runs=others,

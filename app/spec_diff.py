@@ -124,9 +124,12 @@ def _algorithm(spec: _Spec, served: str | None) -> DiffRow:
 
 
 def _capture(spec: _Spec) -> DiffRow:
-    want = spec.eagle_config.get("use_aux_hidden_state", True) if spec.eagle3 else False
+    """Trained with aux states when its fc takes k target layers, whatever the config flag says."""
+    want = spec.uses_fc
     served = spec.target.get("capture_aux_hidden_states")
-    trained = "on (use_aux_hidden_state)" if want else "off"
+    trained = f"on: fc takes {spec.k or '?'} target layers" if want else "off"
+    if want and spec.eagle_config.get("use_aux_hidden_state") is False:
+        trained += " (though its config says use_aux_hidden_state: false)"
     if served is None:
         return DiffRow("capture", "Aux hidden-state capture", trained, "not recorded", UNKNOWN)
     bad = bool(want) and not served

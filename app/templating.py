@@ -40,11 +40,6 @@ def safe_json(text: str | None) -> Markup:
                   .replace("&", "\\u0026"))
 
 
-def capfirst(text: str | None) -> str:
-    return (text[:1].upper() + text[1:]) if text else ""
-
-
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))  # autoescapes .html templates
-templates.env.filters.update(when=when, num=num, shortpath=shortpath, safe_json=safe_json,
-                             capfirst=capfirst)
+templates.env.filters.update(when=when, num=num, shortpath=shortpath, safe_json=safe_json)
 templates.env.globals.update(htmx_js=HTMX_JS, plotly_js=PLOTLY_JS)
