@@ -106,7 +106,7 @@ def norms(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | None =
             t0 = min(b["t0"] for s in series.values() for b in s if b.get("n"))
             name = point if len(runs) == 1 else f"{label}: {point}"
             fig.add_scatter(x=[round(b["t0"] - t0, 3) for b in bins], y=[b["l2_mean"] for b in bins],
-                            mode="lines", name=name,
+                            mode="lines+markers", name=name,
                             line={"color": SERIES[j % len(SERIES)], "dash": "dash" if r else "solid"},
                             hovertemplate="%{x:.1f} s: %{y:.4g}<extra>" + name + "</extra>")
     if not fig.data:
