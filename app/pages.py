@@ -350,23 +350,21 @@ def _step_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
 def _request_data(conn, run_id: str, rid: str, step_index: int | None = None) -> dict[str, Any]:
     try:
         data = queries.request_view(conn, run_id, rid)
-        req, incomplete = data["request"], None
     except queries.NotFound as exc:
-        run = queries.get_run(conn, run_id)
-        steps = queries.request_steps(conn, run_id, rid) if run is not None else []
-        if not steps:
-            raise _not_found(exc) from None
-        # Steps arrived but the request's own record did not (dropped or not yet delivered).
-        req = {"rid": rid, "mismatches": [], "spec_accept_length": None, "finish_reason": None,
-               **{f"{side}_{c}": None for side in ("spec", "traced") for c in queries.COUNTERS},
-               "prompt_len": None, "output_len": None}
-        data = {"run": run, "steps": steps, "samples": queries.request_samples(conn, run_id, rid)}
-        incomplete = ("The request's own record never reached the store (dropped by the tracer or "
-                      "not delivered yet): its prompt, output and SGLang counters are unknown.")
-    if req.get("mismatches") and incomplete is None:
+        raise _not_found(exc) from None
+    req = data["request"]
+    if req.get("row_missing"):
+        incomplete = ("No request record is stored for this id: the request was still running, or "
+                      "its finish record was dropped (the run's tracer health counts drops). Its "
+                      "stored steps and samples follow; its prompt, output and SGLang counters are unknown.")
+    elif req.get("missing_steps"):
+        incomplete = (f"{req['missing_steps']} of the {req['expected_steps']} verify steps the tracer "
+                      "recorded for this request are missing from the store (dropped).")
+    elif req.get("mismatches"):
         incomplete = (f"SGLang's counters and the tracer's totals differ ({', '.join(req['mismatches'])}): "
-                      "some verify steps of this request are missing from the trace (dropped by the "
-                      "tracer or never delivered; the run's tracer health shows drops).")
+                      "the tracer missed some of this request's verify steps.")
+    else:
+        incomplete = None
     run, steps = data["run"], data["steps"]
     expected = expected_widths(run.get("facts"))
     step = None
