@@ -8,6 +8,7 @@
       if (!source || !window.Plotly) return;
       var fig = JSON.parse(source.textContent);
       div.dataset.rendered = "1";
+      div.textContent = "";
       Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true,
         modeBarButtonsToRemove: ["lasso2d", "select2d"]});
       if (div.dataset.stepUrl) {
