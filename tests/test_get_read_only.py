@@ -22,7 +22,7 @@ from tests.fixtures.store import make_batch, run_record, sample_record, settle, 
 RID = "req-0"
 FINDING = {"rule_id": "hooks-starved", "severity": "warning", "message": "<b>m</b>", "source": "tracer",
            "rid": RID}
-QUERY = {"/compare": "a={a}&b={b}"}  # routes that need query parameters
+QUERY = {"/compare": "a={a}&b={b}", "/compare.json": "a={a}&b={b}"}  # routes that need query parameters
 
 
 def read_only_url(url: str) -> str:
@@ -55,7 +55,7 @@ def _fill(client: TestClient) -> tuple[str, str]:
 
 
 def _get_paths(app, a: str, b: str) -> list[str]:
-    values = {"run_id": a, "rid": quote(RID), "a": a, "b": b}
+    values = {"run_id": a, "rid": quote(RID), "rest": quote(RID), "a": a, "b": b}
     paths = []
     for route in iter_route_contexts(app.routes):  # routers included: their routes, prefixed
         if "GET" not in (route.methods or set()) or route.path.startswith("/static"):

@@ -44,10 +44,10 @@ def test_request_pages_of_partial_and_orphan_requests(client):
     run_id = _store(client)
     page = client.get(f"/runs/{run_id}/requests/orphan")
     assert page.status_code == 200 and "No request record is stored for this id" in page.text
-    assert page.text.count('class="step"') == 2
+    assert page.text.count('hx-target="#step-detail"') == 2  # its two steps, listed
     api = client.get(f"/api/v1/runs/{run_id}/requests/orphan").json()
     assert api["request"]["row_missing"] is True and len(api["steps"]) == 2
     page = client.get(f"/runs/{run_id}/requests/partial")
-    assert "Incomplete: 1 of the 3 verify steps" in page.text
-    assert "Incomplete" not in client.get(f"/runs/{run_id}/requests/whole").text
+    assert "incomplete trace" in page.text and "1 of the 3 verify steps" in page.text
+    assert "incomplete trace" not in client.get(f"/runs/{run_id}/requests/whole").text
     assert client.get(f"/runs/{run_id}/requests/nowhere").status_code == 404

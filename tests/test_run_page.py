@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from draftscope.settings import Settings
 from draftscope.web import create_app
-from tests.fixtures.store import make_batch, run_record, sample_record, step_record
+from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 
 EVIL = "<script>alert(1)</script>"
 RID = "req-<b>7</b>"  # markup in a request id: escaped in pages, percent-encoded in links
@@ -79,6 +79,7 @@ def run_id(client) -> str:
     rid = uuid.uuid4().hex
     response = client.post("/api/v1/batches", json=realistic_batch(rid))
     assert response.status_code == 200, response.text
+    settle(client)
     return rid
 
 
@@ -220,6 +221,7 @@ def test_htmx_refresh_gets_only_the_live_part(client, run_id) -> None:
 def test_compare(client, run_id) -> None:
     other = uuid.uuid4().hex
     assert client.post("/api/v1/batches", json=make_batch(other, run=run_record())).status_code == 200
+    settle(client)
     page = client.get("/compare", params=[("run", run_id), ("run", other)])
     assert page.status_code == 200 and 'id="spec-compare"' in page.text
     assert 'id="fig-cmp-per-position"' in page.text
