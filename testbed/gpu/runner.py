@@ -4,7 +4,8 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
 
     python3 -m testbed.gpu.runner --kit KIT --work DIR
 
-1. ``bench/gpu_hooks.py``: host time of the hooks' path per sampled iteration (GPU busy, no sync).
+1. ``bench/gpu_hooks.py`` and ``bench/gpu_summarize.py``, from the bare checkout (the image's torch and
+   Triton alone): host time of the hooks' path per sampled iteration, the summariser's GPU cost.
 2. In parallel, one server each (file sink, every request sampled): ``eager`` (``--disable-cuda-graph``),
    ``graphs`` (CUDA graphs, ``DRAFTSCOPE_SYNC_DEBUG=1``), the scenarios ``aux-off``, ``algo-eagle``,
    ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
@@ -15,7 +16,7 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
 4. ``pytest -m gpu tests/gpu`` checks what was recorded (and runs the live CUDA checks).
 
 Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks), ``traces/``,
-``logs/``, ``pytest.log``.
+``logs/``, ``pytest.log``, the benches' JSON.
 """
 
 from __future__ import annotations
@@ -243,16 +244,21 @@ def main() -> int:
                "manifest": json.loads((a.kit / "manifest.json").read_text())}
     save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str))  # noqa: E731
     src = Path(__file__).resolve().parents[2]
-    if "hooks" not in skip:
-        t0 = time.monotonic()
-        p = subprocess.run([sys.executable, str(src / "bench" / "gpu_hooks.py")], env={**os.environ, "OUT": str(a.work)},
-                           capture_output=True, text=True, timeout=300)
-        (a.work / "logs" / "gpu_hooks.log").write_text(p.stdout + p.stderr)
-        hooks = a.work / "gpu_hooks.json"
-        results["hooks"] = {"rc": p.returncode, "s": round(time.monotonic() - t0, 1),
-                            "result": json.loads(hooks.read_text()) if hooks.exists() else None,
-                            "tail": (p.stdout + p.stderr)[-3000:]}
-        print(f"[runner] hooks bench rc={p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}", flush=True)
+    if "hooks" not in skip:  # the GPU benches, from the bare checkout: the image's torch and Triton only
+        bare = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"), "OUT": str(a.work),
+                "PYTHONUNBUFFERED": "1"}
+        results["benches"] = {}
+        for bench in ("gpu_hooks", "gpu_summarize"):
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, str(src / "bench" / f"{bench}.py")], env=bare, cwd=src,
+                               capture_output=True, text=True, timeout=240)
+            (a.work / "logs" / f"{bench}.log").write_text(p.stdout + p.stderr)
+            out = a.work / f"{bench}.json"
+            results["benches"][bench] = {"rc": p.returncode, "s": round(time.monotonic() - t0, 1),
+                                         "result": json.loads(out.read_text()) if out.exists() else None,
+                                         "tail": (p.stdout + p.stderr)[-2000:]}
+            print(f"[runner] {bench} rc={p.returncode} in {time.monotonic() - t0:.0f} s: {p.stdout[-1200:]}"
+                  f"{p.stderr[-800:]}", flush=True)
         save()
     if "checks" not in skip:
         state = bed.start_all(check_specs())
