@@ -123,7 +123,8 @@ def _static(run: Mapping[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec
         return None, []
     server_args = redact_server_args(run["server_args"] or {})
     server_args.setdefault("speculative_algorithm", run["algorithm"] or facts.get("algorithm"))
-    return spec, static_findings(spec, target, expect_sglang(spec, target, server_args))
+    env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else None
+    return spec, static_findings(spec, target, expect_sglang(spec, target, server_args, env))
 
 
 def _imported_spec(conn: sa.Connection, run_id: str) -> tuple[DraftFeatureSpec, TargetSpec] | None:

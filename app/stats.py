@@ -31,7 +31,7 @@ _REQUESTS = models.Request.__table__
 _BATCHES = models.IngestBatch.__table__
 _HEALTH = models.TracerHealth.__table__
 _RUNS = models.Run.__table__
-TIME_SERIES = ("steps.time", "norms.time")
+TIME_SERIES = ("steps.time", "steps.time_seq", "norms.time")
 
 
 def _insert(conn: sa.Connection):
@@ -179,9 +179,13 @@ class _Fold:
         s["proposed"] = sum(p for p, _ in per_position)
         s["accepted"] = sum(a for _, a in per_position)
         bucket = self._since_t0(_STEPS.c.at).label("b")
-        for b, n, total in conn.execute(sa.select(bucket, sa.func.count(), sa.func.sum(_STEPS.c.accept_len))
-                                        .where(*where).group_by(bucket)):
+        for b, n, total, seq_n, seq_total in conn.execute(
+                sa.select(bucket, sa.func.count(), sa.func.sum(_STEPS.c.accept_len),
+                          sa.func.count(_STEPS.c.seq_pos), sa.func.sum(_STEPS.c.seq_pos))
+                .where(*where).group_by(bucket)):
             self._bin("steps.time", "", b, n, total)
+            if seq_n:  # sequence positions over time: drift is judged at like positions
+                self._bin("steps.time_seq", "", b, seq_n, seq_total)
         for rid, n, total, lo, hi in conn.execute(
                 sa.select(_STEPS.c.rid, sa.func.count(), sa.func.sum(_STEPS.c.accept_len),
                           sa.func.min(_STEPS.c.step_index), sa.func.max(_STEPS.c.step_index))
@@ -227,8 +231,8 @@ class _Fold:
             return False
         if conn.execute(sa.select(_RUNS.c.id).where(_RUNS.c.id == self.run_id)).first() is None:
             return False
-        self._rebin(conn, "steps.time", old["time_bin_s"], s["time_bin_s"])
-        self._rebin(conn, "norms.time", old["time_bin_s"], s["time_bin_s"])
+        for series in TIME_SERIES:
+            self._rebin(conn, series, old["time_bin_s"], s["time_bin_s"])
         self._rebin(conn, "steps.seq_pos", old["seq_bin"], s["seq_bin"])
         self._add_bins(conn, self.bins)
         s.update(batches_seen=batches[0], last_batch_at=batches[1], updated_at=time.time(),
@@ -373,11 +377,26 @@ def observation(conn: sa.Connection, run_id: str, facts: dict[str, Any] | None) 
         obs.accepted_drafts = totals.get("sglang_accepted", 0)
         obs.proposed_drafts = totals.get("sglang_proposed", 0)
     obs.sampled_verify_ct = totals.get("sampled_verify_ct", 0)
+    _acceptance_shape(conn, run_id, stats, obs)
     latest = conn.execute(sa.select(_HEALTH.c.heartbeats).where(_HEALTH.c.run_id == run_id)
                           .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1)).first()
     if latest is not None:
         obs.heartbeats = dict(latest[0] or {})
     return obs
+
+
+def _acceptance_shape(conn: sa.Connection, run_id: str, stats: dict[str, Any], obs: Observation) -> None:
+    """Acceptance by draft position, sequence-position bin and time bin. Flags are a prefix (a
+    draft position is accepted only after every earlier one), so the steps that reached position
+    k are those that accepted k-1; ``accept_len`` counts the bonus token."""
+    pos = stats["per_position"] or []
+    obs.drafts_per_step = len(pos) or None
+    obs.accept_by_position = [(pos[0][0] if i == 0 else pos[i - 1][1], pos[i][1]) for i in range(len(pos))]
+    obs.accept_by_seq_bin = [(b["bucket"] * stats["seq_bin"], b["n"], int(b["total"]) - b["n"])
+                             for b in bins(conn, run_id, "steps.seq_pos")]
+    seq = {b["bucket"]: b["total"] / b["n"] for b in bins(conn, run_id, "steps.time_seq") if b["n"]}
+    obs.accept_by_time_bin = [(b["bucket"] * stats["time_bin_s"], b["n"], int(b["total"]) - b["n"],
+                               seq.get(b["bucket"], 0.0)) for b in bins(conn, run_id, "steps.time")]
 
 
 def _aux_index(point: str) -> int | None:

@@ -109,6 +109,21 @@ def _top_level_ids(draft: Path, models: ModelPaths) -> None:
     _edit_config(draft, change)
 
 
+def _short_context(draft: Path, models: ModelPaths) -> None:
+    _edit_config(draft, lambda c: c.update(max_position_embeddings=64))
+
+
+def _layers_shifted(draft: Path, models: ModelPaths) -> None:
+    # Every id one lower: SGLang captures the input of layers [0, 3, 6] (the embedding output and
+    # the outputs of layers 2 and 5) while the draft was trained on the outputs of 0, 3 and 6.
+    _edit_config(draft, lambda c: c["eagle_config"].update(
+        eagle_aux_hidden_state_layer_ids=[i - 1 for i in c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]))
+
+
+def _lm_head_removed(draft: Path, models: ModelPaths) -> None:
+    _rewrite_tensors(draft, lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"})
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -153,6 +168,25 @@ SCENARIOS: dict[str, Scenario] = {
             "acceptance drops",
             _top_level_ids,
         ),
+        Scenario(
+            "short-context",
+            "the draft's max_position_embeddings is 64 (the target's 2048)",
+            "SGLang refuses to start (ValueError: the target's context_length 2048 > the draft's 64); with "
+            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 it overwrites the draft's limit and serves",
+            _short_context,
+        ),
+        Scenario(
+            "layers-shifted",
+            "eagle_config ids each one lower than the trained layers ([-1, 2, 5] for [0, 3, 6])",
+            "silent: the config is self-consistent, so only the features (and acceptance) show it",
+            _layers_shifted,
+        ),
+        Scenario(
+            "lm-head-removed",
+            "lm_head.weight dropped from the checkpoint (draft_vocab_size still set)",
+            "silent: SGLang keeps a randomly initialised draft head",
+            _lm_head_removed,
+        ),
     ]
 }
 
@@ -170,6 +204,11 @@ FINDINGS = {
     # fallback, not the trained ones.
     "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
 }
+# Scenarios whose diagnosis needs more than the demo prompts, proven by their own tests: a start-up
+# refusal, and acceptance signatures that need their own traffic.
+ELSEWHERE = {"short-context": "tests/test_startup_refusal.py",
+             "layers-shifted": "tests/test_acceptance_signatures.py",
+             "lm-head-removed": "tests/test_acceptance_signatures.py"}
 
 
 def prepare(name: str, root: Path | str | None = None) -> PreparedScenario:

@@ -170,3 +170,38 @@ def test_context_length_as_sglang_derives_it(tmp_path):
                                    "rope_scaling": {"type": "yarn", "factor": 4.0}}) == 16384
     assert derived_context_length({"max_position_embeddings": 4096, "rope_scaling": {
         "factor": 4.0, "original_max_position_embeddings": 1024}}) == 4096
+
+
+@pytest.mark.parametrize("config, weights, arch_ok, expected", [
+    ({"fc_norm": True}, {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}, True, []),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6], "norm_before_fc": True}},
+     {"input_norm.weight"}, True, []),
+    ({"norm_output": True}, set(), True, []),
+    ({}, {"aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight"}, True,
+     ["eagle31-weights-without-flag"]),
+    ({}, {"input_norm.weight"}, True, ["eagle31-weights-without-flag"]),
+    ({"fc_norm": True}, set(), True, ["eagle31-flag-without-weights"]),
+])
+def test_eagle31_flags_against_weights(tmp_path, config, weights, arch_ok, expected):
+    hidden = 128
+    shapes = {"input_norm.weight": torch.ones(3 * hidden)}
+    extra = {k: shapes.get(k, torch.ones(hidden)) for k in weights}
+    found = diagnose(tmp_path, config=tiny_draft_config(**config), weights={**tiny_weights(), **extra})
+    assert ids(found) == expected
+
+
+def test_mla_draft_ignores_norm_before_fc(tmp_path):
+    from draftscope.spec.describe import describe_spec
+
+    t = read_target(tiny_target(tmp_path / "t", hidden=7168, layers=61, vocab=163840,
+                                arch="KimiK25ForConditionalGeneration"))
+    config = published("kimi_k25_eagle3_mla")
+    config.update(intermediate_size=18432, num_key_value_heads=8, norm_before_fc=True, fc_norm=True)
+    spec = read_draft(published_draft(tmp_path / "d", config), target_layers=61)
+    exp = expect_sglang(spec, t)
+    found = [f for f in static_findings(spec, t, exp) if f.rule_id.startswith("eagle31")]
+    assert [(f.rule_id, f.evidence["flag"]) for f in found] == [("eagle31-flag-ignored", "norm_before_fc"),
+                                                              ("eagle31-flag-without-weights", "fc_norm")]
+    assert "Eagle3DeepseekV2ForCausalLM has no norm_before_fc" in found[0].evidence["sglang_source"]
+    row = {r.key: r for r in describe_spec(spec, t, exp)}["norms"]
+    assert row.sglang == "norm_before_fc not applied, fc_norm applied" and row.mismatch

@@ -130,3 +130,53 @@ def test_captured_layers_differ_from_the_recorded_draft_config_alone():
     [finding] = runtime_findings(None, fallback)
     assert finding.rule_id == "captured-layers-differ"
     assert "output of layers [1, 3, 4]" in finding.message and "trained on [1, 4, 6]" in finding.message
+
+
+def test_start_error_is_the_whole_story():
+    obs = Observation(facts={"start_error": {"type": "ValueError", "message": "context_length (2048) > (64)"},
+                             "draft": {"path": "/d"}, "target": {"path": "/t"}})
+    (f,) = runtime_findings(None, obs)
+    assert (f.rule_id, f.severity) == ("server-start-failed", "error") and "ValueError: context_length" in f.message
+
+
+def _shape(**fields):
+    base = dict(facts={"algorithm": "EAGLE3", "draft": {}, "target": {}}, drafts_per_step=3,
+                draft_logits_samples=40, verify_steps=100, proposed_drafts=300, accepted_drafts=150)
+    return Observation(**{**base, **fields})
+
+
+def _ids(obs):
+    return [f.rule_id for f in runtime_findings(None, obs)]
+
+
+def test_signatures_silent_on_a_healthy_shape():
+    obs = _shape(accept_by_position=[(100, 70), (70, 50), (50, 30)],
+                 accept_by_seq_bin=[(0, 40, 60), (16, 30, 45), (32, 30, 45)],
+                 accept_by_time_bin=[(0.0, 30, 45, 20.0), (1.0, 40, 60, 22.0), (2.0, 30, 45, 21.0)])
+    assert _ids(obs) == []
+
+
+def test_position1_collapse():
+    obs = _shape(accepted_drafts=40, accept_by_position=[(100, 10), (10, 8), (8, 6)])
+    assert _ids(obs) == ["acceptance-position1-collapse"]  # and not "quality, not wiring"
+
+
+def test_decay_with_position_finds_the_knee():
+    obs = _shape(facts={"algorithm": "EAGLE3", "target": {},
+                        "draft": {"checkpoint_max_position_embeddings": 64, "max_position_embeddings": 2048}},
+                 accept_by_seq_bin=[(0, 30, 60), (64, 30, 55), (128, 30, 10), (192, 30, 5)])
+    (f,) = runtime_findings(None, obs)
+    assert f.rule_id == "acceptance-decays-with-position" and f.evidence["knee_seq_pos"] == 128
+    assert "max_position_embeddings is 64 (SGLang overwrote it with 2048)" in f.message
+
+
+def test_drift_needs_similar_positions():
+    bins = [(0.0, 30, 60, 20.0), (1.0, 30, 40, 20.0), (2.0, 30, 10, 21.0)]
+    assert _ids(_shape(accept_by_time_bin=bins)) == ["acceptance-drift-over-time"]
+    longer = [(a, b, c, 20.0 if i == 0 else 200.0) for i, (a, b, c, _) in enumerate(bins)]
+    assert _ids(_shape(accept_by_time_bin=longer)) == []  # explained by position, not time
+
+
+def test_zero_acceptance_with_finite_logits_and_not_with_nonfinite():
+    assert _ids(_shape(accepted_drafts=0)) == ["acceptance-zero-finite-logits"]
+    assert "acceptance-zero-finite-logits" not in _ids(_shape(accepted_drafts=0, draft_logits_nonfinite=3))

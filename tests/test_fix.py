@@ -46,6 +46,8 @@ CASES = {
     # first-id-is-1 rule reads them input-to and captures one layer shallower.
     "deepseek-shifted": (tiny_draft_config(ids=[2, 4, 5]), tiny_weights(),
                          {"arch": "DeepseekV3ForCausalLM"}, "", "captured-layers-differ"),
+    "norm-weights-unflagged": (tiny_draft_config(), {**tiny_weights(), "input_norm.weight": torch.ones(384)},
+                               {}, "", "eagle31-weights-without-flag"),
     "short-context": (tiny_draft_config(max_position_embeddings=64), tiny_weights(), {}, "",
                       "startup-refused"),
     "short-context-overridden": (tiny_draft_config(max_position_embeddings=64), tiny_weights(), {}, "",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -14,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from . import environment
-from .redact import is_allowed, redact_server_args
+from .redact import is_allowed, redact_message, redact_server_args
 
 # Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
@@ -75,11 +76,20 @@ def draft_facts(draft_worker, target_runner) -> Dict[str, Any]:
         "config_draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
         "lm_head_shared_with_target": bool(lm_head is not None and target_head is not None and _safe(
             lambda: lm_head.weight.data_ptr() == target_head.weight.data_ptr())),
-        "max_position_embeddings": getattr(cfg, "max_position_embeddings", None),
+        "max_position_embeddings": getattr(cfg, "max_position_embeddings", None),  # after any override
+        "checkpoint_max_position_embeddings": _safe(_checkpoint_config_value, path, "max_position_embeddings"),
+        "context_len": _safe(lambda: runner.model_config.context_len),
         "config": _safe(lambda: cfg.to_dict()) if cfg is not None else None,
         "hot_token_id": hot_token_facts(draft_worker, path, _safe(lambda: target_runner.model_config.vocab_size)),
         "weights": _safe(weights_check, model, path, target_runner.model),
     }
+
+
+def _checkpoint_config_value(path: Optional[str], key: str) -> Any:
+    """``key`` of the checkpoint's own config.json (SGLang may overwrite the live config's)."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    return (config.get("transformer_layer_config") or config).get(key)
 
 
 def _fc_in_features(fc) -> Optional[int]:
@@ -210,6 +220,32 @@ def server_args_facts(server_args) -> Dict[str, Any]:
     return redact_server_args({**fields, "_resolved_overrides": getattr(server_args, "_resolved_overrides", None)})
 
 
+# Environment variables that change what SGLang does at start (spec/sglang.py OVERRIDE_ENV); their
+# values are flags, recorded as given.
+SGLANG_ENV = ("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_IS_IN_CI")
+
+
+def sglang_env() -> Dict[str, str]:
+    return {k: os.environ[k] for k in SGLANG_ENV if k in os.environ}
+
+
+def start_failure(scheduler, sglang_version: str, exc: BaseException) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(facts, run fields) of a scheduler whose workers failed to build: the paths and flags it was
+    given and the exception (its message redacted), so a run that never served says why."""
+    server_args = getattr(scheduler, "server_args", None)
+    target_path = getattr(server_args, "model_path", None)
+    draft_path = getattr(server_args, "speculative_draft_model_path", None)
+    algorithm = _safe(lambda: str(getattr(server_args, "speculative_algorithm", None) or "") or None)
+    facts = {"sglang_version": sglang_version, "algorithm": algorithm,
+             "start_error": {"type": type(exc).__name__, "message": redact_message(str(exc), os.environ)},
+             "target": {"path": target_path}, "draft": {"path": draft_path},
+             "sglang_env": sglang_env(), "environment": _safe(environment.describe)}
+    run = {"algorithm": algorithm, "target_path": target_path, "draft_path": draft_path,
+           "target_config_hash": config_hash(target_path), "draft_config_hash": config_hash(draft_path),
+           "server_args": _safe(server_args_facts, server_args)}
+    return facts, {k: v for k, v in run.items() if v is not None}
+
+
 def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(facts, run fields) for the scheduler's target and EAGLE draft."""
     spec_worker = getattr(scheduler, "draft_worker", None)
@@ -229,6 +265,7 @@ def collect(scheduler, sglang_version: str) -> Tuple[Dict[str, Any], Dict[str, A
         "target": _safe(target_facts, target_runner),
         "draft": _safe(draft_facts, draft_worker, target_runner) if draft_worker is not None else None,
         "environment": _safe(environment.describe),
+        "sglang_env": sglang_env(),
     }
     target, draft = facts["target"] or {}, facts["draft"] or {}
     run = {"algorithm": facts["algorithm"], "target_path": target.get("path"),

@@ -89,7 +89,13 @@ def _live():
 # -- AROUND hooks: call the original exactly once, with the same arguments; tracer work is guarded --
 # The forward hooks return at once when no live request is sampled (``t.live`` empty).
 def _around_init(orig, scheduler, *args, **kwargs):
-    out = orig(scheduler, *args, **kwargs)
+    try:
+        out = orig(scheduler, *args, **kwargs)
+    except Exception as exc:  # SGLang refused to start: leave a crashed run that says why
+        t = _live()
+        if t is not None:
+            t.guard("init", t.start_failed, scheduler, exc)
+        raise
     t = _live()
     if t is not None:
         t.health.beat("init")

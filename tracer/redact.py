@@ -10,6 +10,7 @@ store written before it existed shows no more than a new one.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, Mapping
 
 # Whole families SGLang groups under one prefix (spec.py, CUDA-graph fields).
@@ -94,3 +95,13 @@ def redact_server_args(args: Mapping[str, Any]) -> Dict[str, Any]:
     raw = args.get("_raw_input")
     fields = {**(raw if isinstance(raw, Mapping) else {}), **args, **_overrides(args.get("_resolved_overrides"))}
     return {str(name): _plain(value) for name, value in fields.items() if is_allowed(str(name))}
+
+
+def redact_message(text: str, environ: Mapping[str, str]) -> str:
+    """An exception message fit to record: the values of secret-shaped environment variables and
+    URL credentials replaced by ``<redacted>``, at most 2000 characters."""
+    for name, value in environ.items():
+        if len(value) >= 6 and is_denied(name):
+            text = text.replace(value, "<redacted>")
+    text = re.sub(r"(://)[^/@\s:]+:[^/@\s]+@", r"\1<redacted>@", text)
+    return text[:2000]

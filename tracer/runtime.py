@@ -28,7 +28,7 @@ import torch
 
 from . import coverage
 from . import facts as facts_mod
-from . import records
+from . import records, wire
 from .config import TracerConfig
 from .devicecopy import HostInts, device_index, host_view, later_list
 from .health import Health
@@ -153,6 +153,27 @@ class Tracer:
         self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
         self._chain_sigterm()
+
+    def start_failed(self, scheduler, exc: BaseException) -> None:
+        """The scheduler's workers failed to build (SGLang refused to start): write one run, ended
+        ``crashed``, with the exception and the paths it was given, straight through the sink (the
+        process is about to die with its children, a recorder included), so the dashboard says why
+        it never served."""
+        from .sinks import open_sink
+
+        self.attached = True
+        if not _is_recording_rank():
+            return
+        facts, run_fields = facts_mod.start_failure(scheduler, self.sglang_version, exc)
+        sink = open_sink(self.config, self.health.drop)
+        if sink is None:
+            return
+        run = {**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()}
+        try:
+            sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
+                       "run_id": self.run_id, "sent_at": time.time(), "run": run})
+        finally:
+            sink.close()
 
     def _account_for_hooks(self, scheduler) -> Dict[str, Any]:
         """Which hooks SGLang applied and the running workers call; one log line for each gap."""

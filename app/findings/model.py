@@ -49,6 +49,14 @@ class Observation:
     proposed_drafts: int = 0
     heartbeats: dict[str, int] = field(default_factory=dict)  # latest cumulative count per hook
     sampled_verify_ct: int = 0  # SGLang's verify steps of the finished sampled requests
+    # acceptance shape (analyze.acceptance_shape): per draft position k (1-based, index k-1),
+    # (steps that reached k: drafts 1..k-1 accepted, steps that accepted k);
+    accept_by_position: list[tuple[int, int]] = field(default_factory=list)
+    # per sequence-position bin, (first seq_pos of the bin, verify steps, accepted drafts);
+    accept_by_seq_bin: list[tuple[int, int, int]] = field(default_factory=list)
+    # per time bin of the run, (seconds from the first step, verify steps, accepted drafts, mean seq_pos)
+    accept_by_time_bin: list[tuple[float, int, int, float]] = field(default_factory=list)
+    drafts_per_step: int | None = None  # draft positions per verify step (num_draft_tokens - 1)
     max_seq_pos: int | None = None
     max_seq_pos_at: tuple[str, int] | None = None  # (rid, step_index) of the furthest verify step
 

@@ -24,6 +24,13 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
     """Findings for one run; ``spec`` (the draft read from disk) sharpens them when available."""
     facts = obs.facts or {}
     target, draft = facts.get("target") or {}, facts.get("draft") or {}
+    if isinstance(facts.get("start_error"), dict):  # nothing was served: the exception is the story
+        error = facts["start_error"]
+        return [_f("server-start-failed", "error",
+                   f"the server failed while starting, before serving: {error.get('type')}: "
+                   f"{error.get('message')}",
+                   "see the static findings for the cause (draftscope doctor predicts SGLang's "
+                   "start-up refusals), fix it and restart", {"start_error": error})]
     found: list[Finding] = []
     algorithm = facts.get("algorithm")
     eagle3_draft = draft.get("architecture") in EAGLE3_DRAFT_CLASSES or spec is not None
@@ -43,8 +50,9 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
         found += _norm_drift(spec, obs)
     found += _coverage(facts)
     found += _hooks(obs)
+    found += _signatures(obs, draft, spec, explained=any(f.severity == "error" for f in found))
     if obs.proposed_drafts >= MIN_PROPOSED and (obs.acceptance_rate or 0) < COLLAPSE_RATE \
-            and not any(f.severity == "error" for f in found):
+            and not any(f.severity == "error" or f.rule_id in SIGNATURES for f in found):
         found.append(_f("acceptance-collapse-quality", "warning",
                         f"acceptance collapsed ({obs.accepted_drafts}/{obs.proposed_drafts} drafts "
                         f"accepted, {obs.acceptance_rate:.1%}) while every plumbing check passed: a "
@@ -55,6 +63,17 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
                          "verify_steps": obs.verify_steps}))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
+
+
+SIGNATURES = {"acceptance-zero-finite-logits", "acceptance-position1-collapse",
+              "acceptance-decays-with-position", "acceptance-drift-over-time"}
+# Acceptance signatures (the shape of acceptance, not its level). Thresholds are on rates of
+# accepted drafts; each needs SIGNATURE_MIN steps on every side it compares.
+SIGNATURE_MIN = 20
+POS1_MAX, LATER_MIN = 0.25, 0.5  # position 1 under 25% while positions 2.. keep 50% once reached
+DECAY_RATIO = 0.5  # acceptance past the knee at most half of before it
+DRIFT_RATIO = 0.5  # acceptance in the last third of the run at most half of the first third
+DRIFT_SEQ_SLACK = 1.5  # ... while its mean sequence position grew by less than this factor
 
 
 def _f(rule_id: str, severity: str, message: str, fix: str, evidence: dict[str, Any],
@@ -159,7 +178,9 @@ def _vocab(target: dict, draft: dict) -> list[Finding]:
 
 
 def _positions(spec: DraftFeatureSpec | None, obs: Observation, draft: dict) -> list[Finding]:
-    limit = draft.get("max_position_embeddings") or (spec.max_position_embeddings if spec else None)
+    # The checkpoint's own limit: SGLang may have overwritten the live one with the target's.
+    limit = draft.get("checkpoint_max_position_embeddings") or draft.get("max_position_embeddings") \
+        or (spec.max_position_embeddings if spec else None)
     if limit and obs.max_seq_pos is not None and obs.max_seq_pos > limit:
         rid, step = obs.max_seq_pos_at or (None, None)
         return [_f("position-beyond-draft-max", "warning",
@@ -261,3 +282,119 @@ def _coverage(facts: dict[str, Any]) -> list[Finding]:
                    "the server log names the failure (\"Failed to apply hooks to ...\"); run the SGLang "
                    "version the tracer supports (0.5.23)", {"hooks_not_applied": missing})]
     return []
+
+
+def _signatures(obs: Observation, draft: dict, spec: DraftFeatureSpec | None,
+                explained: bool) -> list[Finding]:
+    """The four acceptance signatures. ``explained``: a wiring error already accounts for low
+    acceptance, so only a zero-acceptance head (which it may corroborate) is reported."""
+    found = []
+    zero = _zero_acceptance(obs)
+    if zero:
+        found.append(zero)
+    if explained or zero:
+        return found
+    for rule in (_position1, _decay_with_position, _drift):
+        hit = rule(obs, draft, spec)
+        if hit:
+            found.append(hit)
+    return found
+
+
+def _rate(accepted: int, steps: int, per_step: int = 1) -> float:
+    return accepted / (steps * per_step) if steps else 0.0
+
+
+def _zero_acceptance(obs: Observation) -> Finding | None:
+    if obs.proposed_drafts < MIN_PROPOSED or obs.accepted_drafts or not obs.draft_logits_samples \
+            or obs.draft_logits_nonfinite:
+        return None
+    return _f("acceptance-zero-finite-logits", "error",
+              f"not one of {obs.proposed_drafts} drafts was accepted while all "
+              f"{obs.draft_logits_samples} sampled draft logits were finite: the draft head is "
+              "computing, but on no knowledge of this vocabulary (a randomly initialised lm_head, e.g. "
+              "a checkpoint without lm_head.weight whose loader only warns: SGLang #27829)",
+              "check that the checkpoint has lm_head.weight with draft_vocab_size rows (or drop "
+              "draft_vocab_size so the target's head is used), and that d2t maps onto the target's ids",
+              {"accepted": 0, "proposed": obs.proposed_drafts,
+               "draft_logits_samples": obs.draft_logits_samples})
+
+
+def _position1(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
+    pos = obs.accept_by_position
+    if len(pos) < 2 or pos[0][0] < SIGNATURE_MIN:
+        return None
+    first = _rate(pos[0][1], pos[0][0])
+    later_reached = sum(r for r, _ in pos[1:])
+    if later_reached < SIGNATURE_MIN // 4 or first > POS1_MAX:
+        return None
+    later = _rate(sum(a for _, a in pos[1:]), later_reached)
+    if later < LATER_MIN:
+        return None
+    rates = [round(_rate(a, r), 3) if r else None for r, a in pos]
+    return _f("acceptance-position1-collapse", "warning",
+              f"draft position 1 is accepted in {first:.0%} of verify steps while positions 2.. are "
+              f"accepted in {later:.0%} once reached: the draft's first step, the one fed the "
+              "target's aux features, is what fails (an off-by-one in the captured layers or in their "
+              "alignment with the tokens: vLLM #43671)",
+              "compare the captured layers with the trained ones (draftscope stats, then the run's "
+              "aux-norm-drift) and the aux ids' convention with the trainer's",
+              {"accept_rate_by_position": rates, "reached_by_position": [r for r, _ in pos]})
+
+
+def _decay_with_position(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
+    bins, per = obs.accept_by_seq_bin, obs.drafts_per_step or 1
+    steps, accepted = sum(b[1] for b in bins), sum(b[2] for b in bins)
+    best, n_b, a_b = None, 0, 0
+    for i in range(1, len(bins)):  # every split point, with running sums on each side
+        n_b, a_b = n_b + bins[i - 1][1], a_b + bins[i - 1][2]
+        n_a, a_a = steps - n_b, accepted - a_b
+        if n_b < SIGNATURE_MIN or n_a < SIGNATURE_MIN:
+            continue
+        r_b, r_a = _rate(a_b, n_b, per), _rate(a_a, n_a, per)
+        if r_a <= DECAY_RATIO * r_b and (best is None or r_b - r_a > best[1] - best[2]):
+            best = (bins[i][0], r_b, r_a, n_b, n_a)
+    if best is None:
+        return None
+    knee, r_b, r_a, n_b, n_a = best
+    limit = draft.get("checkpoint_max_position_embeddings") or (spec.max_position_embeddings if spec else None)
+    live = draft.get("max_position_embeddings")
+    why = (f"; the checkpoint's max_position_embeddings is {limit}"
+           + (f" (SGLang overwrote it with {live})" if live and limit and live != limit else "")
+           if limit else "")
+    return _f("acceptance-decays-with-position", "warning",
+              f"acceptance falls with sequence position: {r_b:.0%} of drafts accepted before position "
+              f"{knee}, {r_a:.0%} beyond it{why}: the draft's context window is shorter than the "
+              "traffic's (SpecForge #271, speculators #684)",
+              "use a draft trained on sequences as long as the served ones (or cap --context-length "
+              "where acceptance holds)",
+              {"knee_seq_pos": knee, "accept_rate_before": round(r_b, 3), "accept_rate_after": round(r_a, 3),
+               "steps_before": n_b, "steps_after": n_a, "checkpoint_max_position_embeddings": limit,
+               "live_max_position_embeddings": live})
+
+
+def _drift(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
+    bins, per = obs.accept_by_time_bin, obs.drafts_per_step or 1
+    if len(bins) < 3:
+        return None
+    span = bins[-1][0] - bins[0][0]
+    early = [b for b in bins if b[0] - bins[0][0] < span / 3]
+    late = [b for b in bins if b[0] - bins[0][0] >= 2 * span / 3]
+    n_e, n_l = sum(b[1] for b in early), sum(b[1] for b in late)
+    if n_e < SIGNATURE_MIN or n_l < SIGNATURE_MIN:
+        return None
+    r_e, r_l = _rate(sum(b[2] for b in early), n_e, per), _rate(sum(b[2] for b in late), n_l, per)
+    pos_e = sum(b[3] * b[1] for b in early) / n_e
+    pos_l = sum(b[3] * b[1] for b in late) / n_l
+    if r_l > DRIFT_RATIO * r_e or pos_l > DRIFT_SEQ_SLACK * max(pos_e, 1):
+        return None
+    return _f("acceptance-drift-over-time", "warning",
+              f"acceptance drifted from {r_e:.0%} of drafts in the first third of the run to {r_l:.0%} "
+              f"in the last, at similar sequence positions (mean {pos_e:.0f} then {pos_l:.0f}): "
+              "something changed while serving (a stale cache, traffic unlike the draft's training "
+              "data, a reloaded model)",
+              "compare the late requests with the early ones (prompts, template, sampling) and "
+              "restart to see whether acceptance recovers",
+              {"accept_rate_first_third": round(r_e, 3), "accept_rate_last_third": round(r_l, 3),
+               "mean_seq_pos_first_third": round(pos_e, 1), "mean_seq_pos_last_third": round(pos_l, 1),
+               "run_span_s": round(span, 1)})

@@ -11,7 +11,7 @@ from typing import Any
 from draftscope.findings.model import Finding
 from draftscope.spec.convention import SHORT, Reading, aux_readings
 from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
-from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations, ids_capturing
+from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations, ids_capturing
 from draftscope.spec.target import TargetSpec
 from draftscope.spec.training import training_settings
 
@@ -19,7 +19,13 @@ IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 # Rules that can carry a mechanical fix (Finding.patch); tests/test_fix.py applies each one.
 FIXABLE = {"eagle-algorithm-with-eagle3-draft", "fc-bypassed", "aux-ids-not-read",
            "captured-layers-differ", "draft-weights-not-loaded", "d2t-not-offsets",
-           "draft-vocab-lm-head-mismatch", "startup-refused", "draft-context-overridden"}
+           "draft-vocab-lm-head-mismatch", "startup-refused", "draft-context-overridden",
+           "eagle31-weights-without-flag"}
+NORM_MEANING = {"norm_before_fc": "one RMSNorm over the concatenated aux states before fc",
+                "fc_norm": "an RMSNorm per aux state before fc",
+                "norm_output": "the normed (not pre-norm) hidden state fed to the next draft step"}
+# Where setting the flag makes SGLang build the norm (norm_before_fc is read from eagle_config first).
+NORM_FLAG_PATH = {"norm_before_fc": "eagle_config.norm_before_fc", "fc_norm": "fc_norm"}
 
 
 def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
@@ -33,6 +39,7 @@ def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
     else:
         found += _capture(spec, target, exp)
     found += _weights(spec, exp) if exp.draft_class_supported else []
+    found += _norms(spec) if exp.draft_class_supported else []
     found += _vocab(spec, target, exp)
     found += _positions(spec, target, exp)
     found += _training(spec, target)
@@ -224,6 +231,8 @@ def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
                         {"params_missing": exp.params_missing, "keys_ignored": ignored[:50],
                          "key_style": spec.key_style, "sglang_source": src},
                         patch=[{"op": "strip_key_prefix", "prefix": prefix}] if prefix else [])]
+    norm = {k for keys in spec.norm_keys.values() for k in keys}
+    ignored = [k for k in ignored if k not in norm]  # the EAGLE-3.1 rules name those
     if ignored:
         return [Finding("checkpoint-keys-ignored", "warning",
                         f"SGLang's load_weights silently skips {len(ignored)} checkpoint keys "
@@ -371,3 +380,35 @@ def _training(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
                        ": acceptance may fall past the length the draft was trained on"), fix,
                     {"training_config": spec.training_path, "disagreements": {
                         k: {"training_config": a, "config_json": b} for k, (a, b) in diffs.items()}})]
+
+
+def _norms(spec: DraftFeatureSpec) -> list[Finding]:
+    """EAGLE-3.1 flags against their weights and against what SGLang's draft class applies."""
+    applies = DRAFT_NORMS.get(spec.architecture, {})
+    found = []
+    for flag, meaning in NORM_MEANING.items():
+        on, keys = getattr(spec, flag), spec.norm_keys.get(flag)
+        ev = {"flag": flag, "set": on, "weights": keys, "draft_class": spec.architecture,
+              "sglang_source": applies.get(flag, f"{spec.architecture} has no {flag}")}
+        if (on or keys) and flag not in applies:
+            found.append(Finding("eagle31-flag-ignored", "error",
+                                 f"the draft was trained with {flag} ({meaning}"
+                                 f"{', weights ' + ', '.join(keys[:3]) if keys else ''}) but SGLang "
+                                 f"{SGLANG_VERSION}'s {spec.architecture} does not implement it: the "
+                                 "draft gets features it was not trained on, silently",
+                                 f"serve it with an engine version whose {spec.architecture} applies "
+                                 f"{flag}, or use a draft trained without it", ev))
+        elif keys and not on:
+            found.append(Finding("eagle31-weights-without-flag", "error",
+                                 f"the checkpoint holds trained {flag} weights ({', '.join(keys[:3])}) "
+                                 f"but config.json does not set {flag}: SGLang builds no such norm "
+                                 f"({meaning}) and drops the weights without a word",
+                                 f"set {NORM_FLAG_PATH[flag]}: true in config.json", ev,
+                                 patch=[{"op": "config_set", "path": NORM_FLAG_PATH[flag], "value": True}]))
+        elif on and keys == []:
+            found.append(Finding("eagle31-flag-without-weights", "warning",
+                                 f"config.json sets {flag} but the checkpoint has no weights for it: "
+                                 f"SGLang applies {meaning} with unit weights, not trained ones",
+                                 f"ship the trained {flag} weights, or unset {flag} if the draft was "
+                                 "trained without it", ev))
+    return found

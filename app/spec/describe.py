@@ -11,7 +11,7 @@ from typing import Any
 
 from draftscope.spec.convention import SHORT, Reading, aux_readings
 from draftscope.spec.draft import TRAINERS, DraftFeatureSpec
-from draftscope.spec.sglang import SGLANG_VERSION, SGLangExpectations
+from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations
 from draftscope.spec.target import TargetSpec
 
 CONVENTION_NAME = {"output_of": "output-of", "input_to": "input-to", "boundary": "boundary",
@@ -201,8 +201,19 @@ def _positions(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
 
 
 def _norms(spec: DraftFeatureSpec) -> SpecRow:
-    flags = [n for n in ("norm_before_fc", "fc_norm", "norm_output") if getattr(spec, n)]
-    return SpecRow("norms", "EAGLE-3.1 norms", ", ".join(flags) or "none", "-")
+    applies = DRAFT_NORMS.get(spec.architecture, {})
+    trained, sglang, mismatch = [], [], False
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        on, keys = getattr(spec, flag), spec.norm_keys.get(flag)
+        if not (on or keys):
+            continue
+        trained.append(flag + ("" if on else " weights without the flag")
+                       + (f" ({len(keys)} weight{'s' if len(keys) != 1 else ''})" if keys else
+                          " (no weights)" if keys == [] else ""))
+        sglang.append(f"{flag} {'applied' if on and flag in applies else 'not applied'}")
+        mismatch |= not (on and flag in applies) or keys == []
+    return SpecRow("norms", "EAGLE-3.1 norms", ", ".join(trained) or "none",
+                   ", ".join(sglang) or "-", mismatch=mismatch)
 
 
 def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:

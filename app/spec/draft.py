@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class DraftFeatureSpec:
     fc_norm: bool
     norm_output: bool
     norm_before_residual: bool | None  # None: the key is absent (engine defaults differ)
+    norm_keys: dict[str, list[str]]  # EAGLE-3.1 flag -> checkpoint keys holding its weights
     max_position_embeddings: int | None
     context_length: int  # what SGLang derives from the draft config before any override
     rope: dict[str, Any]
@@ -128,6 +130,7 @@ def read_draft(directory: str | Path, target_layers: int | None = None, allow_bi
         fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
         norm_output=bool(config.get("norm_output", False)),
         norm_before_residual=config.get("norm_before_residual"),
+        norm_keys=norm_keys(ckpt.names()),
         max_position_embeddings=body.get("max_position_embeddings"),
         context_length=derived_context_length(body), rope=rope_of(body),
         target_vocab_size=int(target_vocab) if target_vocab is not None else None,
@@ -248,6 +251,17 @@ def _convention(fmt: str, ids: list[int] | None, target_layers: int | None,
     if fmt == "eagle3-mla" and ids and ids[0] != 1:
         return "input_to", "MLA drafts whose first id is not 1 count input-to (sglang PR #25454)"
     return FORMAT_CONVENTION[fmt], f"the {fmt} format's convention"
+
+
+# EAGLE-3.1 flag -> checkpoint key patterns of its weights (legacy aux_norm_low/mid/high = fc_norm.0-2;
+# norm_output has none: it only picks which hidden state feeds the next draft step).
+NORM_KEY_PATTERNS = {"norm_before_fc": re.compile(r"(^|\.)input_norm\.weight$"),
+                     "fc_norm": re.compile(r"(^|\.)(fc_norm\.\d+|aux_norm_(low|mid|high))\.weight$")}
+
+
+def norm_keys(names: list[str]) -> dict[str, list[str]]:
+    """EAGLE-3.1 flag -> the checkpoint keys that hold its trained weights."""
+    return {flag: [n for n in names if pattern.search(n)] for flag, pattern in NORM_KEY_PATTERNS.items()}
 
 
 def _find_key(ckpt: Checkpoint, suffix: str) -> str | None:

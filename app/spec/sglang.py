@@ -39,6 +39,20 @@ SRC = {
     "context_length": "configs/model_config.py::ModelConfig._derive_context_length (the draft gets "
                       "context_length=target context_len: speculative/eagle_worker_v2.py::EagleDraftWorker.__init__)",
 }
+# EAGLE-3.1 flags each SGLang draft class applies, with where (absent: the class ignores the flag).
+DRAFT_NORMS = {
+    "LlamaForCausalLMEagle3": {
+        "norm_before_fc": "models/llama_eagle3.py::LlamaModel.__init__ (input_norm over the concatenated "
+                          "aux states when eagle_config.norm_before_fc or norm_before_fc)",
+        "fc_norm": "models/llama_eagle3.py::LlamaModel.__init__ (fc_norm: one RMSNorm per aux state "
+                   "when fc_norm or use_aux_norm)",
+        "norm_output": "models/llama_eagle3.py::LlamaModel.forward (the next step gets the normed "
+                       "hidden state when norm_output)"},
+    "Eagle3DeepseekV2ForCausalLM": {
+        "fc_norm": "models/kimi_k25_eagle3.py::Eagle3MLAModel.__init__ (fc_norm when fc_norm "
+                   "or use_aux_norm)",
+        "norm_output": "models/kimi_k25_eagle3.py::Eagle3MLAModel.forward (norm_output)"},
+}
 # Server environment variables that change what SGLang does at start (environ.py EnvBool: 1/true/yes/y).
 OVERRIDE_ENV = ("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_IS_IN_CI")
 
@@ -289,8 +303,8 @@ def _simulate_load(spec: DraftFeatureSpec, exp: SGLangExpectations, needs_lm_hea
                 continue
             name = re.sub(r"^layers\.0\.", "midlayer.", key)
             name = name if name.startswith("lm_head.") else f"model.{name}"
-            known = ("model.midlayer.", "model.fc", "model.norm.", "model.embed_tokens.",
-                     "model.input_norm.", "lm_head.")
+            known = ("model.midlayer.", "model.fc.", "model.norm.", "model.embed_tokens.", "lm_head.") \
+                + (("model.fc_norm.",) if spec.fc_norm else ())
             if name.startswith(known):
                 exp.keys_loaded[key] = name
             else:
@@ -330,7 +344,9 @@ def _simulate_load(spec: DraftFeatureSpec, exp: SGLangExpectations, needs_lm_hea
                 exp.keys_loaded[key] = target
             else:
                 exp.keys_ignored.append(key)
-    required = _llama_eagle3_params(spec, num_aux, with_lm_head=needs_lm_head)
+    # An unfilled norm keeps RMSNorm's unit weight (not garbage): the EAGLE-3.1 rules report it.
+    required = {p for p in _llama_eagle3_params(spec, num_aux, with_lm_head=needs_lm_head)
+                if not p.startswith(("model.input_norm.", "model.fc_norm."))}
     filled = set(exp.keys_loaded.values())
     missing = required - filled
     for param, got in shards.items():

@@ -55,3 +55,13 @@ def test_old_stored_vars_dict_is_read_through_its_raw_copy():
               "_resolved_overrides": [["spec", {"speculative_num_steps": 5}]], "_model_config": "<obj>"}
     got = redact_server_args(stored)
     assert got == {"model_path": "/m", "speculative_num_steps": 5, "speculative_adaptive_config": {"steps": 2}}
+
+
+def test_exception_messages_lose_secret_values_and_url_credentials():
+    from draftscope_tracer.redact import redact_message
+
+    env = {"HF_TOKEN": "hf_abcdefghijklmnop", "MODEL_DIR": "/models/x", "SHORT_KEY": "ab"}
+    text = "401 for https://user:pa55word@hub.example/m with hf_abcdefghijklmnop in /models/x " + "x" * 3000
+    out = redact_message(text, env)
+    assert "hf_abcdefghijklmnop" not in out and "pa55word" not in out and "/models/x" in out
+    assert out.startswith("401 for https://<redacted>@hub.example/m with <redacted>") and len(out) == 2000
