@@ -1,6 +1,8 @@
 """Dashboard page latency and weight on a large run, while ingest continues.
 
-1. Starts `draftscope serve --upgrade` on a temp SQLite store.
+1. Starts the dashboard (`create_app`, served by uvicorn as `draftscope serve` does) on a temp
+   SQLite store, wrapped in an ASGI layer that adds a `Server-Timing` header: the time from the
+   request's arrival to its response's start (routing, queries, rendering, waiting for a thread).
 2. Fills one run of --requests requests x --steps-per-request verify steps (2 tensor samples per
    step) through `ingest.BatchWriter` (the ingest API's own code) from this process, a writer
    beside the dashboard as the tracer's SQLite sink or `draftscope import` would be; the
@@ -9,9 +11,9 @@
 3. Starts a second process that posts a second, live run to `POST /api/v1/batches` at
    --ingest-rows-s rows/s for the rest of the bench.
 4. Loads each page --rounds times (round-robin over the pages, one keep-alive connection) and
-   prints p50 / p95 / max of the wall time of each GET on loopback (an upper bound of the server
-   time: it includes the HTTP exchange) and the page weight: HTML bytes, plus the JS and CSS files
-   it links from /static/ (each counted once).
+   prints p50 / p95 / max of the server time, rounds alternating between the live run posting and
+   paused (SIGSTOP), the p95 of the wall time on loopback, and the page weight: HTML bytes, plus
+   the JS and CSS files it links from /static/ (each counted once).
 5. Where the time goes: the CPU time of each data-layer query behind the pages, called in this
    process on the same store (the best of 5), which machine load inflates far less than wall time.
 
@@ -144,19 +146,55 @@ def ingest_forever(port: int, rows_s: float) -> None:
         time.sleep(max(0.0, 1510 / rows_s - (time.perf_counter() - t)))
 
 
-def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, bytes, float]:
+class ServerTiming:
+    """ASGI wrapper: ``Server-Timing: app;dur=MS`` from the request's arrival to the response start."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+
+        async def timed(message):
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - start) * 1000
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"server-timing", f"app;dur={ms:.2f}".encode())]}
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+
+def serve(url: str, port: int) -> None:
+    import uvicorn
+
+    from draftscope import db
+    from draftscope.settings import Settings
+    from draftscope.web import create_app
+
+    db.upgrade(url)
+    uvicorn.run(ServerTiming(create_app(Settings(database_url=url))), host="127.0.0.1", port=port,
+                log_level="warning")
+
+
+def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, bytes, float, float]:
+    """Status, body, wall seconds, server seconds (Server-Timing; NaN without it)."""
     t = time.perf_counter()
     conn.request("GET", path)
     response = conn.getresponse()
     body = response.read()
-    return response.status, body, time.perf_counter() - t
+    wall = time.perf_counter() - t
+    timing = re.search(r"dur=([0-9.]+)", response.getheader("server-timing") or "")
+    return response.status, body, wall, float(timing.group(1)) / 1000 if timing else float("nan")
 
 
 def weight(conn: http.client.HTTPConnection, html: bytes) -> int:
     """Bytes of the JS and CSS a page links from /static/."""
     total = 0
     for path in sorted(set(re.findall(rb'(?:src|href)="(/static/[^"]+\.(?:js|css))"', html))):
-        status, body, _ = get(conn, path.decode())
+        status, body, _, _ = get(conn, path.decode())
         total += len(body) if status == 200 else 0
     return total
 
@@ -164,35 +202,49 @@ def weight(conn: http.client.HTTPConnection, html: bytes) -> int:
 def wait_for(conn: http.client.HTTPConnection, run_id: str, steps: int, timeout_s: float) -> float:
     start = time.perf_counter()
     while time.perf_counter() - start < timeout_s:
-        status, body, _ = get(conn, f"/api/v1/runs/{run_id}")
+        status, body, _, _ = get(conn, f"/api/v1/runs/{run_id}")
         if status == 200 and orjson.loads(body)["summary"]["acceptance"]["verify_steps"] >= steps:
             return time.perf_counter() - start
         time.sleep(0.5)
     raise SystemExit(f"the dashboard's aggregates did not reach {steps} steps in {timeout_s} s")
 
 
-def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int) -> None:
-    times: dict[str, list[float]] = {name: [] for name in pages}
-    info: dict[str, tuple[int, int, int]] = {}
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[18] if len(values) >= 2 else values[0]
+
+
+def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int, live_pid: int) -> None:
+    """Round-robin over ``pages``; rounds alternate between the live run posting and paused."""
+    server = {(name, busy): [] for name in pages for busy in (True, False)}
+    wall: dict[str, list[float]] = {name: [] for name in pages}
+    info: dict[str, tuple[int, int, int, float]] = {}
     for name, path in pages.items():
-        status, body, first = get(conn, path)
-        info[name] = (status, len(body), weight(conn, body) if status == 200 else 0)
-        times[name].append(first)
-    for _ in range(rounds - 1):
+        status, body, _, s = get(conn, path)
+        info[name] = (status, len(body), weight(conn, body) if status == 200 else 0, s * 1000)
+    for r in range(rounds):
+        busy = r % 2 == 0
+        os.killpg(live_pid, signal.SIGCONT if busy else signal.SIGSTOP)
+        time.sleep(0.5)
         for name, path in pages.items():
             if info[name][0] == 200:
-                times[name].append(get(conn, path)[2])
-    print(f"\n{'page':<22} {'path':<48} {'status':>6} {'first':>7} {'p50':>7} {'p95':>7} {'max':>7}"
-          f" {'HTML':>9} {'JS+CSS':>9} {'total':>9}")
+                _, _, w, s = get(conn, path)
+                server[name, busy].append(s * 1000)
+                wall[name].append(w * 1000)
+    os.killpg(live_pid, signal.SIGCONT)
+    print(f"\n{'page':<16} {'path':<40} {'status':>6} {'first':>6} {'p50':>6} {'p95':>6} {'max':>6}"
+          f" {'idle50':>6} {'idle95':>6} {'wall95':>6} {'HTML':>9} {'JS+CSS':>8}")
     for name, path in pages.items():
-        status, html, assets = info[name]
-        first, ms = times[name][0] * 1000, sorted(t * 1000 for t in times[name][1:]) or [float("nan")]
-        p95 = statistics.quantiles(ms, n=20)[18] if len(ms) >= 2 else ms[0]
-        shown = path if len(path) <= 48 else path[:45] + "..."
-        print(f"{name:<22} {shown:<48} {status:>6} {first:>7.0f} {statistics.median(ms):>7.0f}"
-              f" {p95:>7.0f} {ms[-1]:>7.0f} {html:>9,} {assets:>9,} {html + assets:>9,}")
-    print(f"(ms: wall time of each GET on loopback; first: the first load, p50/p95/max over the "
-          f"next {rounds - 1}; bytes: the response, and the /static/ JS+CSS it links)")
+        status, html, assets, first = info[name]
+        busy, idle = sorted(server[name, True]) or [float("nan")], sorted(server[name, False]) or [float("nan")]
+        walls = sorted(wall[name]) or [float("nan")]
+        shown = path if len(path) <= 40 else path[:37] + "..."
+        print(f"{name:<16} {shown:<40} {status:>6} {first:>6.0f} {statistics.median(busy):>6.0f}"
+              f" {p95(busy):>6.0f} {busy[-1]:>6.0f} {statistics.median(idle):>6.0f} {p95(idle):>6.0f}"
+              f" {p95(walls):>6.0f} {html:>9,} {assets:>8,}")
+    print(f"(ms of server time (Server-Timing). first: the first load; p50/p95/max: {rounds // 2} "
+          f"loads while the live run is posted; idle50/idle95: {rounds - rounds // 2} loads with it "
+          "paused, interleaved; wall95: p95 of the wall time on loopback, all loads. Bytes: the "
+          "response; JS+CSS: the /static/ files it links)")
 
 
 def profile_queries(url: str, big: str, rid: str) -> None:
@@ -243,15 +295,18 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
     parser.add_argument("--store", type=Path, help="a folder a --keep run left: measure it, no fill")
     parser.add_argument("--live-run", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.live_run:
         ingest_forever(args.port, args.ingest_rows_s)
         return
+    if args.serve:
+        serve(args.serve, args.port)
+        return
     tmp = args.store or Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
     url, port = f"sqlite:///{tmp / 'pages.db'}", free_port()
-    draftscope = Path(sys.executable).with_name("draftscope")
-    server = subprocess.Popen([str(draftscope), "serve", "--db", url, "--port", str(port), "--upgrade"],
+    server = subprocess.Popen([sys.executable, __file__, "--serve", url, "--port", str(port)],
                               start_new_session=True)
     live = None
     try:
@@ -285,8 +340,8 @@ def main() -> None:
                  "api run": f"/api/v1/runs/{big}", "api runs": "/api/v1/runs"}
         print(f"live run {live_id}: posting ~{args.ingest_rows_s:,.0f} rows/s to the ingest API "
               f"while pages load; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        measure(conn, pages, args.rounds)
-        status, body, _ = get(conn, f"/api/v1/runs/{live_id}")
+        measure(conn, pages, args.rounds, live.pid)
+        status, body, _, _ = get(conn, f"/api/v1/runs/{live_id}")
         print(f"live run after the bench: {orjson.loads(body)['summary']['acceptance']['verify_steps']:,}"
               f" verify steps folded; load average {os.getloadavg()[0]:.1f}")
         profile_queries(url, big, rid)
