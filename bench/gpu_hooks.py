@@ -4,10 +4,10 @@
    (``merged_stats``, ``topk_list``) of each launch the hooks issue per iteration (verify aux hidden
    states with the target logits, the fc output, the seed and two step draft logits), pickled as the
    relay pickles them, equal those of the CPU path (``host_reduce.host_rows``) on the same rows (1e-4).
-2. Host time: ``testbed.gpu.hooks_path.HooksPath`` runs the hooks' whole per-iteration path (the real
-   ``Tracer`` methods: draft taps, verify, draft extend with the fc recompute and the device-side index
-   of the seed rows, totals) at batch 8 and 64, 1 request in 16 sampled, a thread pickling the queued
-   calls every 100 ms as the relay does. Paced as SGLang's overlap scheduler runs: each iteration first
+2. Host time: ``testbed.gpu.hooks_path.HooksPath`` runs the hooks' whole per-iteration path (one decode
+   iteration through the plugin's own hooks with the real ``Tracer``: draft taps, verify, draft extend
+   with the fc recompute and the draft seeds, result processing) at batch 8 and 64, 1 request in 16
+   sampled, a thread pickling the queued calls every 100 ms as the relay does. Paced as SGLang's overlap scheduler runs: each iteration first
    queues 3 ms of GPU work (``torch.cuda._sleep``, the model's forward), the hooks run while it is queued,
    and only then the host waits for the previous iteration's work. So the GPU is never idle when the hooks
    run and a hook that waited for it would show. Wall-clock microseconds of the hooks' host work per

@@ -1,11 +1,11 @@
 """The tracer hooks' work on sampled decode iterations, on CUDA tensors at production widths.
 
-``HooksPath`` drives the real ``Tracer`` methods the plugin's hooks call on one decode iteration of an
-EAGLE-3 chain draft (the same order and arguments as ``plugin.py``): draft input and two draft-step
-logits taps, the verify step (aux hidden states, target logits, token ids through ``HostInts``), the
-draft extend (``fc`` recomputed on the sampled rows, the seed logits indexed on the device) and the
-result processing's totals. SGLang's batch objects are plain namespaces holding device tensors shaped
-as SGLang 0.5.23 hands them to the hooks (``accept_lens`` on the host by result processing, as there).
+``HooksPath`` runs one decode iteration of an EAGLE-3 chain draft through the plugin's own AROUND hooks
+(``plugin.py``: draft, verify, draft extend, result processing) with the real ``Tracer``: whatever the
+hooks do on a sampled iteration (draft taps, the verify's summaries and token ids, the draft extend's
+``fc`` recompute and draft seeds, the totals) runs as in SGLang. SGLang's methods and batch objects are
+stand-ins holding device tensors shaped as SGLang 0.5.23 hands them to the hooks (``accept_lens`` on
+the host at result processing, as there).
 A thread plays the relay: every 100 ms it pickles the queued calls with the relay's own pickler
 (which waits for and decodes their summaries).
 
@@ -25,6 +25,7 @@ from typing import Dict, Optional
 
 import torch
 
+from tracer import plugin
 from tracer.config import TracerConfig
 from tracer.relay import POLL_S, _Pickler
 from tracer.runtime import Tracer
@@ -77,59 +78,96 @@ class _Relay:
         self._thread.join()
 
 
-class HooksPath:
-    """One batch of ``batch`` requests in decode; ``iteration()`` runs the hooks' work of one iteration."""
+class _Runner:
+    """SGLang's draft model runner, as far as the hooks see it: ``model``, and ``forward`` (a method of the
+    class, so that a tap set on the instance is undone by removing it)."""
 
-    def __init__(self, batch: int, sample_every: int = 16, sync_debug: bool = False, seed: int = 0):
+    def __init__(self, model):
+        self.model = model
+
+    def forward(self, out):
+        return out
+
+
+class HooksPath:
+    """One batch of ``batch`` requests in decode; ``iteration()`` runs one decode iteration through the
+    plugin's own AROUND hooks (``plugin.py``), each around a stand-in for SGLang's method that returns
+    what SGLang's does (and calls ``draft_runner.forward`` where SGLang's eager path does)."""
+
+    def __init__(self, batch: int, sample_every: int = 16, sync_debug: bool = False, seed: int = 0,
+                 device: str = "cuda"):
         torch.manual_seed(seed)
-        dev = torch.device("cuda")
+        dev = torch.device(device)
         self.tracer = t = Tracer(TracerConfig(file="/dev/null", sample_rate=1 / sample_every,
                                               sync_debug=sync_debug), "0.5.23")
         t.recording, t.target_hidden, t.num_draft_tokens = True, H, N
         self.relay = t.writer = _Relay()
-        reqs = [SimpleNamespace(rid=f"req-{i}") for i in range(batch)]
+        reqs = [SimpleNamespace(rid=f"req-{i}", is_retracted=False, finished=lambda: False) for i in range(batch)]
         t.live = {r.rid: 0 for r in reqs[::sample_every]}
         rows = batch * N
-        self.worker = SimpleNamespace(
-            topk=1, speculative_num_draft_tokens=N,
-            hot_token_id=torch.randint(0, V, (V_DRAFT,), device=dev),
-            draft_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(
-                fc=torch.nn.Linear(K * H, H, bias=False, device=dev, dtype=torch.bfloat16),
-                embed_tokens=SimpleNamespace(weight=torch.empty(V_DRAFT, H, device=dev, dtype=torch.bfloat16))))))
-        self.batch = SimpleNamespace(
-            reqs=reqs, forward_mode=_Mode(), seq_lens=torch.randint(16, 2048, (batch,), device=dev),
-            spec_info=SimpleNamespace(hidden_states=torch.randn(batch, H, device=dev, dtype=torch.bfloat16)))
+        bf16 = dict(device=dev, dtype=torch.bfloat16)
+        head = torch.nn.Linear(H, V_DRAFT, bias=False, **bf16)
+        model = SimpleNamespace(
+            model=SimpleNamespace(fc=torch.nn.Linear(K * H, H, bias=False, **bf16), norm=torch.nn.RMSNorm(H, **bf16),
+                                  embed_tokens=SimpleNamespace(weight=torch.empty(V_DRAFT, H, **bf16))),
+            lm_head=head, logits_processor=SimpleNamespace(  # what SGLang's LogitsProcessor offers
+                config=SimpleNamespace(vocab_size=V_DRAFT), do_tensor_parallel_all_gather=False, logit_scale=None,
+                final_logit_softcapping=None, _compute_lm_head=lambda x, lm_head: torch.matmul(x, lm_head.weight.T)))
+        logits_out = [SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.randn(n, V_DRAFT, device=dev)
+                                                                    * 4)) for n in (batch, batch, rows)]
+        self.worker = SimpleNamespace(topk=1, speculative_num_draft_tokens=N,
+                                      hot_token_id=torch.randint(0, V, (V_DRAFT,), device=dev),
+                                      draft_runner=_Runner(model))
+        self._forwards = logits_out
+        self.draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.verify_input = SimpleNamespace(draft_token_num=N, draft_token=torch.randint(0, V, (rows,), device=dev))
+        self.batch = SimpleNamespace(reqs=reqs, forward_mode=_Mode(), spec_info=self.draft_input,
+                                     seq_lens=torch.randint(16, 2048, (batch,), device=dev))
         accept = torch.randint(1, N + 1, (batch,), device=dev, dtype=torch.int32)
         self.result = SimpleNamespace(
-            accept_lens=accept, next_token_ids=torch.randint(0, V, (rows,), device=dev),
-            logits_output=SimpleNamespace(hidden_states=torch.randn(rows, K * H, device=dev, dtype=torch.bfloat16),
+            accept_lens=accept, next_token_ids=torch.randint(0, V, (rows,), device=dev), next_draft_input=None,
+            logits_output=SimpleNamespace(hidden_states=torch.randn(rows, K * H, **bf16),
                                           next_token_logits=torch.randn(rows, V, device=dev) * 4))
+        self.next_draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.result_on_host = SimpleNamespace(accept_lens=accept.cpu(), forward_mode=_Mode())
-        self.step_logits = [torch.randn(batch, V_DRAFT, device=dev) * 4 for _ in range(2)]
-        self.extend_logits = torch.randn(rows, V_DRAFT, device=dev) * 4
-        self.live_reqs = list(enumerate(reqs))
+        plugin.TRACER = t
+
+    # stand-ins for SGLang's worker methods (what the AROUND hooks wrap)
+    def _draft(self, worker, batch):
+        for out in self._forwards[:2]:  # the draft's eager steps 2..3 (tapped when the tracer taps them)
+            worker.draft_runner.forward(out)
+        batch.spec_info = self.verify_input
+
+    def _verify(self, worker, batch):
+        return self.result
+
+    def _draft_extend(self, worker, batch, batch_result):
+        worker.draft_runner.forward(self._forwards[2])
+        batch_result.next_draft_input = self.next_draft_input
+        batch.spec_info = self.draft_input
+
+    def _finish(self, scheduler, batch, result):
+        return None
 
     def iteration(self, stages: Optional[Dict[str, float]] = None) -> None:
-        """The tracer's work on one decode iteration, as the plugin's hooks call it; ``stages`` (if
-        given) adds up the host seconds of each hook."""
-        t, w, b = self.tracer, self.worker, self.batch
+        """The hooks of one decode iteration, in SGLang's order; ``stages`` (if given) adds up the host
+        seconds of each (the stand-ins for SGLang's methods cost next to nothing)."""
+        w, b = self.worker, self.batch
         clock = _Stages(stages)
-        rows = t.guard("draft", t.on_draft_input, w, b)
-        for logits in self.step_logits:
-            t.guard("draft", t.on_draft_step_logits, w, rows, logits)
-        clock("draft (input, 2 step logits)")
-        t.guard("verify", t.on_verify, b, self.verify_input, self.result)
+        plugin._around_draft(self._draft, w, b)
+        clock("draft")
+        plugin._around_verify(self._verify, w, b)
         clock("verify")
-        done, upcoming = t.guard("draft_extend", t.draft_extend_rows, b) or ([], [])
-        t.guard("draft_extend", t.on_draft_extend, w, b, self.result, self.extend_logits, done, upcoming)
-        clock("draft_extend (fc recompute, seed logits)")
-        t.guard("totals", t.count, b, self.result_on_host, self.live_reqs)
-        clock("totals")
+        plugin._around_draft_extend(self._draft_extend, w, b, self.result)
+        clock("draft_extend")
+        plugin._around_finish(self._finish, None, b, self.result_on_host)
+        clock("result processing")
 
     def close(self) -> dict:
         """Wait for the relay to read every call; the tracer's errors and drops, the relay's calls."""
         self.relay.drain()
+        if plugin.TRACER is self.tracer:
+            plugin.TRACER = None
         h = self.tracer.health
         return {"errors": dict(h.errors), "last_error": dict(h.last_error), "drops": dict(h.drops),
                 "relay_calls": self.relay.calls, "relay_error": self.relay.error}
