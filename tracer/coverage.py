@@ -8,9 +8,11 @@ never calls them: without these checks either would leave an empty run and no wo
 
 from __future__ import annotations
 
+import logging
 import pkgutil
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+log = logging.getLogger("draftscope.tracer")
 # Hooks on the speculative worker (``scheduler.draft_worker``) and on its draft worker.
 SPEC_HOOKS = ("verify",)
 DRAFT_HOOKS = ("draft", "prefill", "draft_extend")
@@ -98,3 +100,23 @@ def uncovered_message(tracing: Mapping[str, Any]) -> Optional[str]:
 def not_fired(expected: List[str], heartbeats: Mapping[str, int]) -> List[str]:
     """The hooks in ``expected`` that have not fired yet."""
     return [name for name in expected if not heartbeats.get(name)]
+
+
+def account_for(scheduler: Any, hooks: Mapping[str, Any]) -> Dict[str, Any]:
+    """:func:`check`, with one WARNING in SGLang's log for an uncovered worker and one for missing hooks."""
+    tracing = check(scheduler, hooks)
+    message = uncovered_message(tracing)
+    if message:
+        log.warning("draftscope: %s", message)
+    if tracing["hooks_not_applied"]:
+        log.warning("draftscope: SGLang did not apply the tracer's hooks %s (see \"Failed to apply hooks\" "
+                    "above): what they record is missing", ", ".join(tracing["hooks_not_applied"]))
+    return tracing
+
+
+def warn_not_fired(expected: List[str], heartbeats: Mapping[str, int], rid: str, verify_ct: int) -> None:
+    """The check after the first sampled request with verify steps: one WARNING naming hooks that never fired."""
+    missing = not_fired(expected, heartbeats)
+    if missing:
+        log.warning("draftscope: hooks %s never fired during sampled request %s (%d verify steps): "
+                    "their records are missing", ", ".join(missing), rid, verify_ct)

@@ -16,9 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 import traceback
 import uuid
@@ -26,15 +24,15 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import coverage
+from . import coverage, records, requests, wire
 from . import facts as facts_mod
-from . import records, wire
 from .config import TracerConfig
 from .devicecopy import HostInts, device_index, host_view, later_list
 from .health import Health
 from .recorder import Shared
 from .relay import Relay
 from .sampling import request_sampled, step_sampled
+from .shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from .summaries import Summaries
 
 log = logging.getLogger("draftscope.tracer")
@@ -43,7 +41,6 @@ ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are
 # PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
 # statistics, and draft.input in draft_extend when it is the verify's target.aux rows (recorded every step).
 PERIODIC_STEPS = 8
-SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM or a crash waits for the final flush
 
 
 class InjectedFault(RuntimeError):
@@ -80,7 +77,6 @@ class Tracer:
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
         self._hot: Optional[Shared] = None  # hot_token_id, sent to the recorder once
-        self._previous_sigterm: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------------
     def guard(self, probe: str, fn: Callable, *args) -> Any:
@@ -143,7 +139,8 @@ class Tracer:
         if not self.recording:
             return
         facts, run_fields = facts_mod.collect(scheduler, self.sglang_version)
-        facts["tracing"] = self._account_for_hooks(scheduler)
+        facts["tracing"] = coverage.account_for(scheduler, self.hooks)
+        self.expected_to_fire = facts["tracing"]["expected_to_fire"]
         self.run.update(run_fields, facts=facts)
         sink = open_sink(self.config, self.health.drop)  # the recorder opens its own: fail here, once, if unusable
         if sink is None:
@@ -152,7 +149,7 @@ class Tracer:
         sink.close()
         self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
-        self._chain_sigterm()
+        SigtermChain(self.close).install()
 
     def start_failed(self, scheduler, exc: BaseException) -> None:
         """The scheduler's workers failed to build (SGLang refused to start): write one run, ended
@@ -174,44 +171,6 @@ class Tracer:
                        "run_id": self.run_id, "sent_at": time.time(), "run": run})
         finally:
             sink.close()
-
-    def _account_for_hooks(self, scheduler) -> Dict[str, Any]:
-        """Which hooks SGLang applied and the running workers call; one log line for each gap."""
-        tracing = coverage.check(scheduler, self.hooks)
-        self.expected_to_fire = tracing["expected_to_fire"]
-        message = coverage.uncovered_message(tracing)
-        if message:
-            log.warning("draftscope: %s", message)
-        if tracing["hooks_not_applied"]:
-            log.warning("draftscope: SGLang did not apply the tracer's hooks %s (see \"Failed to apply hooks\" "
-                        "above): what they record is missing", ", ".join(tracing["hooks_not_applied"]))
-        return tracing
-
-    def _check_fired(self, rid: str, verify_ct: int) -> None:
-        """Once, when the first sampled request with verify steps finishes: the hooks that must have fired."""
-        missing = coverage.not_fired(self.expected_to_fire, self.health.heartbeats)
-        self.expected_to_fire = []
-        if missing:
-            log.warning("draftscope: hooks %s never fired during sampled request %s (%d verify steps): "
-                        "their records are missing", ", ".join(missing), rid, verify_ct)
-
-    def _chain_sigterm(self) -> None:
-        """On SIGTERM: final flush (at most ``SHUTDOWN_DEADLINE_S``), then the previous handler's turn."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; atexit still flushes
-        self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame) -> None:
-        try:
-            self.close("ended", SHUTDOWN_DEADLINE_S)
-        finally:
-            previous = self._previous_sigterm
-            if callable(previous):
-                previous(signum, frame)
-            elif previous != signal.SIG_IGN:  # SIG_DFL (or unknown): die of the signal as before
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
 
     def crashed(self, exc: BaseException) -> None:
         """The scheduler's event loop raised: flush what is there with status ``crashed``."""
@@ -370,44 +329,24 @@ class Tracer:
         acc = getattr(result, "accept_lens", None)
         if acc is None or not batch.forward_mode.is_decode() or not live_reqs:
             return
-        acc = acc.tolist()
-        proposed = (self.num_draft_tokens or 1) - 1
-        totals = self.totals
-        for i, r in live_reqs:
-            t = totals.get(r.rid)
-            if t is None:
-                t = totals[r.rid] = [0, 0, 0]
-            t[0] += 1
-            t[1] += acc[i] - 1
-            t[2] += proposed
+        requests.count(self.totals, acc.tolist(), live_reqs, self.num_draft_tokens)
 
     def on_finished(self, reqs) -> None:
         now = time.time()
         out = []
         for req in reqs:
             rid = req.rid
-            ct = int(getattr(req, "spec_verify_ct", 0))
-            reason = getattr(req, "finished_reason", None)
-            reason = facts_mod._safe(lambda: reason.to_json().get("type")) if reason is not None else None
             sampled = self.live.pop(rid, None) is not None
-            if sampled and ct and self.expected_to_fire:
-                self._check_fired(rid, ct)
-            traced = self.totals.pop(rid, [0, 0, 0])
-            info = {"rid": rid, "sampled": sampled,
-                    "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),
-                    "started_at": self.first_seen.pop(rid, None), "finished_at": now,
-                    "finish_reason": reason, "spec_verify_ct": ct,
-                    "spec_accepted_drafts": int(getattr(req, "spec_num_correct_drafts", 0)),
-                    "spec_proposed_drafts": ct * (self.num_draft_tokens - 1) if self.num_draft_tokens else None,
-                    "traced_verify_ct": traced[0], "traced_accepted_drafts": traced[1],
-                    "traced_proposed_drafts": traced[2] if self.num_draft_tokens else None}
-            if (traced[0], traced[1]) != (ct, info["spec_accepted_drafts"]):
-                self.health.failed("totals_mismatch", RuntimeError(
-                    f"{rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / "
-                    f"{info['spec_accepted_drafts']}"))
+            record, mismatch = requests.finished_record(req, sampled, self.totals.pop(rid, [0, 0, 0]),
+                                                        self.first_seen.pop(rid, None), self.num_draft_tokens, now)
+            if mismatch:
+                self.health.failed("totals_mismatch", RuntimeError(mismatch))
+            if sampled and record["spec_verify_ct"] and self.expected_to_fire:  # once, on the first such request
+                coverage.warn_not_fired(self.expected_to_fire, self.health.heartbeats, rid, record["spec_verify_ct"])
+                self.expected_to_fire = []
             self.draft_seed.pop(rid, None)
             self.draft_steps.pop(rid, None)
-            out.append({k: v for k, v in info.items() if v is not None})
+            out.append(record)
         if self.recording:
             self.submit("finish", records.finished, out)
 
