@@ -86,6 +86,20 @@ def test_traces_land_in_the_store_with_facts(traced):
     assert json.loads(health[2])["verify"] > 0
 
 
+def test_every_hook_accounted_for_and_every_step_stored(traced):
+    _, log_text, conn = traced
+    (facts,), = conn.execute("select facts from runs").fetchall()
+    assert json.loads(facts)["tracing"] == {
+        "worker_class": "EAGLEWorkerV2", "draft_worker_class": "EagleDraftWorker", "algorithm": "EAGLE3",
+        "covered": True, "hooks_not_applied": [], "hooks_not_reached": [],
+        "expected_to_fire": ["prefill", "draft", "verify", "draft_extend", "finish"]}
+    assert "never fired" not in log_text and "traces nothing" not in log_text
+    # a sampled request stores one verify step per step the tracer counted (what missing_steps reads)
+    rows = conn.execute("select r.traced_verify_ct, (select count(*) from verify_steps s where s.rid = r.rid) "
+                        "from requests r where r.sampled").fetchall()
+    assert rows and all(counted == stored for counted, stored in rows), rows
+
+
 def test_per_request_totals_equal_sglang_counters(traced):
     outs, _, conn = traced
     rows = {r[0]: r[1:] for r in conn.execute(
