@@ -483,7 +483,7 @@ RUN_VIEW_REQUESTS = 100
 def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     """Everything ``GET /api/v1/runs/{run_id}`` returns: the run, its findings, latest health, the
     summary (``run_summary``), the first ``RUN_VIEW_REQUESTS`` requests (``run_requests_page``),
-    ``requests_total``, ``orphan_requests`` and ``last_batch_at``."""
+    ``requests_total``, ``orphan_requests``, ``last_batch_at`` and ``imported`` (``imported_from``)."""
     run = get_run(conn, run_id)
     if run is None:
         raise NotFound(f"No run {run_id!r} is stored. The runs list at / shows every stored run; "
@@ -491,7 +491,22 @@ def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     requests, total = run_requests_page(conn, run_id, limit=RUN_VIEW_REQUESTS)
     return {"run": run, "findings": run_findings(conn, run_id), "health": latest_health(conn, run_id),
             "summary": run_summary(conn, run_id), "requests": requests, "requests_total": total,
-            "orphan_requests": orphan_requests(conn, run_id), "last_batch_at": last_batch_at(conn, run_id)}
+            "orphan_requests": orphan_requests(conn, run_id), "last_batch_at": last_batch_at(conn, run_id),
+            "imported": imported_from(conn, run_id)}
+
+
+def imported_from(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
+    """Where an imported run came from: the bundle's origin (file or upload name), sha256, import
+    time, and who made it when (manifest ``created_by``, ``created_at``); None for a traced run."""
+    I = models.BundleImport.__table__
+    row = conn.execute(sa.select(I.c.origin, I.c.sha256, I.c.imported_at, I.c.manifest)
+                       .where(I.c.run_id == run_id)).mappings().first()
+    if row is None:
+        return None
+    manifest = row["manifest"]
+    return {"origin": row["origin"], "sha256": row["sha256"], "imported_at": row["imported_at"],
+            "created_by": manifest.get("created_by"), "created_at": manifest.get("created_at"),
+            "requests": manifest.get("requests")}
 
 
 def request_view(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any]:

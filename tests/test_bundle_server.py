@@ -8,6 +8,7 @@ generated text only with ``--include-text``. Also through the CLI and the dashbo
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -101,6 +102,8 @@ def _twins(url: str, run_id: str) -> tuple[dict, dict]:
         requests = {r["rid"]: client.get(f"/api/v1/runs/{run_id}/requests/{r['rid']}").json()
                     for r in run["requests"]}
     run.pop("last_batch_at")  # when data arrived in this store, not a property of the run
+    imported = run.pop("imported")
+    assert imported is None or imported["origin"] == "aux-off.zip"
     run["summary"].pop("updated_at")
     run["findings"] = sorted(({k: v for k, v in f.items() if k not in ("id", "at")}
                               for f in run["findings"]), key=json.dumps)
@@ -231,3 +234,6 @@ def test_download_and_upload_through_the_dashboard(traced, store_url) -> None:
         assert good.status_code == 200 and f"/runs/{traced.run_id}" in good.text
         page = target.get(f"/runs/{traced.run_id}")
         assert page.status_code == 200 and "fc-bypassed" in page.text
+        twin = target.get(f"/api/v1/runs/{traced.run_id}").json()
+    assert twin["run"]["source"] == "bundle" and twin["imported"]["origin"] == "upload aux-off.zip"
+    assert twin["imported"]["sha256"] == hashlib.sha256(whole.content).hexdigest()

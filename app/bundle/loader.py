@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from draftscope import models
 from draftscope.analyze import analyze_in
 from draftscope.bundle import format as fmt
-from draftscope.bundle.reader import Bundle, BundleError
+from draftscope.bundle.reader import Bundle, BundleError, gc_paused
 from draftscope.ingest import BatchWriter, IngestError
 from draftscope.wire_schema import FastBatch
 from draftscope_tracer import wire
@@ -47,12 +47,13 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
             return ImportResult("already imported", bundle.run_id, bundle.sha256, counts)
         _refuse_known_run(conn, bundle.run_id)
         try:
-            for batch in _batches(bundle):
-                if writer.store(conn, batch).status != "stored":
-                    raise BundleError(f"Batch {batch.batch_id} of this bundle is already stored; "
-                                      "nothing was imported.")
-                if progress is not None:
-                    progress(sum(len(getattr(batch, k)) for k in fmt.BATCH_KEYS.values()))
+            with gc_paused():
+                for batch in _batches(bundle):
+                    if writer.store(conn, batch).status != "stored":
+                        raise BundleError(f"Batch {batch.batch_id} of this bundle is already "
+                                          "stored; nothing was imported.")
+                    if progress is not None:
+                        progress(sum(len(getattr(batch, k)) for k in fmt.BATCH_KEYS.values()))
         except IngestError as exc:
             raise BundleError(f"The bundle's records do not fit the store: {exc.message}") from None
         conn.execute(_IMPORTS.insert().values(

@@ -8,9 +8,12 @@ record against the wire schema. Any problem raises ``BundleError`` naming it.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import stat
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import IO, Any, get_args
@@ -61,15 +64,19 @@ def read_bundle(file: IO[bytes], limits: fmt.Limits | None = None) -> Bundle:
     with archive:
         infos = _check_directory(archive, limits)
         manifest = _read_manifest(archive, infos, limits)
-        data = _read_members(archive, infos, manifest)
-    records = {table: _parse_lines(name, data[name], table)
-               for table, name in fmt.TABLE_MEMBERS.items()}
+        _check_listing(infos, manifest)
+        for name in sorted(set(infos) - {fmt.MANIFEST, fmt.RUN, *fmt.TABLE_MEMBERS.values()}):
+            _member(archive, infos[name], manifest)  # README.md, text.jsonl: checked, not stored
+        with gc_paused():  # millions of small objects: the collector would rescan them all
+            run = _parse_run(_member(archive, infos[fmt.RUN], manifest))
+            records = {table: _parse_lines(name, _member(archive, infos[name], manifest), table)
+                       for table, name in fmt.TABLE_MEMBERS.items()}
     for table, rows in records.items():
         if manifest.counts.get(table) != len(rows):
             raise BundleError(f"{fmt.TABLE_MEMBERS[table]} holds {len(rows)} records but the "
                               f"manifest counts {manifest.counts.get(table)}: the bundle is "
                               "inconsistent. Export it again.")
-    return Bundle(sha256, manifest, _parse_run(data[fmt.RUN]), records)
+    return Bundle(sha256, manifest, run, records)
 
 
 def _file_sha256(file: IO[bytes]) -> str:
@@ -177,9 +184,8 @@ def _read_manifest(archive: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo],
     return manifest
 
 
-def _read_members(archive: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo],
-                  manifest: fmt.Manifest) -> dict[str, bytes]:
-    """Every member but the manifest, each checked against its manifest size and sha256."""
+def _check_listing(infos: dict[str, zipfile.ZipInfo], manifest: fmt.Manifest) -> None:
+    """The archive holds the required members, and exactly the members the manifest lists."""
     present = set(infos) - {fmt.MANIFEST}
     listed = set(manifest.members)
     for name in sorted(set(fmt.REQUIRED_MEMBERS) - {fmt.MANIFEST} - present):
@@ -188,15 +194,28 @@ def _read_members(archive: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo],
         where = "the manifest lists it but the archive lacks it" if name in listed \
             else "the archive holds it but the manifest does not list it"
         raise BundleError(f"Member {name!r}: {where}. The bundle was altered; export it again.")
-    data = {}
-    for name in sorted(present):
-        body, expected = _read(archive, infos[name]), manifest.members[name]
-        if len(body) != expected.size or hashlib.sha256(body).hexdigest() != expected.sha256:
-            raise BundleError(f"Member {name!r} does not match its sha256 in the manifest "
-                              f"({len(body)} bytes, manifest says {expected.size}): the bundle "
-                              "was altered or damaged. Export it again.")
-        data[name] = body
-    return data
+
+
+def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, manifest: fmt.Manifest) -> bytes:
+    """A member's bytes, once they match its size and sha256 in the manifest."""
+    body, expected = _read(archive, info), manifest.members[info.filename]
+    if len(body) != expected.size or hashlib.sha256(body).hexdigest() != expected.sha256:
+        raise BundleError(f"Member {info.filename!r} does not match its sha256 in the manifest "
+                          f"({len(body)} bytes, manifest says {expected.size}): the bundle was "
+                          "altered or damaged. Export it again.")
+    return body
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a block that builds many objects and no cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _errors(exc: pydantic.ValidationError, shown: int = 5) -> str:
