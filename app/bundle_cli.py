@@ -62,8 +62,9 @@ def import_bundles(url: str, paths: list[Path]) -> int:
             try:
                 with path.open("rb") as file:
                     bundle = read_bundle(file)
-                with _progress(f"importing {path.name}", sum(bundle.manifest.counts.values())) as advance:
-                    result = store_bundle(writer, bundle, origin=path.name, progress=advance)
+                    total = sum(bundle.manifest.counts.values())
+                    with _progress(f"importing {path.name}", total) as advance:
+                        result = store_bundle(writer, bundle, origin=path.name, progress=advance)
             except BundleError as exc:
                 typer.echo(f"{path}: {exc} Nothing was imported.", err=True)
                 failed += 1

@@ -40,7 +40,7 @@ class ImportResult:
 def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
                  progress: Callable[[int], None] | None = None) -> ImportResult:
     """Store ``bundle`` as one run marked imported from ``origin``; raises BundleError."""
-    counts = {t: len(rows) for t, rows in bundle.records.items()}
+    counts = dict(bundle.manifest.counts)
     with writer.transaction() as conn:
         if conn.execute(sa.select(_IMPORTS.c.sha256)
                         .where(_IMPORTS.c.sha256 == bundle.sha256)).first() is not None:
@@ -48,7 +48,7 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
         _refuse_known_run(conn, bundle.run_id)
         try:
             with gc_paused():
-                for batch in _batches(bundle):
+                for batch in _batches(bundle):  # reads the records again (checksums too)
                     if writer.store(conn, batch).status != "stored":
                         raise BundleError(f"Batch {batch.batch_id} of this bundle is already "
                                           "stored; nothing was imported.")
@@ -89,7 +89,5 @@ def _batches(bundle: Bundle) -> Iterator[Any]:
                          **records)
 
     yield batch(run)
-    for table, key in fmt.BATCH_KEYS.items():
-        rows = bundle.records[table]
-        for start in range(0, len(rows), RECORDS_PER_BATCH):
-            yield batch(**{key: rows[start:start + RECORDS_PER_BATCH]})
+    for table, records in bundle.chunks(RECORDS_PER_BATCH):
+        yield batch(**{fmt.BATCH_KEYS[table]: records})

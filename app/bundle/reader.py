@@ -40,43 +40,53 @@ class BundleError(Exception):
 
 @dataclass
 class Bundle:
-    """A validated bundle: its manifest, run record and records, ready to store."""
+    """A validated bundle: its manifest and run record; ``chunks`` reads its records again."""
 
     sha256: str
     manifest: fmt.Manifest
     run: Any  # the wire RunRecord (msgspec struct)
-    records: dict[str, list[Any]]  # store table -> wire records (msgspec structs)
+    file: IO[bytes]  # the bundle, kept open by the caller until it is stored
 
     @property
     def run_id(self) -> str:
         return self.manifest.run_id
 
+    def chunks(self, size: int) -> Iterator[tuple[str, list[Any]]]:
+        """(store table, up to ``size`` wire records) for every record, table by table, read and
+        checked against the manifest again (the file is read twice; memory holds one chunk)."""
+        with _open(self.file) as archive:
+            for table, name in fmt.TABLE_MEMBERS.items():
+                yield from ((table, chunk) for chunk in
+                            _records(archive, archive.getinfo(name), self.manifest, table, size))
+
 
 def read_bundle(file: IO[bytes], limits: fmt.Limits | None = None) -> Bundle:
-    """Validate the bundle in the seekable binary ``file``; raises BundleError."""
+    """Validate the bundle in the seekable binary ``file`` (all of it: every record is decoded
+    and checked, then let go); raises BundleError."""
     limits = limits or fmt.Limits()
     sha256 = _file_sha256(file)
-    try:
-        archive = zipfile.ZipFile(file)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
-        raise BundleError(f"Not a readable zip archive ({exc}): the file is truncated or is not a "
-                          "draftscope bundle. Download or export it again.") from None
-    with archive:
+    with _open(file) as archive:
         infos = _check_directory(archive, limits)
         manifest = _read_manifest(archive, infos, limits)
         _check_listing(infos, manifest)
         for name in sorted(set(infos) - {fmt.MANIFEST, fmt.RUN, *fmt.TABLE_MEMBERS.values()}):
             _member(archive, infos[name], manifest)  # README.md, text.jsonl: checked, not stored
-        with gc_paused():  # millions of small objects: the collector would rescan them all
-            run = _parse_run(_member(archive, infos[fmt.RUN], manifest))
-            records = {table: _parse_lines(name, _member(archive, infos[name], manifest), table)
-                       for table, name in fmt.TABLE_MEMBERS.items()}
-    for table, rows in records.items():
-        if manifest.counts.get(table) != len(rows):
-            raise BundleError(f"{fmt.TABLE_MEMBERS[table]} holds {len(rows)} records but the "
-                              f"manifest counts {manifest.counts.get(table)}: the bundle is "
-                              "inconsistent. Export it again.")
-    return Bundle(sha256, manifest, run, records)
+        run = _parse_run(_member(archive, infos[fmt.RUN], manifest))
+        for table, name in fmt.TABLE_MEMBERS.items():
+            count = sum(len(chunk) for chunk in _records(archive, infos[name], manifest, table))
+            if manifest.counts.get(table) != count:
+                raise BundleError(f"{name} holds {count} records but the manifest counts "
+                                  f"{manifest.counts.get(table)}: the bundle is inconsistent. "
+                                  "Export it again.")
+    return Bundle(sha256, manifest, run, file)
+
+
+def _open(file: IO[bytes]) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(file)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+        raise BundleError(f"Not a readable zip archive ({exc}): the file is truncated or is not a "
+                          "draftscope bundle. Download or export it again.") from None
 
 
 def _file_sha256(file: IO[bytes]) -> str:
@@ -239,18 +249,44 @@ def _parse_run(body: bytes) -> Any:
                           f"(draftscope_tracer/wire.py RunRecord): {detail}.") from None
 
 
-def _parse_lines(name: str, body: bytes, table: str) -> list[Any]:
-    """The records of one JSON-lines member; a bad line is named by its number."""
-    lines = body.splitlines()
-    if lines and not lines[-1].strip():
-        lines.pop()
-    struct = _FAST_RECORDS[table]
+def _records(archive: zipfile.ZipFile, info: zipfile.ZipInfo, manifest: fmt.Manifest, table: str,
+             size: int = 20_000) -> Iterator[list[Any]]:
+    """The records of one JSON-lines member, ``size`` lines at a time; a bad line is named by its
+    number. The member's size and sha256 are checked against the manifest once it is read."""
+    digest, total, number, lines = hashlib.sha256(), 0, 0, []
     try:
-        return msgspec.json.decode(b"[" + b",".join(lines) + b"]", type=list[struct])
-    except msgspec.DecodeError:
-        pass
+        with archive.open(info) as member:
+            for line in member:
+                digest.update(line)
+                total += len(line)
+                if line.strip():
+                    lines.append(line)
+                if len(lines) == size:
+                    yield _decode(info.filename, lines, number, table)
+                    number += len(lines)
+                    lines = []
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise BundleError(f"Member {info.filename!r} cannot be read ({exc}): the bundle is "
+                          "corrupt or truncated. Export it again.") from None
+    expected = manifest.members[info.filename]
+    if total != expected.size or digest.hexdigest() != expected.sha256:
+        raise BundleError(f"Member {info.filename!r} does not match its sha256 in the manifest "
+                          f"({total} bytes, manifest says {expected.size}): the bundle was "
+                          "altered or damaged. Export it again.")
+    if lines:
+        yield _decode(info.filename, lines, number, table)
+
+
+def _decode(name: str, lines: list[bytes], before: int, table: str) -> list[Any]:
+    """Lines ``before + 1 ...`` of member ``name`` as wire records of ``table``."""
+    struct = _FAST_RECORDS[table]
+    with gc_paused():  # many small objects and no cycles: the collector would rescan them all
+        try:
+            return msgspec.json.decode(b"[" + b",".join(lines) + b"]", type=list[struct])
+        except msgspec.DecodeError:
+            pass
     records = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=before + 1):
         try:
             records.append(msgspec.json.decode(line, type=struct))
             continue
