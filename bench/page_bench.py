@@ -14,8 +14,9 @@
    prints p50 / p95 / max of the server time, rounds alternating between the live run posting and
    paused (SIGSTOP), the p95 of the wall time on loopback, and the page weight: HTML bytes, plus
    the JS and CSS files it links from /static/ (each counted once).
-5. Where the time goes: the CPU time of each data-layer query behind the pages, called in this
-   process on the same store (the best of 5), which machine load inflates far less than wall time.
+5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
+   paused), and the CPU time of each data-layer query behind the pages, called in this process on
+   the same store (the best of 5); machine load inflates CPU time far less than wall time.
 
     .venv/bin/python bench/page_bench.py --keep               # 10,000 requests, 1,000,000 steps
     .venv/bin/python bench/page_bench.py --store DIR          # again on a kept store (no fill)
@@ -213,9 +214,18 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[18] if len(values) >= 2 else values[0]
 
 
-def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int, live_pid: int) -> None:
-    """Round-robin over ``pages``; rounds alternate between the live run posting and paused."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int, live_pid: int,
+            server_pid: int) -> None:
+    """Round-robin over ``pages``; rounds alternate between the live run posting and paused. While
+    paused, the dashboard process's CPU time is summed per page (its other threads idle then)."""
     server = {(name, busy): [] for name in pages for busy in (True, False)}
+    cpu = {name: 0.0 for name in pages}
     wall: dict[str, list[float]] = {name: [] for name in pages}
     info: dict[str, tuple[int, int, int, float]] = {}
     for name, path in pages.items():
@@ -227,12 +237,15 @@ def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int
         time.sleep(0.5)
         for name, path in pages.items():
             if info[name][0] == 200:
+                before = cpu_seconds(server_pid)
                 _, _, w, s = get(conn, path)
+                if not busy:
+                    cpu[name] += cpu_seconds(server_pid) - before
                 server[name, busy].append(s * 1000)
                 wall[name].append(w * 1000)
     os.killpg(live_pid, signal.SIGCONT)
     print(f"\n{'page':<16} {'path':<40} {'status':>6} {'first':>6} {'p50':>6} {'p95':>6} {'max':>6}"
-          f" {'idle50':>6} {'idle95':>6} {'wall95':>6} {'HTML':>9} {'JS+CSS':>8}")
+          f" {'idle50':>6} {'idle95':>6} {'cpu':>5} {'wall95':>6} {'HTML':>9} {'JS+CSS':>8}")
     for name, path in pages.items():
         status, html, assets, first = info[name]
         busy, idle = sorted(server[name, True]) or [float("nan")], sorted(server[name, False]) or [float("nan")]
@@ -240,11 +253,13 @@ def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int
         shown = path if len(path) <= 40 else path[:37] + "..."
         print(f"{name:<16} {shown:<40} {status:>6} {first:>6.0f} {statistics.median(busy):>6.0f}"
               f" {p95(busy):>6.0f} {busy[-1]:>6.0f} {statistics.median(idle):>6.0f} {p95(idle):>6.0f}"
-              f" {p95(walls):>6.0f} {html:>9,} {assets:>8,}")
+              f" {cpu[name] * 1000 / max(1, len(server[name, False])):>5.0f} {p95(walls):>6.0f}"
+              f" {html:>9,} {assets:>8,}")
     print(f"(ms of server time (Server-Timing). first: the first load; p50/p95/max: {rounds // 2} "
           f"loads while the live run is posted; idle50/idle95: {rounds - rounds // 2} loads with it "
-          "paused, interleaved; wall95: p95 of the wall time on loopback, all loads. Bytes: the "
-          "response; JS+CSS: the /static/ files it links)")
+          "paused, interleaved; cpu: the dashboard process's CPU ms per load while paused; wall95: "
+          "p95 of the wall time on loopback, all loads. Bytes: the response; JS+CSS: the /static/ "
+          "files it links)")
 
 
 def profile_queries(url: str, big: str, rid: str) -> None:
@@ -340,7 +355,7 @@ def main() -> None:
                  "api run": f"/api/v1/runs/{big}", "api runs": "/api/v1/runs"}
         print(f"live run {live_id}: posting ~{args.ingest_rows_s:,.0f} rows/s to the ingest API "
               f"while pages load; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        measure(conn, pages, args.rounds, live.pid)
+        measure(conn, pages, args.rounds, live.pid, server.pid)
         status, body, _, _ = get(conn, f"/api/v1/runs/{live_id}")
         print(f"live run after the bench: {orjson.loads(body)['summary']['acceptance']['verify_steps']:,}"
               f" verify steps folded; load average {os.getloadavg()[0]:.1f}")
