@@ -34,7 +34,7 @@ def test_hooks_path_never_synchronises_with_gpu_work_queued_ahead(cycles_per_ms)
     gpu_busy = not torch.cuda.current_stream().query()
     report = path.close()
     assert report["errors"] == {} and report["relay_error"] is None, report
-    assert report["relay_calls"] >= 16 * 5, report
+    assert report["relay_calls"] >= 16 * 3, report  # verify, draft extend, draft seeds: each iteration
     assert gpu_busy, "the GPU finished its queued work before the hooks did: something on the path waited for it"
 
 
