@@ -175,6 +175,7 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
     diff = combine(static, spec_diff(run, summary, stats))
     return {"run": run, "summary": summary, "findings": findings, "diff": diff,
             "feature_stats": stats, "health": queries.latest_health(conn, run_id),
+            "imported": queries.imported_from(conn, run_id),
             "reconcile": _reconcile(summary.get("acceptance") or {})}
 
 
