@@ -31,6 +31,8 @@ def test_upload_a_bundle_and_see_the_run(page, demo_db, demo_runs, empty_dashboa
     page.click(f"#import-result a[href='/runs/{demo_runs['aux-off']}']")
     page.wait_for_selector("#diagnosis")
     assert "fc-bypassed" in page.locator("#diagnosis").inner_text()
+    assert "Imported from" in page.inner_text("main") and "imported" in page.inner_text("h1")
+    assert "mismatch" in page.locator("#spec-diff tr[data-key='input_prefill']").get_attribute("class")
 
 
 def test_a_broken_bundle_is_refused_inline(page, empty_dashboard, tmp_path):
