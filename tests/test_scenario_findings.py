@@ -104,8 +104,8 @@ def first_finding_on_run_page(url: str, run_id: str) -> tuple[str, str] | None:
         settle(client)
         page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200, page.text[:500]
-    found = re.search(r'<div class="finding (\w+)">\s*<strong[^>]*>\w+</strong> <code>([\w-]+)</code>',
-                      page.text)
+    found = re.search(r'<(?:div|details) class="finding (\w+)[^"]*">\s*(?:<summary>)?'
+                      r'<span class="badge \w+">\w+</span> <code>([\w-]+)</code>', page.text)
     return (found.group(1), found.group(2)) if found else None
 
 
