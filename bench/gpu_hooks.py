@@ -12,6 +12,7 @@
    and only then the host waits for the previous iteration's work. So the GPU is never idle when the hooks
    run and a hook that waited for it would show. Wall-clock microseconds of the hooks' host work per
    iteration: median and 90th percentile of 300 iterations after 30 warm-up ones, and where it goes.
+3. What single CUDA calls from Python cost on the host (GPU idle, median of 500): the parts of 2.
 
     python bench/gpu_hooks.py        # JSON also to $OUT/gpu_hooks.json if OUT is set
 
@@ -94,6 +95,42 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
             "iterations_gpu_busy_after_hooks": busy, "drops": health["drops"]}
 
 
+def call_costs() -> dict:
+    """Host microseconds of single CUDA calls from Python (median of 500, GPU idle): what the hooks'
+    path is made of."""
+    dev = torch.device("cuda")
+    pinned = torch.empty(16, dtype=torch.int64, pin_memory=True)
+    rows = torch.arange(16, device=dev)
+    logits = torch.randn(256, V_DRAFT, device=dev)
+    event = torch.cuda.Event()
+    summaries, hidden, target = Summaries(Health(), topk=8), torch.randn(256, K * H, device=dev,
+                                                                         dtype=torch.bfloat16), torch.randn(256, V, device=dev)
+    pending = []
+    calls = {"pinned host tensor": lambda: torch.empty(16, dtype=torch.int64, pin_memory=True),
+             "non-blocking copy to the device": lambda: pinned.to(dev, non_blocking=True),
+             "index_select": lambda: logits.index_select(0, rows),
+             "event record": event.record,
+             "one summary launch (verify shapes)": lambda: pending.append(
+                 summaries.launch(hidden, range(16), chunk_width=H, logits=target))}
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(500 if "summary" not in name else 100):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            if len(pending) >= 64:
+                [p.result() for p in pending]
+                pending.clear()
+        out[name] = round(1e6 * statistics.median(times), 1)
+        [p.result() for p in pending]
+        pending.clear()
+    return out
+
+
 def main() -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -127,6 +164,8 @@ def main() -> None:
             if not close(records(g, groups, chunks), records(c, groups, chunks)):
                 raise SystemExit(f"batch {batch}: GPU records differ from the CPU path's")
         print(f"batch {batch}: records equal the CPU path's", flush=True)
+    results["host_us_per_call"] = call_costs()
+    print(f"host us per CUDA call from Python: {results['host_us_per_call']}", flush=True)
     cycles = gpu_sleep_cycles_per_ms()
     for batch in (8, 64):
         results[f"batch {batch}"] = host_time(batch, cycles)
