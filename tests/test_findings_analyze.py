@@ -76,3 +76,8 @@ def test_analyze_healthy_collapse_is_quality(store_url):
         rows = session.exec(select(models.Finding).where(models.Finding.run_id == run_id)).all()
     assert [f.rule_id for f in found] == ["acceptance-collapse-quality"] == [f.rule_id for f in again]
     assert [r.rule_id for r in rows] == ["acceptance-collapse-quality"]
+    first_ids = [r.id for r in rows]
+    refresh_run(engine, run_id)  # an unchanged diagnosis keeps its rows (ids, times)
+    with Session(engine) as session:
+        assert [r.id for r in session.exec(select(models.Finding)
+                                           .where(models.Finding.run_id == run_id)).all()] == first_ids

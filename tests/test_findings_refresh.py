@@ -65,3 +65,20 @@ def test_batches_the_tracer_wrote_straight_into_the_store_are_diagnosed(client, 
     assert "fc-bypassed" in _rules(client, run_id)
     listed = {r["id"]: r for r in client.get("/api/v1/runs").json()}
     assert listed[run_id]["worst_rule_id"] == "fc-bypassed" and listed[run_id]["samples_count"] == 1
+
+
+def test_a_busy_run_is_refreshed_at_most_once_per_debounce() -> None:
+    from draftscope.refresh import RunRefresher
+
+    engine = sa.create_engine("sqlite://")
+    try:
+        refresher = RunRefresher(engine, debounce_s=3600)  # its thread is not started: no timing
+        refresher.notify("run-a")
+        assert refresher._take(force=False) == ["run-a"]
+        refresher.notify("run-a")
+        refresher.notify("run-b")
+        assert refresher._take(force=False) == ["run-b"]  # run-a waits out its debounce
+        assert refresher._take(force=True) == ["run-a"]  # drain() forces it
+        assert refresher._take(force=True) == []
+    finally:
+        engine.dispose()
