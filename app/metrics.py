@@ -29,10 +29,8 @@ METRICS_RUNS = 20  # runs with per-run series: the most recently started
 MAX_POSITIONS = 16  # draft positions 1..16; longer drafts' later positions are left out
 MAX_DROP_REASONS = 16
 SWAGGER_UI = "/static/swagger-ui-5.35.0"
-_RUNS = models.Run.__table__
 _STATS = models.RunStats.__table__
 _FINDINGS = models.Finding.__table__
-_HEALTH = models.TracerHealth.__table__
 _BATCHES = models.IngestBatch.__table__
 INGEST_TABLES = {"requests": "request_rows", "verify_steps": "step_rows",
                  "tensor_samples": "sample_rows", "tracer_health": "health_rows",

@@ -241,7 +241,6 @@ def last_batch_at(conn: sa.Connection, run_id: str) -> float | None:
 
 REQUEST_SORTS = ("started_at", "finished_at", "rid", "prompt_len", "output_len", "spec_verify_ct",
                  "accept_length", "finish_reason")
-REQUEST_STATUSES = "a finish_reason, or 'incomplete' (traced counters disagree with SGLang's)"
 
 
 def _differs() -> sa.ColumnElement:
@@ -313,7 +312,6 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
 
 
 MAX_TIME_BINS, MAX_SEQ_BINS = 200, 100
-NORM_SUMMARY_POINTS = ("target.aux[", "draft.fc.out")
 
 
 def _rebin(buckets: list[dict[str, Any]], limit: int) -> tuple[int, list[list[dict[str, Any]]]]:
