@@ -10,8 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from draftscope import db, importer
-from draftscope.doctor import doctor
+from draftscope import db, doctor, importer
 from draftscope.bundle_cli import export
 from draftscope.stats_cli import stats
 from draftscope.settings import Settings
@@ -146,15 +145,16 @@ def db_current(db_url: DbOption = None) -> None:
         raise typer.Exit(2)
 
 
-app.command("doctor")(doctor)
+@app.command("doctor", help=doctor.SUMMARY, add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def doctor_command(ctx: typer.Context) -> None:
+    # Standard-library code (so it runs from the base install): its arguments are doctor.parser()'s.
+    raise typer.Exit(doctor.main(ctx.args))
+
+
 app.command("stats")(stats)
 app.command("export")(export)
 
 
-def main() -> None:
-    """Console-script entry point (``draftscope``)."""
-    app()
-
-
 if __name__ == "__main__":
-    main()
+    app(prog_name="draftscope")

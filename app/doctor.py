@@ -1,14 +1,16 @@
-"""``draftscope doctor``: check a draft checkpoint against its target and SGLang, before serving."""
+"""``draftscope doctor``: check a draft checkpoint against its target and SGLang, before serving.
+
+Standard library only (plus numpy, through the spec reader), so that it runs from the base install
+inside an SGLang environment: the command line is argparse, the colours plain ANSI on a terminal.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from pathlib import Path
-from typing import Annotated
-
-import typer
-from rich.console import Console
-from rich.markup import escape
 
 from draftscope.findings import Finding, static_findings
 from draftscope.fix import FixError, apply_fixes
@@ -17,7 +19,8 @@ from draftscope.spec.sglang import format_server_args
 from draftscope.spec.describe import SpecRow, describe_spec, render_text
 from draftscope.spec.target import check_target_matches
 
-STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+SUMMARY = "Diagnose a draft + target pair for SGLang from headers and configs only (no weights loaded)."
+COLOURS = {"error": "1;31", "warning": "33", "info": "36", "ok": "32", "dim": "2", "bold": "1"}
 
 
 def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin: bool = False,
@@ -41,63 +44,71 @@ def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin
     return summary, static_findings(spec, target, exp)
 
 
-def doctor(
-    draft_dir: Annotated[Path, typer.Argument(help="Draft checkpoint directory (config.json + weights).")],
-    target: Annotated[Path, typer.Option("--target", help="Target model directory or its config.json.")],
-    engine: Annotated[str, typer.Option("--engine", help="Serving engine; only sglang for now.")] = "sglang",
-    server_args: Annotated[str, typer.Option("--server-args", help="SGLang launch flags, quoted.")] = "",
-    allow_bin: Annotated[bool, typer.Option("--allow-bin", help="Read *.bin with torch.load(weights_only=True).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    training_config: Annotated[Path | None, typer.Option(
-        "--training-config", help="The trainer's config (YAML or JSON), when it is not saved next "
-        "to the draft as training_config.yaml/.yml/.json.")] = None,
-    server_env: Annotated[list[str] | None, typer.Option(
-        "--server-env", metavar="NAME=VALUE", help="A variable of the server's environment that "
-        "changes what SGLang does at start (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, "
-        "SGLANG_IS_IN_CI); repeatable.")] = None,
-    fix: Annotated[Path | None, typer.Option(
-        "--fix", metavar="OUT_DIR", help="Write a corrected copy of the draft to OUT_DIR (a new or "
-        "empty directory) for every finding with a mechanical fix, print what changed and the "
-        "server flags to use, and diagnose the copy. The input is never edited.")] = None,
-) -> None:
-    """Diagnose a draft + target pair for SGLang from headers and configs only (no weights loaded).
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="draftscope doctor", description=SUMMARY + " Prints the spec first (the draft as "
+        "trained beside what SGLang will do), then the findings.",
+        epilog="Exit 0: no error findings in the input; 1: at least one error finding; 2: the input "
+        "could not be read or the fix could not be written.")
+    p.add_argument("draft_dir", type=Path, metavar="DRAFT_DIR",
+                   help="Draft checkpoint directory (config.json + weights).")
+    p.add_argument("--target", type=Path, required=True, help="Target model directory or its config.json.")
+    p.add_argument("--engine", default="sglang", help="Serving engine; only sglang for now.")
+    p.add_argument("--server-args", default="",
+                   help="SGLang launch flags, quoted (one flag alone: --server-args=--flag).")
+    p.add_argument("--allow-bin", action="store_true", help="Read *.bin with torch.load(weights_only=True).")
+    p.add_argument("--json", dest="as_json", action="store_true", help="Machine-readable output.")
+    p.add_argument("--training-config", type=Path, help="The trainer's config (YAML or JSON), when it "
+                   "is not saved next to the draft as training_config.yaml/.yml/.json.")
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="A variable of the server's environment that changes what SGLang does at start "
+                   "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, SGLANG_IS_IN_CI); repeatable.")
+    p.add_argument("--fix", type=Path, metavar="OUT_DIR", help="Write a corrected copy of the draft to "
+                   "OUT_DIR (a new or empty directory) for every finding with a mechanical fix, print "
+                   "what changed and the server flags to use, and diagnose the copy. The input is "
+                   "never edited.")
+    return p
 
-    Prints the spec first (the draft as trained beside what SGLang will do), then the findings.
-    Exit 0: no error findings in the input; 1: at least one error finding; 2: the input could not
-    be read or the fix could not be written.
-    """
-    console = Console(stderr=False, highlight=False, soft_wrap=True)
-    if engine != "sglang":
-        _fail(console, as_json, str(engine), f"engine {engine!r} is not supported; use --engine sglang.")
+
+def main(argv: list[str]) -> int:
+    """Run ``draftscope doctor ARGV``; returns the exit code."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return int(exc.code or 0)
+    paint = _painter(sys.stdout)
+    if args.engine != "sglang":
+        return _fail(paint, args.as_json, args.engine, f"engine {args.engine!r} is not supported; use --engine sglang.")
     env = {}
-    for item in server_env or []:
+    for item in args.server_env:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            _fail(console, as_json, item, "is not NAME=VALUE; write e.g. --server-env "
-                  "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1.")
+            return _fail(paint, args.as_json, item, "is not NAME=VALUE; write e.g. --server-env "
+                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1.")
         env[name] = value
     try:
-        summary, findings = diagnose(draft_dir, target, server_args, allow_bin, training_config, env)
+        summary, findings = diagnose(args.draft_dir, args.target, args.server_args, args.allow_bin,
+                                     args.training_config, env)
     except SpecError as exc:
-        _fail(console, as_json, exc.path, exc.problem)
+        return _fail(paint, args.as_json, exc.path, exc.problem)
     errors = sum(f.severity == "error" for f in findings)
     fixed = None
-    if fix is not None:
+    if args.fix is not None:
         try:
-            fixed = fix_and_recheck(draft_dir, target, server_args, allow_bin, findings, fix,
-                                    training_config, env)
+            fixed = fix_and_recheck(args.draft_dir, args.target, args.server_args, args.allow_bin,
+                                    findings, args.fix, args.training_config, env)
         except (FixError, SpecError) as exc:
-            _fail(console, as_json, str(fix), str(exc))
-    if as_json:
+            return _fail(paint, args.as_json, args.fix, str(exc))
+    if args.as_json:
         out = {"summary": summary, "findings": [f.to_dict() for f in findings], "errors": errors}
         if fixed is not None:
             out["fix"] = fixed
         print(json.dumps(out, indent=2))
     else:
-        _print_human(console, summary, findings)
+        _print_human(paint, summary, findings)
         if fixed is not None:
-            _print_fix(console, fixed)
-    raise typer.Exit(1 if errors else 0)
+            _print_fix(paint, fixed)
+    return 1 if errors else 0
 
 
 def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: bool,
@@ -114,35 +125,39 @@ def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: 
                       "findings": [f.to_dict() for f in after]}}
 
 
-def _print_fix(console: Console, fixed: dict) -> None:
-    console.print(f"fix: wrote {escape(fixed['out_dir'])} (the input is unchanged)")
+def _painter(stream):
+    """ANSI styling on a terminal (unless NO_COLOR is set); plain text otherwise."""
+    on = stream.isatty() and not os.environ.get("NO_COLOR")
+    return lambda text, style: f"\x1b[{COLOURS[style]}m{text}\x1b[0m" if on else text
+
+
+def _print_fix(paint, fixed: dict) -> None:
+    print(f"fix: wrote {fixed['out_dir']} (the input is unchanged)")
     for line in fixed["changes"]:
-        console.print(f"  changed  {escape(line)}")
+        print(f"  changed  {line}")
     for rule in fixed["not_fixed"]:
-        console.print(f"  [yellow]not fixed[/yellow] {rule}: no mechanical fix; see its fix above")
-    console.print(f"serve with: {escape(fixed['server_flags'])}")
+        print(f"  {paint('not fixed', 'warning')} {rule}: no mechanical fix; see its fix above")
+    print(f"serve with: {fixed['server_flags']}")
     after = fixed["after"]
     left = ", ".join(f"{f['severity']} {f['rule_id']}" for f in after["findings"]) or "no findings"
-    console.print(f"the fixed copy: {left}")
+    print(f"the fixed copy: {left}")
 
 
-def _print_human(console: Console, summary: dict, findings: list[Finding]) -> None:
-    console.print(f"draft {summary['draft']} ({summary['format']}) for target {summary['target']}, "
-                  f"SGLang --speculative-algorithm {summary['algorithm']}")
-    console.print(escape(render_text([SpecRow(**row) for row in summary["spec"]])), markup=True)
+def _print_human(paint, summary: dict, findings: list[Finding]) -> None:
+    print(f"draft {summary['draft']} ({summary['format']}) for target {summary['target']}, "
+          f"SGLang --speculative-algorithm {summary['algorithm']}")
+    print(render_text([SpecRow(**row) for row in summary["spec"]]))
     if not findings:
-        console.print("[green]ok[/green] no findings: SGLang will feed the draft what it was trained on "
-                      f"(output of layers {summary['captured_physical']}, "
-                      f"{summary['draft_input_width']} wide).")
+        print(f"{paint('ok', 'ok')} no findings: SGLang will feed the draft what it was trained on "
+              f"(output of layers {summary['captured_physical']}, {summary['draft_input_width']} wide).")
     for f in findings:
-        style = STYLE[f.severity]
-        console.print(f"[{style}]{f.severity:<7}[/{style}] [bold]{f.rule_id}[/bold]: {escape(f.message)}. "
-                      f"[dim]fix:[/dim] {escape(f.fix)}", markup=True)
+        print(f"{paint(f'{f.severity:<7}', f.severity)} {paint(f.rule_id, 'bold')}: {f.message}. "
+              f"{paint('fix:', 'dim')} {f.fix}")
 
 
-def _fail(console: Console, as_json: bool, path: str, problem: str) -> None:
+def _fail(paint, as_json: bool, path: object, problem: str) -> int:
     if as_json:
-        print(json.dumps({"error": {"path": path, "problem": problem}}))
+        print(json.dumps({"error": {"path": str(path), "problem": problem}}))
     else:
-        console.print(f"[bold red]error[/bold red]: cannot diagnose: {escape(str(path))} {escape(problem)}", markup=True)
-    raise typer.Exit(2)
+        print(f"{paint('error', 'error')}: cannot diagnose: {path} {problem}", file=sys.stderr)
+    return 2

@@ -64,7 +64,7 @@ def test_db_upgrade_then_current(sqlite_url) -> None:
 def test_serve_upgrade_starts_a_working_dashboard(sqlite_url) -> None:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from draftscope.cli import main; main()", "serve", "--db", sqlite_url,
+        [sys.executable, "-c", "from draftscope.main import main; main()", "serve", "--db", sqlite_url,
          "--port", str(port), "--upgrade"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from draftscope.doctor import doctor
+from draftscope import doctor
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
-
-app = typer.Typer()
-app.command()(doctor)
 
 
 def run(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output
-    return result
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = doctor.main([str(a) for a in args])
+    return SimpleNamespace(exit_code=code, output=out.getvalue() + err.getvalue())
 
 
 @pytest.fixture
@@ -120,3 +119,13 @@ def test_fix_prints_changes_flags_and_the_clean_copy(pair, tmp_path):
     assert (tmp_path / "fixed" / "sglang_flags.txt").is_file()
     again = run(draft, "--target", target, "--fix", tmp_path / "fixed")
     assert again.exit_code == 2 and "not an empty directory" in again.output
+
+
+def test_through_the_cli_and_its_help(pair) -> None:
+    from typer.testing import CliRunner
+
+    from draftscope.cli import app
+    result = CliRunner().invoke(app, ["doctor", str(pair[0]), "--target", str(pair[1]),
+                                      "--server-args", "--speculative-algorithm EAGLE3"])
+    assert result.exit_code == 0 and "no findings" in result.output, result.output
+    assert "Diagnose a draft + target pair" in CliRunner().invoke(app, ["--help"]).output
