@@ -1,13 +1,19 @@
-# The draftscope dashboard: store, ingest API and pages, with the demo traces recorded from the real
-# SGLang engine on CPU (demo/). It installs the wheel built from this tree (as users install it),
-# not an editable tree. Python packages come from PyPI, or only from ./wheels when built with
-# --build-arg PIP_NO_INDEX=1 (machines whose containers cannot reach PyPI: scripts/wheelhouse).
+# draftscope's images, each installing the wheel built from this tree (as users install it):
+#   target dashboard (the default, last): the dashboard, store and ingest API, with the demo traces
+#     recorded from the real SGLang engine on CPU (demo/);
+#   target live: the real SGLang 0.5.23 on CPU with the test bed's kernel stand-ins and tiny models
+#     (compose profile `live`);
+#   target gpu: SGLang's official image with the tracer (compose profile `gpu`).
+# Python packages come from PyPI, or only from ./wheels when built with --build-arg PIP_NO_INDEX=1
+# (machines whose containers cannot reach PyPI: scripts/wheelhouse [live]).
 ARG BASE_IMAGE=python:3.11-slim
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
 FROM ${BASE_IMAGE} AS wheel
 ARG PIP_NO_INDEX=0
-ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY wheels/ /wheels/
+ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_RETRIES=1 PIP_TIMEOUT=20
+COPY docker/pip /usr/local/bin/draftscope-pip
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app/ app/
@@ -15,19 +21,52 @@ COPY tracer/ tracer/
 COPY migrations/ migrations/
 COPY templates/ templates/
 COPY static/ static/
-RUN python3 -m pip wheel --no-cache-dir --no-deps -w /dist .
+RUN --mount=type=bind,source=wheels,target=/wheels draftscope-pip wheel --no-cache-dir --no-deps -w /dist .
 
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS live
 ARG PIP_NO_INDEX=0
 ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-COPY wheels/ /wheels/
+    PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
+    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
+COPY docker/pip /usr/local/bin/draftscope-pip
+# CPU torch (PyPI's torch is the CUDA build), then SGLang without its deps and the test bed's pins:
+# what scripts/build-venv installs.
+RUN echo "torch==2.13.0" > /etc/draftscope-torch.txt
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    draftscope-pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY testbed/requirements.txt /tmp/testbed-requirements.txt
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    draftscope-pip install --no-cache-dir --no-deps sglang==0.5.23 \
+    && draftscope-pip install --no-cache-dir -r /tmp/testbed-requirements.txt
+WORKDIR /srv/draftscope
+COPY testbed/ testbed/
+RUN python3 -c "from testbed import scenarios; [scenarios.prepare(n) for n in scenarios.SCENARIOS]"
 COPY --from=wheel /dist/ /dist/
-RUN python3 -m pip install --no-cache-dir "$(ls /dist/draftscope-*.whl)[dashboard]" && rm -rf /wheels /dist
+RUN draftscope-pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
+COPY docker/live.py docker/with-token docker/
+ENTRYPOINT ["docker/with-token"]
+CMD ["python3", "docker/live.py"]
+
+FROM ${SGLANG_IMAGE} AS gpu
+COPY --from=wheel /dist/ /dist/
+RUN python3 -m pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
+COPY docker/with-token /usr/local/bin/draftscope-with-token
+ENTRYPOINT ["draftscope-with-token"]
+
+FROM ${BASE_IMAGE} AS dashboard
+ARG PIP_NO_INDEX=0
+ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_RETRIES=1 PIP_TIMEOUT=20 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY docker/pip /usr/local/bin/draftscope-pip
+COPY --from=wheel /dist/ /dist/
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    draftscope-pip install --no-cache-dir "$(ls /dist/draftscope-*.whl)[dashboard]" && rm -rf /dist
 RUN useradd --system --create-home draftscope && mkdir -p /data && chown draftscope /data
 WORKDIR /srv/draftscope
 COPY demo/ demo/
+COPY docker/dashboard-entrypoint /usr/local/bin/draftscope-entrypoint
 USER draftscope
 ENV DRAFTSCOPE_DATABASE_URL=sqlite:////data/draftscope.db
 EXPOSE 8177
+ENTRYPOINT ["draftscope-entrypoint"]
 CMD ["draftscope", "serve", "--host", "0.0.0.0", "--port", "8177", "--upgrade", "--demo", "demo"]

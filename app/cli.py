@@ -39,6 +39,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def open_url(settings: Settings) -> str:
+    """The address to open: DRAFTSCOPE_PUBLIC_URL, else host:port (loopback for a wildcard bind)."""
+    if settings.public_url:
+        return settings.public_url
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{host}:{settings.port}/"
+
+
 @app.command()
 def serve(
     host: Annotated[Optional[str], typer.Option(help="Address to bind (default: DRAFTSCOPE_HOST or 127.0.0.1). A non-loopback address needs DRAFTSCOPE_INGEST_TOKEN.")] = None,
@@ -74,8 +82,8 @@ def serve(
 
     from draftscope.web import create_app
 
-    typer.echo(f"draftscope: http://{settings.host}:{settings.port}/  "
-               f"(store: {db.display_url(settings.database_url)})")
+    typer.echo(f"draftscope: {open_url(settings)}  (listening on {settings.host}:{settings.port}, "
+               f"store: {db.display_url(settings.database_url)})")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 
 

@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     ingest_token: str | None = None  # when set, POST /api/v1/batches needs "Authorization: Bearer <token>"
     max_batch_bytes: int = 16 * 1024 * 1024
     refresh_debounce_s: float = 2.0  # a run's aggregates and findings are refreshed at most this often
+    public_url: str | None = None  # the address to open, when not host:port (e.g. a published port)
 
     @field_validator("max_batch_bytes")
     @classmethod

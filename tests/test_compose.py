@@ -1,8 +1,16 @@
-"""`docker compose up` (the README's first command): the dashboard comes up healthy, seeded with the
-demo traces, on loopback, with ingest guarded by a token.
+"""`docker compose up` (the README's first command) and its profiles.
 
-Needs a Docker engine: the one at DOCKER_HOST or /var/run/docker.sock, else the workplace's
-`../shared/tools/docker-here` (no Docker Hub; containers install from ./wheels built on the host).
+Default: the dashboard comes up healthy, seeded with the demo traces, on loopback, its log naming the
+loopback URL, ingest guarded by a token; a build that cannot reach PyPI says what to do instead.
+`live`: the real SGLang 0.5.23 on CPU, a healthy and a broken draft traced into the dashboard under
+load; both runs appear through the JSON API and the broken one carries its finding.
+`gpu`: its configuration resolves (it needs an NVIDIA GPU to run).
+
+Needs a Docker engine: the one at DOCKER_HOST or /var/run/docker.sock (reused, and said so), else
+the workplace's `../shared/tools/docker-here`, started here and stopped at the end. Images install
+from ./wheels, built on the host by scripts/wheelhouse (emptied at the end when this test filled
+it). Every compose project started here is taken down with its volumes; the images stay as a build
+cache, and the end of the run says so.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,23 +30,76 @@ from tests.fixtures.store import _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER_HERE = REPO.parent / "shared" / "tools" / "docker-here"
+WHEELS = REPO / "wheels"
+OFFLINE_HINT = "scripts/wheelhouse && DRAFTSCOPE_PIP_NO_INDEX=1 docker compose up --build"
 pytestmark = pytest.mark.compose
 
 
-def _docker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True, env=env).returncode == 0:
-        return env
-    if not DOCKER_HERE.exists():
-        pytest.skip("no Docker engine answers and ../shared/tools/docker-here is not here")
-    subprocess.run([str(DOCKER_HERE), "start"], check=True, capture_output=True, text=True)
-    exports = subprocess.run([str(DOCKER_HERE), "env"], check=True, capture_output=True, text=True).stdout
-    for part in exports.replace("export ", "").split():
-        key, _, value = part.partition("=")
-        env[key] = value.strip("'\"")
-    env["DRAFTSCOPE_PIP_NO_INDEX"] = "1"  # docker-here's containers cannot reach PyPI
-    subprocess.run([str(REPO / "scripts" / "wheelhouse")], check=True, capture_output=True, cwd=REPO)
-    return env
+class Docker:
+    """A Docker engine for this module, and what the module changed, to undo or report at the end."""
+
+    def __init__(self, say):
+        self.say = say
+        self.env = dict(os.environ)
+        self.started_engine = False
+        self.filled_wheels = False
+        self.images: set[str] = set()
+
+    def start(self) -> None:
+        if shutil.which("docker") and self._answers():
+            self.say(f"reusing the running Docker engine ({self.env.get('DOCKER_HOST', 'default socket')})")
+            return
+        if not DOCKER_HERE.exists():
+            pytest.skip("no Docker engine answers and ../shared/tools/docker-here is not here")
+        subprocess.run([str(DOCKER_HERE), "start"], check=True, capture_output=True, text=True)
+        exports = subprocess.run([str(DOCKER_HERE), "env"], check=True, capture_output=True, text=True).stdout
+        for part in exports.replace("export ", "").split():
+            key, _, value = part.partition("=")
+            self.env[key] = value.strip("'\"")
+        self.started_engine = True
+
+    def _answers(self) -> bool:
+        return subprocess.run(["docker", "info"], capture_output=True, env=self.env).returncode == 0
+
+    def wheels(self, live: bool) -> None:
+        """./wheels for building without PyPI (containers here cannot reach it)."""
+        marker = "sglang-*.whl" if live else "fastapi-*.whl"
+        if any(WHEELS.glob(marker)):
+            self.say(f"reusing the wheels already in {WHEELS}")
+        else:
+            self.filled_wheels |= not any(p.name != ".keep" for p in WHEELS.iterdir())
+            subprocess.run([str(REPO / "scripts" / "wheelhouse"), *(["live"] if live else [])],
+                           check=True, capture_output=True, cwd=REPO)
+        self.env["DRAFTSCOPE_PIP_NO_INDEX"] = "1"
+
+    def compose(self, project: str, *args: str, env: dict | None = None, timeout: float = 3600,
+                check: bool = True) -> subprocess.CompletedProcess:
+        command = ["docker", "compose", "-p", project, "-f", str(REPO / "docker-compose.yml"), *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                              env={**self.env, **(env or {})}, check=check)
+
+    def finish(self) -> None:
+        if self.filled_wheels:
+            for path in WHEELS.iterdir():
+                if path.name != ".keep":
+                    path.unlink()
+        if self.images:
+            self.say(f"kept images {', '.join(sorted(self.images))} as a build cache "
+                     f"(docker image rm {' '.join(sorted(self.images))})")
+        if self.started_engine:
+            subprocess.run([str(DOCKER_HERE), "stop"], capture_output=True)
+            self.say("stopped the Docker engine started for these tests (docker-here)")
+
+
+@pytest.fixture(scope="module")
+def docker(pytestconfig):
+    reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
+    engine = Docker(lambda line: reporter.write_line(f"[compose tests] {line}"))
+    try:
+        engine.start()
+        yield engine
+    finally:
+        engine.finish()
 
 
 def _get(url: str, **kw) -> tuple[int, bytes]:
@@ -48,23 +110,27 @@ def _get(url: str, **kw) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-@pytest.fixture(scope="module")
-def dashboard():
-    env = _docker_env()
+def _up(docker: Docker, *profiles: str):
+    """`docker compose [--profile P] up -d --build --wait` on a free port; yields (url, project)
+    and takes the project down with its volumes."""
     port = _free_port()
-    env.update(DRAFTSCOPE_PORT=str(port), COMPOSE_PROJECT_NAME=f"draftscope-test-{port}")
-    env.pop("DRAFTSCOPE_INGEST_TOKEN", None)
-    compose = ["docker", "compose", "-f", str(REPO / "docker-compose.yml")]
+    project = f"draftscope-test-{port}"
+    env = {"DRAFTSCOPE_PORT": str(port), "DRAFTSCOPE_INGEST_TOKEN": ""}
+    flags = [a for p in profiles for a in ("--profile", p)]
     try:
-        subprocess.run([*compose, "up", "-d", "--build", "--wait", "--wait-timeout", "180"],
-                       check=True, capture_output=True, text=True, env=env, cwd=REPO)
-        logs = subprocess.run([*compose, "logs", "--no-color"], capture_output=True, text=True,
-                              env=env, cwd=REPO).stdout
-        yield f"http://127.0.0.1:{port}", logs
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"docker compose up failed:\n{exc.stdout}\n{exc.stderr}")
+        up = docker.compose(project, *flags, "up", "-d", "--build", "--wait", "--wait-timeout", "300",
+                            env=env, check=False)
+        docker.images |= {"draftscope:local", *(f"draftscope-{p}:local" for p in profiles)}
+        assert up.returncode == 0, f"docker compose up failed:\n{up.stdout}\n{up.stderr}"
+        yield f"http://127.0.0.1:{port}", project
     finally:
-        subprocess.run([*compose, "down", "-v"], capture_output=True, env=env, cwd=REPO)
+        docker.compose(project, *flags, "down", "-v", "--remove-orphans", env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def dashboard(docker):
+    docker.wheels(live=False)
+    yield from _up(docker)
 
 
 def _demo_run_ids() -> set[str]:
@@ -85,10 +151,75 @@ def test_compose_serves_the_demo_traces(dashboard) -> None:
         assert status == 200 and b'<section id="findings">' in page
 
 
-def test_compose_guards_ingest_with_a_printed_token(dashboard) -> None:
-    url, logs = dashboard
+def _logs(docker: Docker, project: str) -> str:
+    return docker.compose(project, "logs", "--no-color", "dashboard").stdout
+
+
+def test_compose_log_names_the_loopback_url_and_the_token(dashboard, docker) -> None:
+    url, project = dashboard
+    logs = _logs(docker, project)
+    assert f"draftscope: {url}/  (listening on 0.0.0.0:8177" in logs, logs
     token = logs.split("ingest token (send as 'Authorization: Bearer ...'): ", 1)[1].split()[0]
     post = {"data": b"{}", "method": "POST", "headers": {"Content-Type": "application/json"}}
     assert _get(f"{url}/api/v1/batches", **post)[0] == 401
     authorised = {**post, "headers": {**post["headers"], "Authorization": f"Bearer {token}"}}
     assert _get(f"{url}/api/v1/batches", **authorised)[0] == 422  # past the guard, to validation
+
+
+def test_build_without_pypi_says_what_to_do(docker, tmp_path) -> None:
+    """A build with no network and no ./wheels (as where containers cannot reach PyPI) fails in
+    pip, and the output says what to do instead."""
+    tree = tmp_path / "draftscope"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "var", "wheels"))
+    (tree / "wheels").mkdir()
+    (tree / "offline.yml").write_text("services:\n  dashboard:\n    image: draftscope:offline-test\n"
+                                      "    build:\n      network: none\n")
+    result = subprocess.run(["docker", "compose", "-p", "draftscope-offline-test", "-f", "docker-compose.yml",
+                             "-f", "offline.yml", "build", "dashboard"], capture_output=True, text=True,
+                            cwd=tree, timeout=600, env={**docker.env, "DRAFTSCOPE_PIP_NO_INDEX": "0"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "pip could not get packages from PyPI" in output and OFFLINE_HINT in output, output
+
+
+def test_gpu_profile_config_resolves(docker) -> None:
+    env = {"DRAFTSCOPE_GPU_TARGET": "/models/t", "DRAFTSCOPE_GPU_DRAFT": "/models/d"}
+    config = json.loads(docker.compose("draftscope-gpu-config", "--profile", "gpu", "config",
+                                       "--format", "json", env=env).stdout)
+    sglang = config["services"]["sglang"]
+    assert sglang["build"]["args"]["SGLANG_IMAGE"] == "lmsysorg/sglang:v0.5.23"
+    assert sglang["command"][sglang["command"].index("--model-path") + 1] == "/models/t"
+    assert sglang["command"][sglang["command"].index("--speculative-draft-model-path") + 1] == "/models/d"
+    assert sglang["environment"]["DRAFTSCOPE_URL"] == "http://dashboard:8177"
+    devices = sglang["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+
+
+@pytest.fixture(scope="module")
+def live(docker):
+    docker.wheels(live=True)
+    yield from _up(docker, "live")
+
+
+def _error_rules(url: str, run_id: str) -> list[str]:
+    view = json.loads(_get(f"{url}/api/v1/runs/{run_id}")[1])
+    return [f["rule_id"] for f in view["findings"] if f["severity"] == "error"]
+
+
+@pytest.mark.sglang
+def test_live_profile_fills_a_healthy_and_a_broken_run(live, docker) -> None:
+    url, project = live
+    demo, deadline = _demo_run_ids(), time.monotonic() + 600
+    while True:
+        runs = [r for r in json.loads(_get(f"{url}/api/v1/runs")[1]) if r["id"] not in demo]
+        rules = {r["id"]: _error_rules(url, r["id"]) for r in runs}
+        if len(runs) == 2 and all(r["requests"] > 0 for r in runs) and ["fc-bypassed"] in rules.values():
+            break
+        assert time.monotonic() < deadline, (f"live runs after 600 s: {runs} {rules}\n"
+                                             + docker.compose(project, "--profile", "live", "logs",
+                                                              "--no-color", "live").stdout[-4000:])
+        time.sleep(5)
+    broken = next(r for r in runs if rules[r["id"]] == ["fc-bypassed"])
+    healthy = next(r for r in runs if r is not broken)
+    assert "aux-off" in broken["draft_path"] and "aux-off" not in healthy["draft_path"]
+    assert rules[healthy["id"]] == []
