@@ -83,3 +83,12 @@ def test_serve_upgrade_starts_a_working_dashboard(sqlite_url) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_serve_names_the_address_to_open() -> None:
+    from draftscope.cli import open_url
+    from draftscope.settings import Settings
+
+    assert open_url(Settings(host="0.0.0.0", port=9001)) == "http://127.0.0.1:9001/"
+    assert open_url(Settings(host="127.0.0.1", port=9001)) == "http://127.0.0.1:9001/"
+    assert open_url(Settings(host="0.0.0.0", public_url="http://127.0.0.1:18177/")) == "http://127.0.0.1:18177/"
