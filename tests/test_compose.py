@@ -154,7 +154,7 @@ def test_compose_serves_the_demo_traces(dashboard) -> None:
     assert {r["id"] for r in runs} == _demo_run_ids()
     for run in runs:
         status, page = _get(f"{url}/runs/{run['id']}")
-        assert status == 200 and b'<section id="findings">' in page
+        assert status == 200 and b'id="diagnosis"' in page
 
 
 def _logs(docker: Docker, project: str) -> str:

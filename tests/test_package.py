@@ -74,7 +74,8 @@ def test_wheel_carries_templates_static_and_migrations(wheel) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, package in (("templates", "draftscope/templates"), ("static", "draftscope/static"),
                             ("migrations/versions", "draftscope/migrations/versions")):
-        sources = {p.name for p in (REPO / folder).iterdir() if p.is_file() and p.suffix != ".pyc"}
+        sources = {p.relative_to(REPO / folder).as_posix() for p in (REPO / folder).rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts}
         assert sources and {f"{package}/{n}" for n in sources} <= names, f"{folder}/ not all in {wheel.name}"
     assert "draftscope/migrations/script.py.mako" in names
     top = zipfile.ZipFile(wheel).read(f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}"
@@ -121,11 +122,12 @@ def test_installed_wheel_migrates_imports_and_serves(dashboard_bin, tmp_path) ->
         _wait_healthy(url, proc)
         pages = {path: urllib.request.urlopen(url + path, timeout=10).read()
                  for path in ("/", f"/runs/{run_id}", "/api/v1/runs")}
-        assert run_id.encode() in pages["/"] and b'<section id="findings">' in pages[f"/runs/{run_id}"]
+        assert run_id.encode() in pages["/"] and b'id="diagnosis"' in pages[f"/runs/{run_id}"]
         assert [r["id"] for r in json.loads(pages["/api/v1/runs"])] == [run_id]
-        for asset in (REPO / "static").iterdir():
-            with urllib.request.urlopen(f"{url}/static/{asset.name}", timeout=10) as resp:
-                assert resp.read() == asset.read_bytes()
+        for asset in (p for p in (REPO / "static").rglob("*") if p.is_file()):
+            path = asset.relative_to(REPO / "static").as_posix()
+            with urllib.request.urlopen(f"{url}/static/{path}", timeout=10) as resp:
+                assert resp.read() == asset.read_bytes(), path
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
