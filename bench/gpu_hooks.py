@@ -69,7 +69,7 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
         path.iteration()
     torch.cuda.synchronize()  # once, before the measured run
     launches = path.tracer.summaries  # counted below from the summarisers' launch counters
-    before = sum(s.launches for s, _ in launches._by_shape.values())
+    before = sum(s.launches for s in launches._by_shape.values())
     times, stages, previous, busy = [], {}, None, 0
     for _ in range(ITERATIONS):
         torch.cuda._sleep(int(cycles_per_ms * FORWARD_MS))
@@ -82,7 +82,7 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
         if previous is not None:
             previous.synchronize()  # the scheduler's wait for the previous batch, outside the hooks
         previous = done
-    n = sum(s.launches for s, _ in launches._by_shape.values()) - before
+    n = sum(s.launches for s in launches._by_shape.values()) - before
     health = path.close()
     if health["errors"] or health["relay_error"]:
         raise SystemExit(f"batch {batch}: the hooks' path failed: {health}")

@@ -145,40 +145,13 @@ def _around_verify(orig, worker, batch, *args, **kwargs):
     return out
 
 
-class _LogitsTap:
-    """Temporarily wraps ``runner.forward`` on the instance to see each eager forward's logits."""
-
-    def __init__(self, runner, on_logits):
-        self.runner, self.on_logits = runner, on_logits
-
-    def __enter__(self):
-        original = self.runner.forward
-
-        def forward(*args, **kwargs):
-            out = original(*args, **kwargs)
-            lo = getattr(out, "logits_output", None)
-            if lo is not None and getattr(lo, "next_token_logits", None) is not None:
-                self.on_logits(lo.next_token_logits)
-            return out
-
-        self.runner.forward = forward
-        return self
-
-    def __exit__(self, *exc):
-        self.runner.__dict__.pop("forward", None)
-        return False
-
-
 def _around_draft(orig, worker, batch, *args, **kwargs):
     t = _live()
     if t is None or not t.live or not t.recording:
         return orig(worker, batch, *args, **kwargs)
     t.health.beat("draft")
-    rows = t.guard("draft", t.on_draft_input, worker, batch)
-    if not rows:
-        return orig(worker, batch, *args, **kwargs)
-    with _LogitsTap(worker.draft_runner, lambda logits: t.guard("draft", t.on_draft_step_logits, worker, rows, logits)):
-        return orig(worker, batch, *args, **kwargs)
+    t.guard("draft", t.on_draft_input, worker, batch)  # reads the draft's input before the draft replaces it
+    return orig(worker, batch, *args, **kwargs)
 
 
 def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
@@ -187,12 +160,9 @@ def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
         return orig(worker, batch, target_hidden_states, *args, **kwargs)
     t.health.beat("prefill")
     rows = t.guard("prefill", t.admit, batch)
-    if not rows:
-        return orig(worker, batch, target_hidden_states, *args, **kwargs)
-    seen = []
-    with _LogitsTap(worker.draft_runner, seen.append):
-        out = orig(worker, batch, target_hidden_states, *args, **kwargs)
-    t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, seen[-1] if seen else None, rows)
+    out = orig(worker, batch, target_hidden_states, *args, **kwargs)
+    if rows:
+        t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, out, rows)
     return out
 
 
@@ -202,13 +172,9 @@ def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
         return orig(worker, batch, batch_result, *args, **kwargs)
     t.health.beat("draft_extend")
     done, upcoming = t.guard("draft_extend", t.draft_extend_rows, batch) or ([], [])
-    if not (done or upcoming):
-        return orig(worker, batch, batch_result, *args, **kwargs)
-    seen = []
-    with _LogitsTap(worker.draft_runner, seen.append):
-        out = orig(worker, batch, batch_result, *args, **kwargs)
-    t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, seen[-1] if seen else None,
-            done, upcoming)
+    out = orig(worker, batch, batch_result, *args, **kwargs)
+    if done or upcoming:
+        t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, done, upcoming)
     return out
 
 

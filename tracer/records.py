@@ -59,8 +59,8 @@ def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[st
            drafts: dict, hot: Optional[List[int]]) -> Records:
     """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
     target.aux[i] samples. ``ints``: draft tokens, target tokens (``N`` per request), then sequence
-    lengths and accept lengths (one per request); ``drafts``: rid -> [(summary, row, mapped)] of the
-    draft's positions 1.., ``mapped`` when its ids go through ``hot``."""
+    lengths and accept lengths (one per request); ``drafts``: rid -> (summary, row, mapped) of the
+    draft's top-k at position 1, ``mapped`` when its ids go through ``hot``."""
     host = ints.result()
     s = pending.result() if pending is not None else None
     B = len(rows)
@@ -77,10 +77,9 @@ def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[st
             for c in range(n_aux):
                 out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, H], aux_dtype,
                                                     merged_stats(s, range(base, base + N), [c])))
-        seq = drafts.get(rid) or []
-        if seq:
-            rec["draft_topk"] = [topk_list(p.result().rows[r].topk, hot if mapped else None)
-                                 for p, r, mapped in seq[:N - 1]]
+        if rid in drafts:
+            p, r, mapped = drafts[rid]
+            rec["draft_topk"] = [topk_list(p.result().rows[r].topk, hot if mapped else None)]
         out["steps"].append(rec)
     return out
 

@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import coverage, records, requests, wire
+from . import coverage, recompute, records, requests, wire
 from . import facts as facts_mod
 from .config import TracerConfig
-from .devicecopy import HostInts, device_index, host_view, later_list
+from .devicecopy import HostInts, device_index, later_list
 from .health import Health
 from .recorder import Shared
 from .relay import Relay
@@ -71,8 +71,7 @@ class Tracer:
         self.live: Dict[str, int] = {}  # sampled, unfinished rid -> verify steps seen so far
         self.first_seen: Dict[str, float] = {}
         self.totals: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
-        self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row) of the draft's next position 1
-        self.draft_steps: Dict[str, list] = {}  # rid -> [(Pending, row)] for positions 2.. of this round
+        self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row, mapped) of the draft's next position 1
         self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
@@ -191,8 +190,9 @@ class Tracer:
             return []
         return self.rows_of(batch.reqs)
 
-    def on_prefill(self, worker, batch, target_hidden: torch.Tensor, logits: Optional[torch.Tensor],
-                   rows: List[tuple]) -> None:
+    def on_prefill(self, worker, batch, target_hidden: torch.Tensor, draft_input, rows: List[tuple]) -> None:
+        """draft.input/fc.out of the prompt's last rows; the draft's top-k at position 1 of step 0, from
+        the output hidden states the draft extend returns (``draft_input``, one row per request)."""
         extend_lens = list(batch.extend_lens)
         starts = [0]
         for n in extend_lens[:-1]:
@@ -200,8 +200,9 @@ class Tracer:
         spans = [(max(starts[i], starts[i] + extend_lens[i] - ROWS_PER_REQUEST), starts[i] + extend_lens[i])
                  for i, _, _ in rows]
         self._features(worker, target_hidden, rows, spans, "prefill", with_aux=True)
-        if logits is not None:
-            self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "prefill", seed=True)
+        h = getattr(draft_input, "hidden_states", None)
+        if h is not None and h.shape[0] == len(batch.reqs):
+            self._draft_seeds(worker, h, rows, "prefill")
 
     def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
                   with_aux: bool, p_in=None, input_every: int = 1) -> None:
@@ -220,48 +221,41 @@ class Tracer:
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
             p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
-        fc_out = _recompute_fc(worker.draft_runner.model, h[device_index(sel, h.device)])
+        fc_out = recompute.fc(worker.draft_runner.model, h[device_index(sel, h.device)])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
         self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
                     chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
 
-    def _draft_logits(self, worker, logits: torch.Tensor, sel, rows: List[tuple], phase: str,
-                      seed: bool) -> None:
-        """Top-k of the draft's logits at rows ``sel`` (one per entry of ``rows``): position 1 of each
-        request's next verify step (``seed``) or a later one. Seeds of periodic steps also record a
-        ``draft.logits`` sample (statistics of the whole row: non-finite logits show broken weights)."""
-        periodic = [j for j, (_, _, step) in enumerate(rows) if seed and step % PERIODIC_STEPS == 0]
-        pending = self.summaries.launch(logits, sel, logits=logits, stats=bool(periodic))
+    def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str) -> None:
+        """Top-k of the draft's logits at position 1 of each request's next verify step, recomputed from
+        rows ``h[i]`` of its output hidden states (``recompute.logits``; graph replays keep the logits
+        inside the graph). Periodic steps also record a ``draft.logits`` sample (statistics of the whole
+        row: non-finite logits show broken weights)."""
+        logits = recompute.logits(worker.draft_runner.model, h[device_index([i for i, _, _ in rows], h.device)])
+        if logits is None:
+            return
+        periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
+        pending = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic))
         if pending is None:
             return
         hot = getattr(worker, "hot_token_id", None)
         if hot is not None and self._hot is None:
             self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
         for j, (_, rid, _) in enumerate(rows):
-            if seed:
-                self.draft_seed[rid] = (pending, j, hot is not None)
-            else:
-                self.draft_steps.setdefault(rid, []).append((pending, j, hot is not None))
+            self.draft_seed[rid] = (pending, j, hot is not None)
         # always queued, so that every launch is read (a device launch holds a ring slot until then)
         self.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
                     pendings=(pending,))
 
     # -- draft decode -----------------------------------------------------------------------------
-    def on_draft_input(self, worker, batch) -> List[tuple]:
-        """draft.input of the draft steps (periodic); returns the sampled rows (topk 1 only) for step logits."""
+    def on_draft_input(self, worker, batch) -> None:
+        """draft.input of the draft steps (periodic): the draft's own hidden state it starts from."""
         if batch.forward_mode.is_idle() or worker.topk != 1:
-            return []
-        rows = self.rows_of(batch.reqs)
-        for _, rid, _ in rows:
-            self.draft_steps[rid] = []
-        periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
+            return
+        periodic = [r for r in self.rows_of(batch.reqs) if r[2] % PERIODIC_STEPS == 0]
         h = batch.spec_info.hidden_states
         if periodic and h is not None:
             self._features(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode", with_aux=False)
-        return rows
-
-    def on_draft_step_logits(self, worker, rows: List[tuple], logits: torch.Tensor) -> None:
-        self._draft_logits(worker, logits, [i for i, _, _ in rows], rows, "draft_decode", seed=False)
 
     # -- verify -----------------------------------------------------------------------------------
     def on_verify(self, batch, verify_input, result) -> None:
@@ -289,8 +283,7 @@ class Tracer:
         n_aux = int(hidden.shape[-1]) // H if aux else 0
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
-        drafts = {rid: ([self.draft_seed.pop(rid)] if rid in self.draft_seed else []) + self.draft_steps.pop(rid, [])
-                  for _, rid, _ in rows}
+        drafts = {rid: self.draft_seed.pop(rid) for _, rid, _ in rows if rid in self.draft_seed}
         self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
                     drafts, self._hot, pendings=(pending,))
 
@@ -301,9 +294,9 @@ class Tracer:
             return [], []
         return self.rows_of(batch.reqs, back=1), self.rows_of(batch.reqs)
 
-    def on_draft_extend(self, worker, batch, batch_result, logits: Optional[torch.Tensor], done, upcoming) -> None:
-        """draft.input/fc.out of the verify step just done; draft logits at the last accepted row, which
-        seed position 1 of the next step."""
+    def on_draft_extend(self, worker, batch, batch_result, done, upcoming) -> None:
+        """draft.input/fc.out of the verify step just done; the draft's top-k at position 1 of the next
+        step, from its output hidden state at each request's last accepted row (``next_draft_input``)."""
         N = worker.speculative_num_draft_tokens
         h = batch_result.logits_output.hidden_states
         verified, self._verify_hidden = self._verify_hidden, None
@@ -312,15 +305,9 @@ class Tracer:
             self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
                                              for i, _, _ in done], "draft_extend", with_aux=False,
                            p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS)
-        if upcoming and logits is not None and logits.shape[0] == len(batch.reqs) * N:
-            accepted = host_view(batch_result.accept_lens)
-            if accepted is not None:  # CPU: read the accept lengths directly
-                sel = [i * N + int(accepted[i]) - 1 for i, _, _ in upcoming]
-            else:  # device: the last accepted row of each request, on the device (no sync), padded
-                sel = self.summaries.device_rows([i for i, _, _ in upcoming], [i * N - 1 for i, _, _ in upcoming],
-                                                 batch_result.accept_lens)
-            self._draft_logits(worker, logits, sel, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend",
-                               seed=True)
+        seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
+        if upcoming and seed is not None and seed.shape[0] == len(batch.reqs):
+            self._draft_seeds(worker, seed, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend")
 
     # -- results: per-request totals and finished requests -------------------------------------------
     def count(self, batch, result, live_reqs) -> None:
@@ -345,30 +332,9 @@ class Tracer:
                 coverage.warn_not_fired(self.expected_to_fire, self.health.heartbeats, rid, record["spec_verify_ct"])
                 self.expected_to_fire = []
             self.draft_seed.pop(rid, None)
-            self.draft_steps.pop(rid, None)
             out.append(record)
         if self.recording:
             self.submit("finish", records.finished, out)
-
-
-def _recompute_fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:
-    """The draft's ``fc`` (with its input norms) applied off-graph to rows ``h``; None when fc would not run."""
-    inner = getattr(model, "model", None)
-    fc = getattr(inner, "fc", None)
-    embed = getattr(inner, "embed_tokens", None)
-    if fc is None or embed is None or h.shape[0] == 0 or h.shape[-1] == embed.weight.shape[-1]:
-        return None
-    if facts_mod._fc_in_features(fc) != h.shape[-1]:
-        return None  # fc would raise in the draft itself; draft.input records the width
-    with torch.no_grad():
-        x = h
-        if getattr(inner, "input_norm", None) is not None:
-            x = inner.input_norm(x)
-        if getattr(inner, "fc_norm", None) is not None:
-            chunks = x.chunk(inner.num_aux_hidden_states, dim=-1)
-            x = torch.cat([norm(c) for norm, c in zip(inner.fc_norm, chunks)], dim=-1)
-        out = fc(x)
-        return out[0] if isinstance(out, tuple) else out
 
 
 def _under_sync_debug(fn: Callable, args: tuple) -> Any:

@@ -1,6 +1,6 @@
 """The hooks' side of the summaries: where each launch is reduced.
 
-A launch takes the rows to summarise (a host list or an int64 tensor) and returns a handle whose
+A launch takes the rows to summarise (a host list) and returns a handle whose
 ``result()`` the recorder process reads (the handle is pickled to it: see ``stats.py``). CUDA tensors
 go to a ``summarize.Summarizer`` per tensor layout (created lazily): the rows are padded into its
 static ``rows`` buffer and reduced on the device. CPU tensors are copied by ``host_reduce.host_rows``
@@ -10,7 +10,7 @@ instead). ``records.py`` turns each ``Summary`` into records.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 
@@ -40,18 +40,9 @@ class Summaries:
         if reduce not in REDUCE_MODES:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self.health, self.topk, self.reduce = health, topk, reduce
-        self._by_shape: Dict[tuple, Tuple[Summarizer, torch.Tensor]] = {}
+        self._by_shape: Dict[tuple, Summarizer] = {}
 
-    @staticmethod
-    def device_rows(at: Sequence[int], base: Sequence[int], values: torch.Tensor) -> torch.Tensor:
-        """``base[j] + values[at[j]]`` on ``values``' device as rows for :meth:`launch`, padded to its capacity
-        with negative (unused) rows: one index copy, one gather, one add."""
-        pad = capacity(len(at)) - len(at)
-        index = device_index([*at, *[0] * pad, *base, *[-(1 << 40)] * pad], values.device)
-        half = index.shape[0] // 2
-        return index[half:] + values[index[:half]]
-
-    def launch(self, hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *,
+    def launch(self, hidden: torch.Tensor, rows: Sequence[int], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
                stats: bool = True, tag=None) -> Optional[Union[Pending, RowCopies]]:
         """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted).
@@ -67,22 +58,13 @@ class Summaries:
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
         key = (width, chunk, vocab, hidden.device)
-        summ, buf = self._by_shape.get(key, (None, None))
+        summ = self._by_shape.get(key)
         if summ is None or summ.max_rows < n:
-            max_rows = capacity(n)
-            summ = Summarizer(max_rows=max_rows, width=width, chunk_width=chunk, vocab_size=vocab,
-                              topk=min(self.topk, vocab) if vocab else self.topk, ring_size=RING_SIZE,
-                              device=hidden.device)
-            buf = torch.empty(max_rows, dtype=torch.int64, device=hidden.device)
-            self._by_shape[key] = (summ, buf)
-        if isinstance(rows, torch.Tensor) and n == summ.max_rows:  # already padded on the device
-            index = rows
-        elif isinstance(rows, torch.Tensor):
-            buf.fill_(-1)
-            buf[:n].copy_(rows)
-            index = buf
-        else:  # the padded list in one copy (from pinned memory on CUDA: no wait for queued work)
-            index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
+            summ = self._by_shape[key] = Summarizer(
+                max_rows=capacity(n), width=width, chunk_width=chunk, vocab_size=vocab,
+                topk=min(self.topk, vocab) if vocab else self.topk, ring_size=RING_SIZE, device=hidden.device)
+        # the padded list in one copy (from pinned memory on CUDA: no wait for queued work)
+        index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
         pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag)
         if pending is None:
             self.health.drop("summary_ring_full")

@@ -35,12 +35,12 @@ def _verify_call(step: int, hot: Shared) -> records.Call:
     logits = torch.zeros(N, 50)
     logits[torch.arange(N), torch.tensor([10, 11, 30, 31])] = 5.0
     target = host_rows(hidden, range(N), chunk_width=4, logits=logits, topk=2)
-    draft_logits = torch.zeros(N - 1, 40)
-    draft_logits[torch.arange(N - 1), torch.tensor([0, 1, 2])] = 5.0  # draft ids 0, 1, 2 -> 10, 11, 12
-    draft = host_rows(draft_logits, range(N - 1), chunk_width=40, logits=draft_logits, topk=2, stats=False)
+    draft_logits = torch.zeros(1, 40)
+    draft_logits[0, 0] = 5.0  # draft id 0 -> target id 10, the draft's first token
+    draft = host_rows(draft_logits, [0], chunk_width=40, logits=draft_logits, topk=2, stats=False)
     ints = HostInts([(torch.tensor([9, 10, 11, 12]), list(range(N))), (torch.tensor([10, 11, 30, 31]), list(range(N))),
                      (torch.tensor([7]), [0]), (torch.tensor([3]), [0])])
-    drafts = {"a": [(draft, p, True) for p in range(N - 1)]}
+    drafts = {"a": (draft, 0, True)}
     return records.Call("verify", records.verify,
                         (ints, target, [(0, "a", step)], N, time.time(), "float32", 3, 4, drafts, hot), (target,))
 
@@ -65,7 +65,7 @@ def test_records_are_built_in_the_recorder_from_what_crossed_the_pipe(tmp_path):
     assert [s["step_index"] for s in steps] == [0, 1, 2]
     assert steps[0]["drafted_tokens"] == [10, 11, 12] and steps[0]["accept_len"] == 3
     assert steps[0]["accept_flags"] == [True, True, False] and steps[0]["bonus_token"] == 30
-    assert [pos[0][0] for pos in steps[0]["draft_topk"]] == [10, 11, 12]  # mapped through hot_token_id
+    assert [pos[0][0] for pos in steps[0]["draft_topk"]] == [10]  # position 1, mapped through hot_token_id
     assert [pos[0][0] for pos in steps[0]["target_topk"]] == [10, 11, 30]
     aux = [s for b in batches for s in b["samples"] if s["step_index"] == 0]
     assert [s["point"] for s in aux] == ["target.aux[0]", "target.aux[1]", "target.aux[2]"]
