@@ -102,14 +102,14 @@ def norms(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | None =
     data = []
     for r, (label, summary) in enumerate(runs):
         series = summary.get("norms") or {}
-        starts = [b["t0"] for s in series.values() for b in s if b.get("n")]
+        t0 = min((b["t0"] for s in series.values() for b in s if b.get("n")), default=0.0)
         for j, point in enumerate(sorted(series)):
             bins = [b for b in series[point] if b.get("n")]
             if not bins:
                 continue
             name = point if len(runs) == 1 else f"{label}: {point}"
             data.append({"type": "scatter", "mode": "lines+markers", "name": name,
-                         "x": [round(b["t0"] - min(starts), 3) for b in bins],
+                         "x": [round(b["t0"] - t0, 3) for b in bins],
                          "y": [b["l2_mean"] for b in bins],
                          "line": {"color": SERIES[j % len(SERIES)], "dash": "dash" if r else "solid"},
                          "hovertemplate": "%{x:.1f} s: %{y:.4g}<extra>" + name + "</extra>"})
