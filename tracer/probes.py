@@ -1,0 +1,158 @@
+"""The Tracer's tensor probes: what each forward hook summarises of the sampled rows (draft input, the
+draft's ``fc`` output recomputed off-graph, target aux chunks, draft and target top-k) and the verify
+step records. A mixin over ``runtime.Tracer``'s state (``summaries``, ``live``, ``submit``, ``rows_of``);
+everything here runs on SGLang's scheduler thread and never waits for the device.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import torch
+
+from . import recompute, records
+from .devicecopy import HostInts, device_index, later_list
+from .recorder import Shared
+from .summaries import Summaries
+
+ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
+# Points that describe the draft's wiring rather than each step's input are recorded at every
+# PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
+# statistics, and draft.input in draft_extend when it is the verify's target.aux rows (recorded every step).
+PERIODIC_STEPS = 8
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+class TensorProbes:
+    """The hooks' work on sampled rows: prefill, draft decode, verify, draft extend."""
+
+    # state the Tracer owns (see its __init__)
+    live: dict
+    draft_seed: dict
+    summaries: Summaries
+    target_hidden: Optional[int]
+    _verify_hidden: Optional[tuple]
+    _hot: Optional[Shared]
+
+    def on_prefill(self, worker, batch, target_hidden: torch.Tensor, draft_input, rows: List[tuple]) -> None:
+        """draft.input/fc.out of the prompt's last rows; the draft's top-k at position 1 of step 0, from
+        the output hidden states the draft extend returns (``draft_input``, one row per request)."""
+        extend_lens = list(batch.extend_lens)
+        starts = [0]
+        for n in extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        spans = [(max(starts[i], starts[i] + extend_lens[i] - ROWS_PER_REQUEST), starts[i] + extend_lens[i])
+                 for i, _, _ in rows]
+        self._features(worker, target_hidden, rows, spans, "prefill", with_aux=True)
+        h = getattr(draft_input, "hidden_states", None)
+        if h is not None and h.shape[0] == len(batch.reqs):
+            self._draft_seeds(worker, h, rows, "prefill")
+
+    def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
+                  with_aux: bool, p_in=None, input_every: int = 1) -> None:
+        """draft.input (at steps that are multiples of ``input_every``; + target.aux[i] chunks) and
+        draft.fc.out of the given row spans: two launches (one when ``p_in`` already summarises those
+        rows of ``h``)."""
+        if h is None or not rows:
+            return
+        sel = [k for a, b in spans for k in range(a, b)]
+        groups, at = [], 0
+        for a, b in spans:
+            groups.append(list(range(at, at + b - a)))
+            at += b - a
+        H = self.target_hidden
+        width = int(h.shape[-1])
+        chunks = width // H if H and width % H == 0 else 1
+        if p_in is None:
+            p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
+        fc_out = recompute.fc(worker.draft_runner.model, h[device_index(sel, h.device)])
+        p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
+        self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
+                    chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
+
+    def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str) -> None:
+        """Top-k of the draft's logits at position 1 of each request's next verify step, recomputed from
+        rows ``h[i]`` of its output hidden states (``recompute.logits``; graph replays keep the logits
+        inside the graph). Periodic steps also record a ``draft.logits`` sample (statistics of the whole
+        row: non-finite logits show broken weights)."""
+        logits = recompute.logits(worker.draft_runner.model, h[device_index([i for i, _, _ in rows], h.device)])
+        if logits is None:
+            return
+        periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
+        pending = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic))
+        if pending is None:
+            return
+        hot = getattr(worker, "hot_token_id", None)
+        if hot is not None and self._hot is None:
+            self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
+        for j, (_, rid, _) in enumerate(rows):
+            self.draft_seed[rid] = (pending, j, hot is not None)
+        # always queued, so that every launch is read (a device launch holds a ring slot until then)
+        self.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
+                    pendings=(pending,))
+
+    # -- draft decode -----------------------------------------------------------------------------
+    def on_draft_input(self, worker, batch) -> None:
+        """draft.input of the draft steps (periodic): the draft's own hidden state it starts from."""
+        if batch.forward_mode.is_idle() or worker.topk != 1:
+            return
+        periodic = [r for r in self.rows_of(batch.reqs) if r[2] % PERIODIC_STEPS == 0]
+        h = batch.spec_info.hidden_states
+        if periodic and h is not None:
+            self._features(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode", with_aux=False)
+
+    # -- verify -----------------------------------------------------------------------------------
+    def on_verify(self, batch, verify_input, result) -> None:
+        """Counts the verify step of each sampled request; records the ones whose step is sampled."""
+        reqs = batch.reqs
+        rows = self.rows_of(reqs)
+        live = self.live
+        for r in reqs:
+            n = live.get(r.rid)
+            if n is not None:
+                live[r.rid] = n + 1
+        if not rows or result is None or getattr(result, "accept_lens", None) is None:
+            return
+        N = int(verify_input.draft_token_num)
+        nodes = [i * N + p for i, _, _ in rows for p in range(N)]
+        reqs_at = [i for i, _, _ in rows]
+        ints = HostInts([(verify_input.draft_token, nodes), (result.next_token_ids, nodes),
+                         (batch.seq_lens, reqs_at), (result.accept_lens, reqs_at)])
+        lo = result.logits_output
+        hidden, H = lo.hidden_states, self.target_hidden
+        aux = hidden is not None and H and hidden.shape[-1] % H == 0
+        pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
+                                        chunk_width=H if aux else None, logits=lo.next_token_logits)
+        aux_dtype = _dtype(hidden) if aux else None
+        n_aux = int(hidden.shape[-1]) // H if aux else 0
+        # the draft extend that follows reads the same rows of the same tensor as its input
+        self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
+        drafts = {rid: self.draft_seed.pop(rid) for _, rid, _ in rows if rid in self.draft_seed}
+        self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
+                    drafts, self._hot, pendings=(pending,))
+
+    # -- draft extend after verify ----------------------------------------------------------------
+    def draft_extend_rows(self, batch) -> tuple:
+        """(rows of the verify step just done, rows whose next step is recorded)."""
+        if batch.forward_mode.is_idle():
+            return [], []
+        return self.rows_of(batch.reqs, back=1), self.rows_of(batch.reqs)
+
+    def on_draft_extend(self, worker, batch, batch_result, done, upcoming) -> None:
+        """draft.input/fc.out of the verify step just done; the draft's top-k at position 1 of the next
+        step, from its output hidden state at each request's last accepted row (``next_draft_input``)."""
+        N = worker.speculative_num_draft_tokens
+        h = batch_result.logits_output.hidden_states
+        verified, self._verify_hidden = self._verify_hidden, None
+        if done and h is not None:
+            same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
+            self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
+                                             for i, _, _ in done], "draft_extend", with_aux=False,
+                           p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS)
+        seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
+        if upcoming and seed is not None and seed.shape[0] == len(batch.reqs):
+            self._draft_seeds(worker, seed, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend")
