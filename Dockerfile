@@ -5,7 +5,8 @@
 #     (compose profile `live`);
 #   target gpu: SGLang's official image with the tracer (compose profile `gpu`).
 # Python packages come from PyPI, or only from ./wheels when built with --build-arg PIP_NO_INDEX=1
-# (machines whose containers cannot reach PyPI: scripts/wheelhouse [live]).
+# (machines whose containers cannot reach PyPI: scripts/wheelhouse [live]). Builds need BuildKit
+# (RUN --mount): docker compose and docker buildx use it.
 ARG BASE_IMAGE=python:3.11-slim
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
@@ -49,7 +50,10 @@ CMD ["python3", "docker/live.py"]
 
 FROM ${SGLANG_IMAGE} AS gpu
 COPY --from=wheel /dist/ /dist/
-RUN python3 -m pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
+# The tracer has no dependency beyond the image's SGLang environment; the image's Python may be the
+# system one (PEP 668 marker), hence PIP_BREAK_SYSTEM_PACKAGES for this one install.
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps /dist/draftscope-*.whl \
+    && rm -rf /dist
 COPY docker/with-token /usr/local/bin/draftscope-with-token
 ENTRYPOINT ["draftscope-with-token"]
 

@@ -4,7 +4,8 @@ Default: the dashboard comes up healthy, seeded with the demo traces, on loopbac
 loopback URL, ingest guarded by a token; a build that cannot reach PyPI says what to do instead.
 `live`: the real SGLang 0.5.23 on CPU, a healthy and a broken draft traced into the dashboard under
 load; both runs appear through the JSON API and the broken one carries its finding.
-`gpu`: its configuration resolves (it needs an NVIDIA GPU to run).
+`gpu`: its configuration resolves, and its image builds on a stand-in base (running it needs
+SGLang's image and an NVIDIA GPU).
 
 Needs a Docker engine: the one at DOCKER_HOST or /var/run/docker.sock (reused, and said so), else
 the workplace's `../shared/tools/docker-here`, started here and stopped at the end. Images install
@@ -199,6 +200,31 @@ def test_gpu_profile_config_resolves(docker) -> None:
     assert sglang["environment"]["DRAFTSCOPE_URL"] == "http://dashboard:8177"
     devices = sglang["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+
+
+def test_gpu_image_stage_builds_on_a_stand_in_base(docker, tmp_path) -> None:
+    """The gpu profile's image built on the local Python image instead of SGLang's (no Docker Hub
+    here): the tracer's plugin entry point is installed, and the entry point hands the dashboard's
+    token on."""
+    docker.wheels(live=False)
+    tag = "draftscope-gpu-stage:test"
+    override = tmp_path / "gpu-stage.yml"
+    override.write_text(f"services:\n  sglang:\n    image: {tag}\n")
+    build = subprocess.run(["docker", "compose", "-p", "draftscope-gpu-stage", "-f", str(REPO / "docker-compose.yml"),
+                            "-f", str(override), "--profile", "gpu", "build", "sglang"],
+                           capture_output=True, text=True, cwd=REPO, timeout=900,
+                           env={**docker.env, "DRAFTSCOPE_SGLANG_IMAGE": "python:3.11-slim"})
+    assert build.returncode == 0, build.stdout + build.stderr
+    try:
+        probe = ("mkdir -p /data && echo secret-from-dashboard > /data/ingest-token && "
+                 "draftscope-with-token python3 -c \"import os; from importlib.metadata import entry_points; "
+                 "print(os.environ['DRAFTSCOPE_INGEST_TOKEN'], "
+                 "[e.value for e in entry_points(group='sglang.srt.plugins')])\"")
+        run = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", tag, "-c", probe],
+                             capture_output=True, text=True, env=docker.env, timeout=300)
+        assert run.stdout == "secret-from-dashboard ['draftscope_tracer.plugin:register']\n", run
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, env=docker.env)
 
 
 @pytest.fixture(scope="module")
