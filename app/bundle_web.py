@@ -5,6 +5,7 @@ The downloads read only; ``POST /import`` is the one route here that writes.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import tempfile
@@ -54,15 +55,11 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
         raise PageError(404, "Not found", str(exc), ["Open the runs list to see every stored run."]) from None
     except TextUnavailable as exc:
         path.unlink(missing_ok=True)
-        return HTMLResponse(f"<p>{_escape(str(exc))}</p>", status_code=409)
+        return HTMLResponse(f"<p>{html.escape(str(exc))}</p>", status_code=409)
     suffix = "" if requests is None else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", requests[0])[:40]
     return FileResponse(path, media_type="application/zip",
                         filename=f"draftscope-{run_id[:12]}{suffix}.zip",
                         background=BackgroundTask(path.unlink, missing_ok=True))
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 @router.get("/import", response_class=HTMLResponse)
