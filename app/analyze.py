@@ -11,9 +11,9 @@ import orjson
 import sqlalchemy as sa
 
 from draftscope import models
+from draftscope.bundle.spec import imported_spec
 from draftscope.findings import Finding, runtime_findings, static_findings
-from draftscope.spec import (SpecError, TargetSpec, VocabMapCheck, expect_sglang, read_draft,
-                             read_target)
+from draftscope.spec import SpecError, TargetSpec, expect_sglang, read_draft, read_target
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
 from draftscope.stats import fold_run_stats, observation, update_run_stats
@@ -22,7 +22,6 @@ from draftscope_tracer.redact import redact_server_args
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
 _FINDINGS = models.Finding.__table__
-_IMPORTS = models.BundleImport.__table__
 
 
 def refresh_run(engine: sa.Engine, run_id: str) -> list[Finding] | None:
@@ -40,7 +39,7 @@ def refresh_run(engine: sa.Engine, run_id: str) -> list[Finding] | None:
         run = _run(conn, run_id)
         carried = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_BATCHES.c.finding_rows), 0))
                                .where(_BATCHES.c.run_id == run_id)).scalar_one()
-        imported = _imported_spec(conn, run_id)
+        imported = imported_spec(conn, run_id)
     if run is None or carried:
         return None
     spec, static = _static(run, imported)  # reads files: outside the write transaction
@@ -55,7 +54,7 @@ def analyze_in(conn: sa.Connection, run_id: str) -> list[Finding]:
     run = _run(conn, run_id)
     if run is None:
         raise KeyError(f"no run {run_id!r} in the store")
-    spec, static = _static(run, _imported_spec(conn, run_id))
+    spec, static = _static(run, imported_spec(conn, run_id))
     return _diagnose(conn, run, spec, static)
 
 
@@ -125,13 +124,3 @@ def _static(run: Mapping[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec
     server_args.setdefault("speculative_algorithm", run["algorithm"] or facts.get("algorithm"))
     env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else None
     return spec, static_findings(spec, target, expect_sglang(spec, target, server_args, env))
-
-
-def _imported_spec(conn: sa.Connection, run_id: str) -> tuple[DraftFeatureSpec, TargetSpec] | None:
-    """The (draft, target) specs in the manifest of the bundle ``run_id`` was imported from."""
-    manifest = conn.execute(sa.select(_IMPORTS.c.manifest).where(_IMPORTS.c.run_id == run_id)).scalar()
-    spec = (manifest or {}).get("feature_spec") or {}
-    if not spec.get("draft") or not spec.get("target"):
-        return None
-    draft = dict(spec["draft"], vocab_map=VocabMapCheck(**spec["draft"]["vocab_map"]))
-    return DraftFeatureSpec(**draft), TargetSpec(**spec["target"])

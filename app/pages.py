@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from draftscope import charts, queries
 from draftscope.facts_view import fact_sections
+from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
 from draftscope.spec_diff import combine, expected_widths, spec_diff
 from draftscope.templating import templates
@@ -171,7 +172,7 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
                         ["Open the runs list to see every stored run."])
     summary = queries.run_summary(conn, run_id)
     findings = queries.run_findings(conn, run_id)
-    static, stats = static_spec(run)
+    static, stats = static_spec(run, imported_spec(conn, run_id))
     diff = combine(static, spec_diff(run, summary, stats))
     return {"run": run, "summary": summary, "findings": findings, "diff": diff,
             "feature_stats": stats, "health": queries.latest_health(conn, run_id),

@@ -7,23 +7,30 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from draftscope.spec import SpecError, expect_sglang, read_draft, read_target
+from draftscope.spec import (DraftFeatureSpec, SpecError, TargetSpec, expect_sglang, read_draft,
+                             read_target)
 from draftscope.spec.describe import SpecRow, describe_spec
 from draftscope.spec.target import check_target_matches
 from draftscope_tracer.redact import redact_server_args
 
 
-def static_spec(run: dict[str, Any]) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
-    """(spec block rows, training-time feature statistics) of the run's draft, or (None, None)
-    when its directories are not readable here (another host, an imported bundle)."""
+def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec] | None = None
+                ) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
+    """(spec block rows, training-time feature statistics) of the run's draft, read from its
+    directories when they are readable here, else from ``imported`` (the specs an imported
+    bundle carried, ``draftscope.bundle.spec.imported_spec``), else (None, None)."""
     facts = run.get("facts") or {}
     draft = (facts.get("draft") or {}).get("path") or run.get("draft_path")
     target = (facts.get("target") or {}).get("path") or run.get("target_path")
-    if not draft or not target or not Path(draft).is_dir():
-        return None, None
     args = redact_server_args(run.get("server_args") or {})
     algorithm = run.get("algorithm") or facts.get("algorithm") or args.get("speculative_algorithm")
-    return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"), algorithm)
+    if draft and target and Path(draft).is_dir():
+        return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"),
+                     algorithm)
+    if imported is None:
+        return None, None
+    spec, target_spec = imported
+    return _describe(spec, target_spec, algorithm), spec.feature_stats
 
 
 @lru_cache(maxsize=64)
@@ -35,5 +42,9 @@ def _read(draft: str, target: str, _draft_hash: str | None, _target_hash: str | 
         check_target_matches(spec, target_spec)
     except SpecError:
         return None, None
-    exp = expect_sglang(spec, target_spec, {"speculative_algorithm": algorithm} if algorithm else {})
-    return describe_spec(spec, target_spec, exp), spec.feature_stats
+    return _describe(spec, target_spec, algorithm), spec.feature_stats
+
+
+def _describe(spec: DraftFeatureSpec, target: TargetSpec, algorithm: str | None) -> list[SpecRow]:
+    exp = expect_sglang(spec, target, {"speculative_algorithm": algorithm} if algorithm else {})
+    return describe_spec(spec, target, exp)

@@ -1,5 +1,6 @@
-"""A bundle imported where the models are not readable still gets the reporter's findings (from the
-manifest's feature spec); paths under home are shortened unless kept.
+"""A bundle imported where the models are not readable still gets the reporter's findings and
+trained-vs-served table (from the manifest's feature spec); paths under home are shortened unless
+kept.
 
 Starts from the recorded top-level-ids run (``demo/``, real SGLang on the CPU test bed), relocated to
 this checkout's test-bed models: its ``aux-ids-not-read`` finding is static, read from the draft's
@@ -16,12 +17,16 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from fastapi.testclient import TestClient
+
 from draftscope import db, importer, queries
 from draftscope.analyze import refresh_run
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
 from draftscope.ingest import BatchWriter
+from draftscope.settings import Settings
+from draftscope.web import create_app
 from testbed import scenarios
 
 DEMO = Path(__file__).resolve().parent.parent / "demo"
@@ -71,6 +76,13 @@ def test_findings_come_from_the_manifest_where_the_models_are_unreadable(recorde
                 for f in _findings(source, run_id)]
     assert ("aux-ids-not-read", "error", "static") in [f[:3] for f in imported]
     assert imported == expected
+    # The trained-vs-served table too: the same rows, trained values from the manifest.
+    source_url = str(source.url)
+    diffs = []
+    for url in (source_url, store_url):
+        with TestClient(create_app(Settings(database_url=url))) as client:
+            diffs.append(client.get(f"/runs/{run_id}/spec.csv").text.replace(str(root) + "/", "~/"))
+    assert "aux ids (checkpoint)" in diffs[1] and diffs[1] == diffs[0]
 
 
 def test_keep_paths_keeps_them(recorded, monkeypatch) -> None:
