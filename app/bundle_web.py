@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -65,34 +66,53 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
 @router.get("/import", response_class=HTMLResponse)
 def import_page(request: Request) -> HTMLResponse:
     """The upload form."""
-    return templates.TemplateResponse(request, "import.html", {"result": None, "error": None})
+    return templates.TemplateResponse(request, "import.html", _context(request, None, None))
 
 
 @router.post("/import", response_class=HTMLResponse)
 async def import_upload(request: Request) -> HTMLResponse:
-    """Validate and store an uploaded bundle, whole or not at all. An htmx request gets only the
-    result block (status 200, so that htmx shows an error inline); others the page with 4xx."""
-    result, error = None, None
+    """Validate and store an uploaded bundle, whole or not at all. When the dashboard has an ingest
+    token, the form's ``token`` field (or a Bearer header) must carry it. An htmx request gets only
+    the result block (status 200, so that htmx shows an error inline); others the page with 4xx."""
+    result, error, status = None, None, 422
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_UPLOAD_BYTES:
         error = (f"The upload is larger than {MAX_UPLOAD_BYTES:,} bytes. Export fewer requests "
                  "(draftscope export --requests ...) or import it with draftscope import.")
     else:
         form = await request.form(max_files=1, max_fields=1)
-        upload = form.get("bundle")
-        if not isinstance(upload, UploadFile) or not upload.filename:
-            error = "Choose a bundle file (a .zip made by draftscope export or the Export button)."
-        else:
-            try:
+        try:
+            upload = form.get("bundle")
+            if not _token_ok(request, form.get("token")):
+                error, status = ("This dashboard takes imports with its ingest token "
+                                 "(DRAFTSCOPE_INGEST_TOKEN): enter it in the token field."), 401
+            elif not isinstance(upload, UploadFile) or not upload.filename:
+                error = "Choose a bundle file (a .zip made by draftscope export or the Export button)."
+            else:
                 result = await run_in_threadpool(_store_upload, request, upload)
-            except BundleError as exc:
-                error = f"{exc} Nothing was imported."
-            finally:
-                await form.close()
+        except BundleError as exc:
+            error = f"{exc} Nothing was imported."
+        finally:
+            await form.close()
     htmx = bool(request.headers.get("hx-request"))
-    status = 200 if error is None or htmx else 422
-    return templates.TemplateResponse(request, "import.html", {"result": result, "error": error},
-                                      status_code=status, block_name="result" if htmx else None)
+    return templates.TemplateResponse(request, "import.html", _context(request, result, error),
+                                      status_code=200 if error is None or htmx else status,
+                                      block_name="result" if htmx else None)
+
+
+def _context(request: Request, result: ImportResult | None, error: str | None) -> dict:
+    return {"result": result, "error": error,
+            "token_required": request.app.state.settings.ingest_token is not None}
+
+
+def _token_ok(request: Request, field: object) -> bool:
+    """No ingest token set, or the form's token field / a Bearer header carries it."""
+    expected = request.app.state.settings.ingest_token
+    if expected is None:
+        return True
+    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+    given = bearer if scheme.lower() == "bearer" else (field if isinstance(field, str) else "")
+    return secrets.compare_digest(given.encode(), expected.encode())
 
 
 def _store_upload(request: Request, upload: UploadFile) -> ImportResult:

@@ -224,3 +224,21 @@ def test_the_good_bundle_imports_once(good_bundle, store) -> None:
     assert _snapshot(store) == after and len(after["runs"]) == 2
     source = [row for row in after["runs"] if row.id == first.run_id][0].source
     assert source == "bundle" and after["bundle_imports"][0].origin == "good.zip"
+
+
+def test_the_upload_form_needs_the_ingest_token_when_one_is_set(good_bundle, store_url, make_client):
+    """A dashboard on a non-loopback address has an ingest token; an upload writes to the store,
+    so it needs the token too."""
+    client = make_client(ingest_token="s3cret")
+    files = {"bundle": ("aux-off.zip", good_bundle, "application/zip")}
+    assert 'name="token"' in client.get("/import").text
+    refused = client.post("/import", files=files, data={"token": "wrong"})
+    assert refused.status_code == 401 and "ingest token" in refused.text
+    engine = db.make_engine(store_url)
+    try:
+        assert _snapshot(engine)["runs"] == []
+        accepted = client.post("/import", files=files, data={"token": "s3cret"})
+        assert accepted.status_code == 200 and "Imported" in accepted.text
+        assert len(_snapshot(engine)["runs"]) == 1
+    finally:
+        engine.dispose()
