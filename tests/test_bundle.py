@@ -94,3 +94,33 @@ def test_keep_paths_keeps_them(recorded, monkeypatch) -> None:
         run = json.loads(zf.read("run.json"))
         assert run["draft_path"].startswith(str(root) + "/")
         assert json.loads(zf.read("manifest.json"))["paths"] == "kept"
+
+
+def test_include_text_says_when_the_tokenizer_is_not_readable(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from draftscope.cli import app
+
+    trace = tmp_path / "trace.jsonl"
+    text = (DEMO / "aux-off.jsonl").read_text()
+    recorded = json.loads(text.splitlines()[0])["run"]["target_path"]
+    trace.write_text(text.replace(recorded, "/nonexistent/target"))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    runner = CliRunner()
+    assert runner.invoke(app, ["import", str(trace), "--db", url]).exit_code == 0
+    run_id = json.loads(text.splitlines()[0])["run_id"]
+    out = tmp_path / "b.zip"
+    result = runner.invoke(app, ["export", run_id, "--include-text", "--db", url, "-o", str(out)])
+    assert result.exit_code == 1 and "/nonexistent/target/tokenizer.json is not readable" in result.output
+    assert not out.exists()
+
+
+def test_progress_bars_for_large_runs_on_a_terminal(monkeypatch) -> None:
+    from draftscope import bundle_cli
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    with bundle_cli._progress("exporting", bundle_cli.SHOW_PROGRESS_FROM) as advance:
+        advance(bundle_cli.SHOW_PROGRESS_FROM)
+    with bundle_cli._progress("exporting", bundle_cli.SHOW_PROGRESS_FROM - 1) as small:
+        assert small is None
