@@ -180,3 +180,11 @@ def test_drift_needs_similar_positions():
 def test_zero_acceptance_with_finite_logits_and_not_with_nonfinite():
     assert _ids(_shape(accepted_drafts=0)) == ["acceptance-zero-finite-logits"]
     assert "acceptance-zero-finite-logits" not in _ids(_shape(accepted_drafts=0, draft_logits_nonfinite=3))
+
+
+def test_decay_explains_a_position1_shape():
+    # Long requests past the draft's window fail at position 1 and dominate it (measured on the
+    # short-context scenario): the decay finding alone names the cause.
+    obs = _shape(accepted_drafts=110, accept_by_position=[(272, 60), (60, 33), (33, 17)],
+                 accept_by_seq_bin=[(0, 89, 105), (180, 183, 5)])
+    assert _ids(obs) == ["acceptance-decays-with-position"]

@@ -294,8 +294,9 @@ def _signatures(obs: Observation, draft: dict, spec: DraftFeatureSpec | None,
         found.append(zero)
     if explained or zero:
         return found
-    for rule in (_position1, _decay_with_position, _drift):
-        hit = rule(obs, draft, spec)
+    decay = _decay_with_position(obs, draft, spec)
+    # Steps past the knee fail at position 1 and dominate it: decay explains that shape too.
+    for hit in (decay, None if decay else _position1(obs, draft, spec), _drift(obs, draft, spec)):
         if hit:
             found.append(hit)
     return found

@@ -1,0 +1,87 @@
+"""Acceptance signatures on the real CPU SGLang 0.5.23 server: each fires on the scenario that
+causes it (served traffic included) and stays silent on healthy (tests/test_scenario_findings.py
+serves healthy and asserts no warning or error at all).
+
+Traffic: the demo prompts (short: positions under 40); long prompts (~200 tokens, past anything
+the tiny draft was trained on); the demo prompts sampled at a high temperature (traffic unlike
+the draft's training data, which was greedy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from draftscope import db, models
+from draftscope.analyze import refresh_run
+from draftscope.cli import app as cli
+from draftscope.stats import observation as run_observation
+from testbed import scenarios
+from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from tests.test_scenario_findings import wait_for_run
+
+pytestmark = pytest.mark.sglang
+
+LONG_PROMPTS = [" ".join(DEMO_PROMPTS[i:] + DEMO_PROMPTS[:i]) * 5 for i in range(4)]
+OVERRIDE = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
+def serve(server, plan) -> tuple[list, object]:
+    """Send ``plan`` ([(prompt, new tokens, sampling)]); (findings, observation) of the run."""
+    before = wait_for_run(server.trace_db_url, 0, False, run_counts=(0, 1))[1]
+    for prompt, new_tokens, sampling in plan:
+        server.generate(prompt, new_tokens, **sampling)
+    run_id = wait_for_run(server.trace_db_url, before + len(plan), False)[0]
+    engine = db.make_engine(server.trace_db_url)
+    try:
+        findings = refresh_run(engine, run_id)
+        with engine.connect() as conn:
+            facts = conn.execute(sa.select(models.Run.facts).where(models.Run.id == run_id)).scalar()
+            obs = run_observation(conn, run_id, facts)
+    finally:
+        engine.dispose()
+    return findings, obs
+
+
+def report(findings, obs) -> str:
+    return (f"{[(f.rule_id, f.severity, f.source) for f in findings]}\nby position "
+            f"{obs.accept_by_position}\nby seq bin {obs.accept_by_seq_bin}\nby time bin "
+            f"{obs.accept_by_time_bin}")
+
+
+DEMO = [(p, DEMO_NEW_TOKENS, {}) for p in DEMO_PROMPTS]
+
+
+def test_zero_acceptance_with_finite_logits_lm_head_removed(sglang_server):
+    findings, obs = serve(sglang_server("lm-head-removed"), DEMO)
+    rules = [(f.rule_id, f.source) for f in findings]
+    assert rules[0] == ("draft-weights-not-loaded", "static"), report(findings, obs)
+    assert ("acceptance-zero-finite-logits", "runtime") in rules, report(findings, obs)
+    assert obs.accepted_drafts == 0 and obs.draft_logits_samples and not obs.draft_logits_nonfinite
+
+
+def test_decay_with_position_short_context_served_long(sglang_server):
+    s = scenarios.prepare("short-context")
+    out = CliRunner().invoke(cli, ["doctor", str(s.draft_dir), "--target", str(s.target_dir), "--json",
+                                   "--server-env", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"])
+    assert [f["rule_id"] for f in json.loads(out.output)["findings"]] == ["draft-context-overridden"]
+    findings, obs = serve(sglang_server("short-context", env=OVERRIDE),
+                          DEMO + [(p, 48, {}) for p in LONG_PROMPTS])
+    by_rule = {f.rule_id: f for f in findings}
+    decay = by_rule.get("acceptance-decays-with-position")
+    assert decay is not None, report(findings, obs)
+    assert decay.evidence["knee_seq_pos"] > 40  # where the long prompts start
+    assert "max_position_embeddings is 64 (SGLang overwrote it with 2048)" in decay.message
+    assert {"position-beyond-draft-max", "draft-context-overridden"} <= set(by_rule)
+    assert "acceptance-position1-collapse" not in by_rule and "acceptance-drift-over-time" not in by_rule
+
+
+def test_drift_over_time_when_traffic_changes(sglang_server):
+    hot = [(p, DEMO_NEW_TOKENS, {"temperature": 1.5, "top_k": 1000}) for p in DEMO_PROMPTS * 2]
+    findings, obs = serve(sglang_server("healthy", env={"DRAFTSCOPE_TEST_TRAFFIC": "drift"}),
+                          DEMO + DEMO + hot)
+    rules = [f.rule_id for f in findings]
+    assert rules == ["acceptance-drift-over-time"], report(findings, obs)
