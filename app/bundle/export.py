@@ -91,7 +91,7 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
                 "requests": requests,
                 "include_text": include_text,
                 "paths": "kept" if keep_paths else "shortened",
-                **_environment(run),
+                **_environment(private),
                 "server_args": private["server_args"],
                 "feature_spec": _feature_spec(run, keep_paths),
                 "findings": findings,
