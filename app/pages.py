@@ -177,6 +177,8 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
     return {"run": run, "summary": summary, "findings": findings, "diff": diff,
             "feature_stats": stats, "health": queries.latest_health(conn, run_id),
             "imported": queries.imported_from(conn, run_id),
+            "orphans": queries.orphan_requests(conn, run_id),
+            "last_batch_at": queries.last_batch_at(conn, run_id),
             "reconcile": _reconcile(summary.get("acceptance") or {})}
 
 

@@ -51,3 +51,10 @@ def test_request_pages_of_partial_and_orphan_requests(client):
     assert "incomplete trace" in page.text and "1 of the 3 verify steps" in page.text
     assert "incomplete trace" not in client.get(f"/runs/{run_id}/requests/whole").text
     assert client.get(f"/runs/{run_id}/requests/nowhere").status_code == 404
+
+
+def test_run_page_lists_orphans_and_marks_missing_steps(client):
+    run_id = _store(client)
+    page = client.get(f"/runs/{run_id}").text
+    assert 'id="orphans"' in page and f'href="/runs/{run_id}/requests/orphan"' in page
+    assert "1 of 3 missing" in page
