@@ -6,7 +6,8 @@ store), then runs units of 16 greedy requests, ``--sampled`` of each unit sample
 installed: ``pip install py-spy``). A sample is the tracer's when, walking from the innermost frame
 out, the first frame of either draftscope's tracer or SGLang is the tracer's (so the forward pass
 that a hook calls counts as SGLang's; numpy or torch called by the tracer counts as the tracer's).
-Prints, per thread of the scheduler process, its active samples and the tracer's share; the tracer
+Prints, per thread of the scheduler process, its active samples and the tracer's share (samples in a
+timed wait of ``threading`` apart: py-spy counts them active while the thread takes the GIL back); the tracer
 functions that the scheduler's main thread spends the most samples in; and the CPU seconds of the
 scheduler process and of the tracer's recorder process over the window.
 
@@ -59,14 +60,20 @@ def attribute(stack: list[str]) -> str | None:
 
 
 def parse(raw: Path) -> dict:
-    """Per thread: active samples, the tracer's samples, and the tracer's samples by innermost tracer frame."""
-    threads: dict = collections.defaultdict(lambda: {"samples": 0, "tracer": 0, "where": collections.Counter()})
+    """Per thread: samples in a wait of ``threading``'s (py-spy counts a timed wait as active while the
+    thread takes the GIL back), other samples, the tracer's among those, and the tracer's by innermost
+    tracer frame."""
+    threads: dict = collections.defaultdict(
+        lambda: {"waiting": 0, "samples": 0, "tracer": 0, "where": collections.Counter()})
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
             continue
         thread, *frames = stack.split(";")
         t, n = threads[thread], int(count)
+        if frames and frames[-1].split(" (", 1)[0].endswith("wait") and frames[-1].endswith("/threading.py)"):
+            t["waiting"] += n
+            continue
         t["samples"] += n
         frame = attribute(frames)
         if frame is not None:
@@ -126,9 +133,10 @@ def main() -> None:
     threads = parse(raw)
     print(f"{units} units of {UNIT} requests, {args.sampled} sampled in each, over {args.seconds:g} s; "
           f"py-spy at {args.rate} Hz on the scheduler process (pid {scheduler.pid})\n")
-    print("| thread | active samples | the tracer's |\n|---|---|---|")
+    print("| thread | active samples, not in a wait | the tracer's | in a threading wait |\n|---|---|---|---|")
     for name, t in sorted(threads.items(), key=lambda kv: -kv[1]["samples"]):
-        print(f"| {name} | {t['samples']} | {t['tracer']} ({100 * t['tracer'] / t['samples']:.1f}%) |")
+        share = f"{100 * t['tracer'] / t['samples']:.1f}%" if t["samples"] else "-"
+        print(f"| {name} | {t['samples']} | {t['tracer']} ({share}) | {t['waiting']} |")
     main_thread = max(threads.values(), key=lambda t: t["samples"])
     print("\nthe busiest thread's tracer samples, by innermost tracer frame:")
     for frame, n in main_thread["where"].most_common(12):
