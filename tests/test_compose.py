@@ -58,6 +58,7 @@ class Docker:
             key, _, value = part.partition("=")
             self.env[key] = value.strip("'\"")
         self.started_engine = True
+        self.say("started a Docker engine with ../shared/tools/docker-here (stopped at the end)")
 
     def _answers(self) -> bool:
         return subprocess.run(["docker", "info"], capture_output=True, env=self.env).returncode == 0
@@ -71,6 +72,8 @@ class Docker:
             self.filled_wheels |= not any(p.name != ".keep" for p in WHEELS.iterdir())
             subprocess.run([str(REPO / "scripts" / "wheelhouse"), *(["live"] if live else [])],
                            check=True, capture_output=True, cwd=REPO)
+            self.say(f"built {WHEELS} with scripts/wheelhouse{' live' if live else ''}"
+                     + (" (emptied at the end)" if self.filled_wheels else ""))
         self.env["DRAFTSCOPE_PIP_NO_INDEX"] = "1"
 
     def compose(self, project: str, *args: str, env: dict | None = None, timeout: float = 3600,
