@@ -3,6 +3,7 @@ directories when they are readable from the dashboard host; cached per checkpoin
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,28 +24,33 @@ def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpe
     draft = (facts.get("draft") or {}).get("path") or run.get("draft_path")
     target = (facts.get("target") or {}).get("path") or run.get("target_path")
     args = redact_server_args(run.get("server_args") or {})
-    algorithm = run.get("algorithm") or facts.get("algorithm") or args.get("speculative_algorithm")
+    args["speculative_algorithm"] = (run.get("algorithm") or facts.get("algorithm")
+                                     or args.get("speculative_algorithm"))
+    # As the findings see the server: its arguments and the override variables it started with.
+    env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else {}
+    served = json.dumps([args, env], sort_keys=True, default=str)
     if draft and target and Path(draft).is_dir():
         return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"),
-                     algorithm)
+                     served)
     if imported is None:
         return None, None
     spec, target_spec = imported
-    return _describe(spec, target_spec, algorithm), spec.feature_stats
+    return _describe(spec, target_spec, served), spec.feature_stats
 
 
 @lru_cache(maxsize=64)
 def _read(draft: str, target: str, _draft_hash: str | None, _target_hash: str | None,
-          algorithm: str | None) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
+          served: str) -> tuple[list[SpecRow] | None, dict[str, Any] | None]:
     try:
         target_spec = read_target(target)
         spec = read_draft(draft, target_layers=target_spec.num_layers)
         check_target_matches(spec, target_spec)
     except SpecError:
         return None, None
-    return _describe(spec, target_spec, algorithm), spec.feature_stats
+    return _describe(spec, target_spec, served), spec.feature_stats
 
 
-def _describe(spec: DraftFeatureSpec, target: TargetSpec, algorithm: str | None) -> list[SpecRow]:
-    exp = expect_sglang(spec, target, {"speculative_algorithm": algorithm} if algorithm else {})
+def _describe(spec: DraftFeatureSpec, target: TargetSpec, served: str) -> list[SpecRow]:
+    args, env = json.loads(served)
+    exp = expect_sglang(spec, target, {k: v for k, v in args.items() if v is not None}, env)
     return describe_spec(spec, target, exp)
