@@ -25,6 +25,7 @@ TARGETS = {
     "draft": f"{W}.EagleDraftWorker.draft",
     "prefill": f"{W}.EagleDraftWorker._draft_extend_for_prefill",
     "draft_extend": f"{W}.EagleDraftWorker._draft_extend_for_decode",
+    "graphs": f"{W}.EagleDraftWorker.init_cuda_graphs",
 }
 
 TRACER = None  # the Tracer of this process, once registered
@@ -150,8 +151,20 @@ def _around_draft(orig, worker, batch, *args, **kwargs):
     if t is None or not t.live or not t.recording:
         return orig(worker, batch, *args, **kwargs)
     t.health.beat("draft")
-    t.guard("draft", t.on_draft_input, worker, batch)  # reads the draft's input before the draft replaces it
-    return orig(worker, batch, *args, **kwargs)
+    rows = t.guard("draft", t.on_draft_input, worker, batch)  # the draft's input, before the draft replaces it
+    out = orig(worker, batch, *args, **kwargs)
+    if rows:
+        t.guard("draft", t.on_draft_steps, worker, rows)
+    return out
+
+
+def _around_graphs(orig, worker, *args, **kwargs):
+    """Before SGLang captures the draft's CUDA graphs (or, with graphs off, does nothing): the step tap."""
+    t = _live()
+    if t is not None:
+        t.health.beat("graphs")
+        t.guard("graphs", t.install_step_tap, worker)
+    return orig(worker, *args, **kwargs)
 
 
 def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
@@ -181,5 +194,5 @@ def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
 _AROUND = {
     "init": _around_init, "event_loop": _around_event_loop, "finish": _around_finish,
     "verify": _around_verify, "draft": _around_draft, "prefill": _around_prefill,
-    "draft_extend": _around_draft_extend,
+    "draft_extend": _around_draft_extend, "graphs": _around_graphs,
 }

@@ -13,7 +13,9 @@ import torch
 
 from . import recompute, records
 from .devicecopy import HostInts, device_index, later_list
+from .health import Health
 from .recorder import Shared
+from .steptap import StepTap
 from .summaries import Summaries
 
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
@@ -33,6 +35,9 @@ class TensorProbes:
     # state the Tracer owns (see its __init__)
     live: dict
     draft_seed: dict
+    draft_steps: dict
+    step_tap: Optional[StepTap]
+    health: Health
     summaries: Summaries
     target_hidden: Optional[int]
     _verify_hidden: Optional[tuple]
@@ -86,24 +91,43 @@ class TensorProbes:
         pending = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic))
         if pending is None:
             return
-        hot = getattr(worker, "hot_token_id", None)
-        if hot is not None and self._hot is None:
-            self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
+        mapped = self._hot_map(worker)
         for j, (_, rid, _) in enumerate(rows):
-            self.draft_seed[rid] = (pending, j, hot is not None)
+            self.draft_seed[rid] = (pending, j, mapped)
         # always queued, so that every launch is read (a device launch holds a ring slot until then)
         self.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
                     pendings=(pending,))
 
+    def _hot_map(self, worker) -> bool:
+        """Whether the draft's ids go through ``hot_token_id`` (sent to the recorder once)."""
+        hot = getattr(worker, "hot_token_id", None)
+        if hot is not None and self._hot is None:
+            self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
+        return hot is not None
+
     # -- draft decode -----------------------------------------------------------------------------
-    def on_draft_input(self, worker, batch) -> None:
-        """draft.input of the draft steps (periodic): the draft's own hidden state it starts from."""
+    def on_draft_input(self, worker, batch) -> List[tuple]:
+        """draft.input of the draft steps (periodic): the draft's own hidden state it starts from. Selects
+        the sampled rows in the step tap; returns the rows it took."""
         if batch.forward_mode.is_idle() or worker.topk != 1:
-            return
-        periodic = [r for r in self.rows_of(batch.reqs) if r[2] % PERIODIC_STEPS == 0]
+            return []
+        rows = self.rows_of(batch.reqs)
+        periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
         h = batch.spec_info.hidden_states
         if periodic and h is not None:
             self._features(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode", with_aux=False)
+        if self.step_tap is None or not rows:
+            return []
+        n = self.step_tap.select([i for i, _, _ in rows])
+        if n < len(rows):
+            self.health.drop("draft_tap_full", len(rows) - n)
+        return rows[:n]
+
+    def on_draft_steps(self, worker, rows: List[tuple]) -> None:
+        """After the draft: the step tap's top-k of positions 2.. for ``rows``, copied without blocking."""
+        steps, mapped = self.step_tap.read(len(rows)), self._hot_map(worker)
+        for j, (_, rid, _) in enumerate(rows):
+            self.draft_steps[rid] = (steps, j, mapped)
 
     # -- verify -----------------------------------------------------------------------------------
     def on_verify(self, batch, verify_input, result) -> None:
@@ -131,7 +155,7 @@ class TensorProbes:
         n_aux = int(hidden.shape[-1]) // H if aux else 0
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
-        drafts = {rid: self.draft_seed.pop(rid) for _, rid, _ in rows if rid in self.draft_seed}
+        drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}
         self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
                     drafts, self._hot, pendings=(pending,))
 

@@ -59,8 +59,9 @@ def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[st
            drafts: dict, hot: Optional[List[int]]) -> Records:
     """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
     target.aux[i] samples. ``ints``: draft tokens, target tokens (``N`` per request), then sequence
-    lengths and accept lengths (one per request); ``drafts``: rid -> (summary, row, mapped) of the
-    draft's top-k at position 1, ``mapped`` when its ids go through ``hot``."""
+    lengths and accept lengths (one per request); ``drafts``: rid -> (seed, steps), the draft's top-k
+    at position 1 as ``(summary, row, mapped)`` and at positions 2.. as ``(StepTopk, row, mapped)``
+    (either None), ``mapped`` when its ids go through ``hot``."""
     host = ints.result()
     s = pending.result() if pending is not None else None
     B = len(rows)
@@ -77,9 +78,13 @@ def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[st
             for c in range(n_aux):
                 out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, H], aux_dtype,
                                                     merged_stats(s, range(base, base + N), [c])))
-        if rid in drafts:
-            p, r, mapped = drafts[rid]
-            rec["draft_topk"] = [topk_list(p.result().rows[r].topk, hot if mapped else None)]
+        seed, steps = drafts.get(rid) or (None, None)
+        if seed is not None or steps is not None:
+            rec["draft_topk"] = [topk_list(seed[0].result().rows[seed[1]].topk, hot if seed[2] else None)
+                                 if seed is not None else []]
+            if steps is not None:
+                rec["draft_topk"] += [topk_list(pos[steps[1]], hot if steps[2] else None) for pos in steps[0].result()]
+            rec["draft_topk"] = rec["draft_topk"][:N - 1]
         out["steps"].append(rec)
     return out
 

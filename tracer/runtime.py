@@ -33,6 +33,7 @@ from .relay import Relay
 from .sampling import request_sampled, step_sampled
 from .shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from .probes import TensorProbes
+from .steptap import StepTap
 from .summaries import Summaries
 
 log = logging.getLogger("draftscope.tracer")
@@ -66,6 +67,8 @@ class Tracer(TensorProbes):
         self.first_seen: Dict[str, float] = {}
         self.totals: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
         self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row, mapped) of the draft's next position 1
+        self.draft_steps: Dict[str, tuple] = {}  # rid -> (StepTopk, row, mapped) of positions 2.. of this step
+        self.step_tap: Optional[StepTap] = None  # installed before SGLang captures the draft's graphs
         self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
         self.target_hidden: Optional[int] = None
         self.num_draft_tokens: Optional[int] = None
@@ -171,6 +174,12 @@ class Tracer(TensorProbes):
         self.close("crashed", SHUTDOWN_DEADLINE_S)
 
     # -- prefill: target aux -> draft extend --------------------------------------------------------
+    def install_step_tap(self, worker) -> None:
+        """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain
+        (``steptap``), on the recording rank."""
+        if worker.topk == 1 and worker.speculative_num_steps > 1 and _is_recording_rank():
+            self.step_tap = StepTap(worker, self.config.topk, self.guard)
+
     def admit(self, batch) -> List[tuple]:
         """Decide sampling for the requests of a prefill batch; the sampled rows of step 0."""
         now, rate = time.time(), self.config.sample_rate
@@ -207,6 +216,7 @@ class Tracer(TensorProbes):
                 coverage.warn_not_fired(self.expected_to_fire, self.health.heartbeats, rid, record["spec_verify_ct"])
                 self.expected_to_fire = []
             self.draft_seed.pop(rid, None)
+            self.draft_steps.pop(rid, None)
             out.append(record)
         if self.recording:
             self.submit("finish", records.finished, out)

@@ -81,7 +81,7 @@ class StepRecord(TypedDict):
     accept_len: int  # accepted drafts + 1 (bonus), as SGLang's accept_lens
     accept_flags: List[bool]  # per drafted position
     bonus_token: NotRequired[Optional[int]]
-    draft_topk: NotRequired[List[List[List[Optional[float]]]]]  # [position 1][k] = [target id, prob or null]
+    draft_topk: NotRequired[List[List[List[Optional[float]]]]]  # [position][k] = [target id, prob or null]; [] if not read
     target_topk: NotRequired[List[List[List[Optional[float]]]]]
 
 

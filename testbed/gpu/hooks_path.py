@@ -2,10 +2,11 @@
 
 ``HooksPath`` runs one decode iteration of an EAGLE-3 chain draft through the plugin's own AROUND hooks
 (``plugin.py``: draft, verify, draft extend, result processing) with the real ``Tracer``: whatever the
-hooks do on a sampled iteration (draft taps, the verify's summaries and token ids, the draft extend's
-``fc`` recompute and draft seeds, the totals) runs as in SGLang. SGLang's methods and batch objects are
-stand-ins holding device tensors shaped as SGLang 0.5.23 hands them to the hooks (``accept_lens`` on
-the host at result processing, as there).
+hooks do on a sampled iteration (the draft step tap's rows, its writes in the draft's two steps and
+their read, the verify's summaries and token ids, the draft extend's ``fc`` recompute and draft seeds,
+the totals) runs as in SGLang. SGLang's methods and batch objects are stand-ins holding device tensors
+shaped as SGLang 0.5.23 hands them to the hooks (``accept_lens`` on the host at result processing, as
+there); the tap is installed as the plugin's ``init_cuda_graphs`` hook does.
 A thread plays the relay: every 100 ms it pickles the queued calls with the relay's own pickler
 (which waits for and decodes their summaries).
 
@@ -34,11 +35,14 @@ H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 
 
 class _Mode:
+    def __init__(self, decode: bool = True):
+        self.decode = decode
+
     def is_idle(self) -> bool:
         return False
 
     def is_decode(self) -> bool:
-        return True
+        return self.decode
 
 
 class _Relay:
@@ -85,8 +89,8 @@ class _Runner:
     def __init__(self, model):
         self.model = model
 
-    def forward(self, out):
-        return out
+    def forward(self, forward_batch):
+        return forward_batch  # the stand-in batch carries the forward's output
 
 
 class HooksPath:
@@ -113,12 +117,12 @@ class HooksPath:
             lm_head=head, logits_processor=SimpleNamespace(  # what SGLang's LogitsProcessor offers
                 config=SimpleNamespace(vocab_size=V_DRAFT), do_tensor_parallel_all_gather=False, logit_scale=None,
                 final_logit_softcapping=None, _compute_lm_head=lambda x, lm_head: torch.matmul(x, lm_head.weight.T)))
-        logits_out = [SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=torch.randn(n, V_DRAFT, device=dev)
-                                                                    * 4)) for n in (batch, batch, rows)]
-        self.worker = SimpleNamespace(topk=1, speculative_num_draft_tokens=N,
-                                      hot_token_id=torch.randint(0, V, (V_DRAFT,), device=dev),
-                                      draft_runner=_Runner(model))
-        self._forwards = logits_out
+        # draft-decode steps 2..3, then the draft extend: stand-in forward batches carrying their output
+        self._forwards = [SimpleNamespace(forward_mode=_Mode(decode=n == batch), logits_output=SimpleNamespace(
+            next_token_logits=torch.randn(n, V_DRAFT, device=dev) * 4)) for n in (batch, batch, rows)]
+        self.worker = SimpleNamespace(topk=1, speculative_num_draft_tokens=N, speculative_num_steps=N - 1,
+                                      device=dev, hot_token_id=torch.randint(0, V, (V_DRAFT,), device=dev),
+                                      draft_runner=_Runner(model), draft_forward=self._draft_forward)
         self.draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.verify_input = SimpleNamespace(draft_token_num=N, draft_token=torch.randint(0, V, (rows,), device=dev))
         self.batch = SimpleNamespace(reqs=reqs, forward_mode=_Mode(), spec_info=self.draft_input,
@@ -131,12 +135,16 @@ class HooksPath:
         self.next_draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.result_on_host = SimpleNamespace(accept_lens=accept.cpu(), forward_mode=_Mode())
         plugin.TRACER = t
+        plugin._around_graphs(lambda worker: None, self.worker)  # the step tap, as before SGLang's capture
 
     # stand-ins for SGLang's worker methods (what the AROUND hooks wrap)
     def _draft(self, worker, batch):
-        for out in self._forwards[:2]:  # the draft's eager steps 2..3 (tapped when the tracer taps them)
-            worker.draft_runner.forward(out)
+        worker.draft_forward(None)  # SGLang's eager draft-decode loop (a graph replay runs the same tap)
         batch.spec_info = self.verify_input
+
+    def _draft_forward(self, forward_batch):
+        for step in self._forwards[:2]:  # the draft's steps 2..3
+            self.worker.draft_runner.forward(step)
 
     def _verify(self, worker, batch):
         return self.result

@@ -40,7 +40,7 @@ def _verify_call(step: int, hot: Shared) -> records.Call:
     draft = host_rows(draft_logits, [0], chunk_width=40, logits=draft_logits, topk=2, stats=False)
     ints = HostInts([(torch.tensor([9, 10, 11, 12]), list(range(N))), (torch.tensor([10, 11, 30, 31]), list(range(N))),
                      (torch.tensor([7]), [0]), (torch.tensor([3]), [0])])
-    drafts = {"a": (draft, 0, True)}
+    drafts = {"a": ((draft, 0, True), None)}
     return records.Call("verify", records.verify,
                         (ints, target, [(0, "a", step)], N, time.time(), "float32", 3, 4, drafts, hot), (target,))
 

@@ -1,0 +1,87 @@
+"""StepTap on CPU tensors: what the draft-decode loop's steps write, read back per sampled row."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import torch
+
+from draftscope_tracer import steptap
+from draftscope_tracer.steptap import StepTap
+
+STEPS, BS, V = 3, 5, 40
+
+
+class _Mode:
+    def __init__(self, decode: bool):
+        self.decode = decode
+
+    def is_decode(self) -> bool:
+        return self.decode
+
+
+def _worker(logits_per_step):
+    """A draft worker whose loop runs ``STEPS - 1`` decode forwards, returning ``logits_per_step`` in turn."""
+    worker = SimpleNamespace(speculative_num_steps=STEPS, device="cpu")
+    state = {"step": 0}
+
+    def forward(forward_batch):
+        decode = forward_batch.forward_mode.is_decode()
+        logits = logits_per_step[state["step"]] if decode else torch.zeros(BS, V)
+        state["step"] += decode
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+    def draft_forward(forward_batch):
+        state["step"] = 0
+        for _ in range(STEPS - 1):
+            worker.draft_runner.forward(forward_batch)
+
+    worker.draft_runner, worker.draft_forward = SimpleNamespace(forward=forward), draft_forward
+    return worker
+
+
+def _guard(errors):
+    def guard(probe, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the tracer's guard counts, never raises
+            errors.append((probe, exc))
+    return guard
+
+
+def test_each_step_top_k_at_the_selected_rows():
+    torch.manual_seed(0)
+    logits = [torch.randn(BS, V) for _ in range(STEPS - 1)]
+    errors = []
+    w = _worker(logits)
+    tap = StepTap(w, 3, _guard(errors))
+    assert tap.select([4, 1]) == 2
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    got = pickle.loads(pickle.dumps(tap.read(2))).result()
+    assert not errors and len(got) == STEPS - 1
+    for step, lg in enumerate(logits):
+        for j, row in enumerate([4, 1]):
+            probs = torch.softmax(lg[row], -1)
+            want = torch.topk(probs, 3)
+            assert [i for i, _ in got[step][j]] == want.indices.tolist()
+            assert [p for _, p in got[step][j]] == want.values.tolist()
+
+
+def test_only_draft_decode_forwards_count_and_an_unarmed_loop_writes_nothing():
+    logits = [torch.zeros(BS, V) for _ in range(STEPS - 1)]
+    logits[0][2, 7] = 9.0
+    w = _worker(logits)
+    tap = StepTap(w, 2, _guard([]))
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))  # not selected: no work, buffers untouched
+    assert (tap.ids == -1).all()
+    tap.select([2])
+    w.draft_runner.forward(SimpleNamespace(forward_mode=_Mode(False)))  # a draft extend: not a step
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert tap.read(1).result()[0][0][0][0] == 7
+
+
+def test_more_rows_than_the_tap_holds_are_cut():
+    w = _worker([torch.zeros(BS, V)])
+    tap = StepTap(w, 2, _guard([]))
+    assert tap.select(list(range(steptap.ROWS + 3))) == steptap.ROWS
