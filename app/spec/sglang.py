@@ -36,8 +36,10 @@ SRC = {
     "token_map": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_token_map",
     "hot_token_id": "speculative/eagle_worker_v2.py::EagleDraftWorker.init_lm_head (self.hot_token_id = "
                     "self.draft_runner.model.hot_token_id)",
-    "context_length": "configs/model_config.py::ModelConfig._derive_context_length (the draft gets "
-                      "context_length=target context_len: speculative/eagle_worker_v2.py::EagleDraftWorker.__init__)",
+    "context_length": "configs/model_config.py::ModelConfig._derive_context_length "
+                      "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)",
+    "draft_context_length": "speculative/eagle_worker_v2.py::EagleDraftWorker.__init__ "
+                            "(context_length=target_worker.model_runner.model_config.context_len)",
 }
 # EAGLE-3.1 flags each SGLang draft class applies, with where (absent: the class ignores the flag).
 DRAFT_NORMS = {
@@ -216,6 +218,7 @@ def _context_length(spec: DraftFeatureSpec, target: TargetSpec, server_args: dic
     draft (given the target's context_len): a longer context than derived raises ValueError unless
     an override variable is set, which for the draft also overwrites its max_position_embeddings."""
     exp.sources["context_length"] = SRC["context_length"]
+    exp.sources["draft_context_length"] = SRC["draft_context_length"]  # the draft gets the target's
     allowed = next((k for k in OVERRIDE_ENV if str(env.get(k, "")).lower() in ("1", "true", "yes", "y")), None)
     tail = (" This may lead to incorrect model outputs or CUDA errors. To allow overriding this "
             "maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
