@@ -87,7 +87,10 @@ def test_a_killed_recorder_is_replaced_and_its_losses_counted(tmp_path, monkeypa
     relay, health, path = _relay(tmp_path)
     hot = Shared("hot_token_id", lambda: list(range(10, 50)))
     relay.submit(_verify_call(0, hot))
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # the recorder has stored step 0 before it is killed
+    while b'"step_index":0' not in (path.read_bytes() if path.exists() else b""):
+        assert time.monotonic() < deadline, "the recorder never wrote step 0"
+        time.sleep(0.05)
     first = relay.pid
     os.kill(first, signal.SIGKILL)
     time.sleep(0.1)
