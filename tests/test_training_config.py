@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 
-import typer
-from typer.testing import CliRunner
-
-from draftscope.doctor import diagnose, doctor
+from draftscope.doctor import diagnose, main
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
 
 SPECFORGE = ("target_model_path: testbed/target\ndraft_model_config: config.json\nttt_length: 3\n"
              "max_length: 4096\n")
-app = typer.Typer()
-app.command()(doctor)
 
 
 def pair(tmp_path, ids=(0, 3, 6), **config):
@@ -40,15 +35,14 @@ def test_agreeing_training_config_is_silent(tmp_path):
     assert diagnose(draft, target)[1] == []
 
 
-def test_widths_vocab_and_length_from_a_nested_draft_config(tmp_path):
+def test_widths_vocab_and_length_from_a_nested_draft_config(tmp_path, capsys):
     draft, target = pair(tmp_path)
     given = tmp_path / "train.json"
     given.write_text(json.dumps({"target_model_path": "x", "ttt_length": 7, "max_length": 1024,
                                  "draft_model_config": {"hidden_size": 256, "draft_vocab_size": 512}}))
-    result = CliRunner().invoke(app, [str(draft), "--target", str(target), "--training-config",
-                                      str(given), "--json"])
-    data = json.loads(result.output)
-    assert result.exit_code == 1
+    code = main([str(draft), "--target", str(target), "--training-config", str(given), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
     (f,) = data["findings"]
     assert set(f["evidence"]["disagreements"]) == {"hidden_size", "draft_vocab_size",
                                                    "max_length / max_position_embeddings"}
@@ -61,9 +55,9 @@ def test_only_a_shorter_training_length_is_info(tmp_path):
     assert (f.rule_id, f.severity) == ("training-config-disagrees", "info")
 
 
-def test_unreadable_training_config_exits_2(tmp_path):
+def test_unreadable_training_config_exits_2(tmp_path, capsys):
     draft, target = pair(tmp_path)
     (draft / "training_config.yaml").write_text("a: [1, 2\n")
-    result = CliRunner().invoke(app, [str(draft), "--target", str(target)])
-    assert result.exit_code == 2 and "training_config.yaml is not a valid training config" in \
-        " ".join(result.output.split())
+    code = main([str(draft), "--target", str(target)])
+    assert code == 2 and "training_config.yaml is not a valid training config" in \
+        " ".join(capsys.readouterr().err.split())
