@@ -56,9 +56,3 @@ def fact_sections(facts: dict[str, Any] | None) -> list[tuple[str, list[tuple[st
     if draft.get("weights") is not None:
         sections.append(("Draft weights check", _rows(draft["weights"], _WEIGHTS)))
     return sections
-
-
-def expected_draft_input_width(facts: dict[str, Any] | None) -> int | None:
-    """The width the draft's ``fc`` takes (facts ``draft.fc_in_features``), or None if unknown."""
-    width = ((facts or {}).get("draft") or {}).get("fc_in_features")
-    return width if isinstance(width, int) and not isinstance(width, bool) else None

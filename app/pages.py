@@ -163,13 +163,19 @@ def _reconcile(acc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_data(conn, run_id: str) -> dict[str, Any]:
+def _require_run(conn, run_id: str) -> dict[str, Any]:
+    """The stored run, or a 404 page that says where runs appear."""
     run = queries.get_run(conn, run_id)
     if run is None:
         raise PageError(404, "Not found",
                         f"No run {run_id!r} is stored. A tracer's run appears once its first batch "
                         "has arrived; an imported trace once its import has finished.",
                         ["Open the runs list to see every stored run."])
+    return run
+
+
+def _run_data(conn, run_id: str) -> dict[str, Any]:
+    run = _require_run(conn, run_id)
     summary = queries.run_summary(conn, run_id)
     findings = queries.run_findings(conn, run_id)
     static, stats = static_spec(run, imported_spec(conn, run_id))
@@ -245,8 +251,7 @@ def run_spec_csv(request: Request, run_id: str):
 @router.get("/runs/{run_id}/findings.csv")
 def run_findings_csv(request: Request, run_id: str):
     with _conn(request) as conn:
-        if queries.get_run(conn, run_id) is None:
-            raise _not_found(queries.NotFound(f"No run {run_id!r} is stored."))
+        _require_run(conn, run_id)
         rows = queries.run_findings(conn, run_id)
     return _csv(rows, ("severity", "rule_id", "message", "fix", "rid", "first_step", "source",
                        "evidence"), f"{run_id}-findings.csv")
@@ -255,8 +260,7 @@ def run_findings_csv(request: Request, run_id: str):
 @router.get("/runs/{run_id}/requests.csv")
 def run_requests_csv(request: Request, run_id: str):
     with _conn(request) as conn:
-        if queries.get_run(conn, run_id) is None:
-            raise _not_found(queries.NotFound(f"No run {run_id!r} is stored."))
+        _require_run(conn, run_id)
         rows, _ = queries.run_requests_page(conn, run_id, limit=ALL_ROWS)
     return _csv(rows, REQUEST_CSV, f"{run_id}-requests.csv")
 
@@ -270,9 +274,7 @@ def run_requests_fragment(request: Request, run_id: str, accept_min: str | None 
     filters = _request_filters(_number(accept_min, "accept_min"), _number(accept_max, "accept_max"),
                                finding, status, sort, desc, offset)
     with _conn(request) as conn:
-        run = queries.get_run(conn, run_id)
-        if run is None:
-            raise _not_found(queries.NotFound(f"No run {run_id!r} is stored."))
+        run = _require_run(conn, run_id)
         context = {"run": run, **_requests_context(conn, run, filters)}
     return templates.TemplateResponse(request, "requests_table.html", context)
 

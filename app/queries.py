@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from draftscope import models, stats
-from draftscope.facts_view import expected_draft_input_width
+from draftscope.spec_diff import expected_widths
 from draftscope_tracer.redact import redact_server_args
 
 _RUNS = models.Run.__table__
@@ -525,9 +525,10 @@ def request_view(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any]:
         request["row_missing"] = False
     request["sampled_steps"] = len(steps)
     _with_completeness(request, step_stride(run))
-    expected = expected_draft_input_width(run["facts"])
+    expected = expected_widths(run["facts"])  # per phase: the decode steps take the draft's hidden state
     for sample in samples:
-        sample["width_mismatch"] = (sample["point"] == "draft.input" and expected is not None
-                                    and sample["width"] != expected)
-    return {"run": run, "request": request, "expected_draft_input_width": expected,
+        want = expected.get(sample["phase"])
+        sample["width_mismatch"] = (sample["point"] == "draft.input" and want is not None
+                                    and sample["width"] != want)
+    return {"run": run, "request": request, "expected_draft_input_width": expected["prefill"],
             "steps": steps, "samples": samples}
