@@ -140,11 +140,12 @@ def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
 
 
 def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
-    """The run's findings, errors first, then warnings, then info."""
+    """The run's findings, errors first, then warnings, then info; in diagnosis order within a
+    severity (static before runtime, the root cause first)."""
     rank = sa.case({s: i for i, s in enumerate(SEVERITY_ORDER)}, value=_FINDINGS.c.severity,
                    else_=len(SEVERITY_ORDER))
     query = (sa.select(*(c for c in _FINDINGS.c if c.name != "run_id"))
-             .where(_FINDINGS.c.run_id == run_id).order_by(rank, _FINDINGS.c.rule_id, _FINDINGS.c.id))
+             .where(_FINDINGS.c.run_id == run_id).order_by(rank, _FINDINGS.c.id))
     return [dict(row) for row in conn.execute(query).mappings()]
 
 

@@ -382,10 +382,14 @@ def observation(conn: sa.Connection, run_id: str, facts: dict[str, Any] | None) 
         obs.proposed_drafts = totals.get("sglang_proposed", 0)
     obs.sampled_verify_ct = totals.get("sampled_verify_ct", 0)
     _acceptance_shape(conn, run_id, stats, obs)
-    latest = conn.execute(sa.select(_HEALTH.c.heartbeats).where(_HEALTH.c.run_id == run_id)
+    latest = conn.execute(sa.select(_HEALTH.c.heartbeats, _HEALTH.c.at).where(_HEALTH.c.run_id == run_id)
                           .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1)).first()
     if latest is not None:
-        obs.heartbeats = dict(latest[0] or {})
+        obs.heartbeats, obs.heartbeats_at = dict(latest[0] or {}), latest[1]
+    obs.first_sampled_finish = conn.execute(
+        sa.select(sa.func.min(_REQUESTS.c.finished_at))
+        .where(_REQUESTS.c.run_id == run_id, _REQUESTS.c.sampled.is_(True),
+               _REQUESTS.c.spec_verify_ct > 0)).scalar()
     return obs
 
 

@@ -50,6 +50,22 @@ def test_findings_that_came_with_the_batches_are_kept(client) -> None:
     assert _rules(client, run_id) == ["hooks-starved"]
 
 
+def test_the_root_cause_leads_its_severity_whatever_its_rule_id(client) -> None:
+    """Findings of one severity keep the diagnosis' order (the cause, then its symptoms), not the
+    alphabet: here the symptom's rule id sorts first."""
+    run_id = uuid.uuid4().hex
+    cause = {"rule_id": "draft-weights-not-loaded", "severity": "error", "message": "cause", "source": "static"}
+    symptom = {"rule_id": "acceptance-zero-finite-logits", "severity": "error", "message": "symptom",
+               "source": "runtime"}
+    note = {"rule_id": "aux-norm-drift", "severity": "warning", "message": "note", "source": "runtime"}
+    assert client.post("/api/v1/batches", json=make_batch(
+        run_id, run=run_record(), findings=[cause, note, symptom])).status_code == 200
+    settle(client)
+    assert _rules(client, run_id) == ["draft-weights-not-loaded", "acceptance-zero-finite-logits", "aux-norm-drift"]
+    page = client.get(f"/runs/{run_id}").text
+    assert page.index("<code>draft-weights-not-loaded</code>") < page.index("<code>acceptance-zero-finite-logits</code>")
+
+
 def test_batches_the_tracer_wrote_straight_into_the_store_are_diagnosed(client, store_url) -> None:
     """No dashboard call: the tracer's SQLite sink writes the file; the dashboard's poll finds it."""
     if not store_url.startswith("sqlite"):

@@ -37,8 +37,8 @@ def healthy(**changes) -> Observation:
     obs = Observation(facts=copy.deepcopy(HEALTHY_FACTS),
                       draft_input_widths={"prefill": [384], "draft_extend": [384], "draft_decode": [128]},
                       aux_widths={0: 128, 1: 128, 2: 128}, verify_steps=40, accepted_drafts=70,
-                      proposed_drafts=120, heartbeats={"verify": 40, "draft": 40}, max_seq_pos=300,
-                      max_seq_pos_at=("r0", 39))
+                      proposed_drafts=120, heartbeats={"verify": 40, "draft": 40}, heartbeats_at=100.0,
+                      first_sampled_finish=50.0, max_seq_pos=300, max_seq_pos_at=("r0", 39))
     for key, value in changes.items():
         setattr(obs, key, value)
     return obs
@@ -101,6 +101,15 @@ def test_rule_fires(spec, obs, expected):
 def test_every_expected_hook_fired_is_silent(spec):
     beats = {name: 40 for name in TRACING["expected_to_fire"]}
     assert runtime_findings(spec, healthy(facts=_facts(tracing=TRACING), heartbeats=beats)) == []
+
+
+@pytest.mark.parametrize("first_sampled_finish", [99.5, None])
+def test_hooks_are_judged_only_by_health_taken_after_a_sampled_request(spec, first_sampled_finish):
+    """A health record from before the first sampled request finished (the run's first flush; the
+    next one is 10 s away) shows early hooks only: no hooks-starved on a healthy run still starting."""
+    early = healthy(facts=_facts(tracing=TRACING), first_sampled_finish=first_sampled_finish,
+                    heartbeats={"init": 1, "prefill": 1, "finish": 1, "draft": 1})
+    assert runtime_findings(spec, early) == []
 
 
 def test_uncovered_worker_is_named(spec):

@@ -48,6 +48,8 @@ class Observation:
     accepted_drafts: int = 0
     proposed_drafts: int = 0
     heartbeats: dict[str, int] = field(default_factory=dict)  # latest cumulative count per hook
+    heartbeats_at: float | None = None  # when the latest health record was taken
+    first_sampled_finish: float | None = None  # the first sampled request with verify steps ended
     sampled_verify_ct: int = 0  # SGLang's verify steps of the finished sampled requests
     # acceptance shape (analyze.acceptance_shape): per draft position k (1-based, index k-1),
     # (steps that reached k: drafts 1..k-1 accepted, steps that accepted k);

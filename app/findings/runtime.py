@@ -14,6 +14,7 @@ EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
 COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
 MIN_PROPOSED = 20  # proposals needed before judging acceptance
 TARGET_PHASES = ("prefill", "draft_extend")  # draft.input right after a target forward
+HEALTH_LAG_S = 1.0  # a hook's calls reach the health records within the relay's poll (0.1 s)
 # aux-norm-drift: z-score of a chunk's mean norm against the spread of the training per-prompt means
 # (at least 2% of the mean). Past DRIFT_Z a clearly better-matching other layer means a layer shift
 # (served traffic moves the tiny test-bed target's means by up to z 1.8); past DRIFT_Z_FAR, drift.
@@ -244,7 +245,12 @@ def _z(norm: float, stats: dict) -> float:
 
 
 def _hooks(obs: Observation) -> list[Finding]:
-    """A hook that must fire on a sampled request (``facts.tracing.expected_to_fire``) never did."""
+    """A hook that must fire on a sampled request (``facts.tracing.expected_to_fire``) never did,
+    by the first health record taken after a sampled request with verify steps finished (an
+    earlier one predates the hooks' calls: health goes out every 10 s, steps as they come)."""
+    if (obs.heartbeats_at is None or obs.first_sampled_finish is None
+            or obs.heartbeats_at < obs.first_sampled_finish + HEALTH_LAG_S):
+        return []
     expected = (obs.facts.get("tracing") or {}).get("expected_to_fire")
     if expected is None:  # a run recorded before the tracer listed them
         expected = list(obs.heartbeats)
