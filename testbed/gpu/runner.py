@@ -10,9 +10,9 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
    ``graphs`` (CUDA graphs, ``DRAFTSCOPE_SYNC_DEBUG=1``), the scenarios ``aux-off``, ``algo-eagle``,
    ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
    Each answers the demo prompts one at a time, then four at once, with fixed request ids.
-3. Throughput: three servers (no tracer: the plugin is not on the path; 1 in 16; every request), the
-   same workload (32 demo prompts x 64 tokens, 8 at a time, fixed request ids) in interleaved rounds in
-   a shuffled order; after 3 warm-up rounds, tokens/s per round and the ratios to no tracer per round.
+3. Throughput (``bench/gpu_throughput.py``): three servers (no tracer: the plugin is not on the path;
+   1 in 16; every request), the same workload in interleaved rounds in a shuffled order; tokens/s per
+   round and the ratios to no tracer per round.
 4. ``pytest -m gpu tests/gpu`` checks what was recorded (and runs the live CUDA checks).
 
 Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks), ``traces/``,
@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,6 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import gpu_throughput
 from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS, SCENARIOS
 from testbed.server import HOST, ServerHandle, free_port, log_tail
 
@@ -47,7 +46,6 @@ CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--spe
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
 START_TIMEOUT_S = 240
-THROUGHPUT = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 
 
 @dataclass
@@ -71,8 +69,7 @@ def check_specs() -> list:
 
 
 def throughput_specs() -> list:
-    return [Spec("no-tracer", "draft", CHAIN), Spec("1/16", "draft", CHAIN, {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}),
-            Spec("every", "draft", CHAIN, {"DRAFTSCOPE_SAMPLE_RATE": "1"})]
+    return [Spec(name, "draft", CHAIN, tracer) for name, tracer in gpu_throughput.CONFIGS.items()]
 
 
 class Bed:
@@ -177,49 +174,6 @@ def demo_requests(name: str, handle: ServerHandle) -> list:
     return answers
 
 
-def throughput(state: dict) -> dict:
-    """Interleaved rounds (order shuffled per round): completion tokens per wall second per server."""
-    cfg = THROUGHPUT
-    rng = random.Random(0)
-    rounds = []
-    names = [n for n, s in state.items() if s["ok"]]
-    for r in range(cfg["rounds"]):
-        order = names[:]
-        rng.shuffle(order)
-        row = {}
-        for name in order:
-            handle = state[name]["handle"]
-            prompts = [(f"tp-{r}-{j}", DEMO_PROMPTS[j % len(DEMO_PROMPTS)]) for j in range(cfg["requests"])]
-            tokens, lock, it = [0], threading.Lock(), iter(prompts)
-
-            def worker():
-                while True:
-                    with lock:
-                        nxt = next(it, None)
-                    if nxt is None:
-                        return
-                    meta = handle.generate(nxt[1], cfg["new_tokens"], rid=nxt[0])["meta_info"]
-                    with lock:
-                        tokens[0] += meta["completion_tokens"]
-
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=worker) for _ in range(cfg["concurrency"])]
-            [t.start() for t in threads]
-            [t.join() for t in threads]
-            row[name] = tokens[0] / (time.perf_counter() - t0)
-        rounds.append(row)
-        print(f"[runner] throughput round {r}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in row.items()), flush=True)
-    measured = rounds[cfg["warmup_rounds"]:]
-    out = {"workload": cfg, "rounds": rounds, "median_tokens_per_s": {}, "median_ratio_to_no_tracer": {}}
-    for name in names:
-        out["median_tokens_per_s"][name] = round(statistics.median(r[name] for r in measured), 1)
-        if name != "no-tracer" and "no-tracer" in names:
-            ratios = sorted(r[name] / r["no-tracer"] for r in measured)
-            out["median_ratio_to_no_tracer"][name] = {"median": round(statistics.median(ratios), 4),
-                                                      "min": round(ratios[0], 4), "max": round(ratios[-1], 4)}
-    return out
-
-
 def machine() -> dict:
     import torch
     import triton
@@ -279,7 +233,9 @@ def main() -> int:
         for name, s in state.items():
             s["name"] = name
         try:
-            results["throughput"] = throughput(state)
+            handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
+            results["throughput"] = gpu_throughput.measure(handles, DEMO_PROMPTS)
+            print(gpu_throughput.table(results["throughput"]), flush=True)
         except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
             results["throughput"] = {"error": f"{type(exc).__name__}: {exc}"}
         bed.stop_all(state)
