@@ -170,6 +170,15 @@ def test_position1_collapse():
     assert _ids(obs) == ["acceptance-position1-collapse"]  # and not "quality, not wiring"
 
 
+def test_position1_low_from_selection_alone_is_not_a_collapse():
+    # Measured on the real CPU server: the healthy draft on prompts unlike its training data,
+    # per-position rates 30% / 57% / 56% (steps that reach position 2 got position 1 right).
+    obs = _shape(accepted_drafts=136, accept_by_position=[(244, 72), (72, 41), (41, 23)])
+    assert _ids(obs) == []
+    # The same selection further off (position 1 under 25%, later ones over 50%, not 3x apart).
+    assert _ids(_shape(accepted_drafts=120, accept_by_position=[(300, 60), (60, 33), (33, 18)])) == []
+
+
 def test_decay_with_position_finds_the_knee():
     obs = _shape(facts={"algorithm": "EAGLE3", "target": {},
                         "draft": {"checkpoint_max_position_embeddings": 64, "max_position_embeddings": 2048}},
