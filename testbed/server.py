@@ -180,6 +180,13 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(Exception):
+    """Another process bound the free port between ``free_port`` and the server's own bind."""
+
+
 def start_server(
     target_dir,
     draft_dir,
@@ -195,7 +202,8 @@ def start_server(
     server gets `--api-key` and the handle sends it with every request.
 
     Raises `ServerStartError` with the log tail if the process exits or `timeout` seconds pass
-    (and then leaves no process behind).
+    (and then leaves no process behind). A port another process took before the server bound it
+    is retried on a new one (``PORT_ATTEMPTS`` in all).
     """
     python = Path(python) if python else venv_python()
     for name, path in (("target", target_dir), ("draft", draft_dir)):
@@ -203,6 +211,19 @@ def start_server(
             raise FileNotFoundError(f"{name} model directory {path} does not exist")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    attempts = PORT_ATTEMPTS
+    while True:
+        try:
+            return _start(python, target_dir, draft_dir, extra_args, log_path, env, timeout, api_key)
+        except PortTaken:
+            attempts -= 1
+            if not attempts:
+                raise ServerStartError(_failure(f"the port was taken {PORT_ATTEMPTS} times in a row",
+                                                log_path)) from None
+
+
+def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path: Path, env: dict | None,
+           timeout: float, api_key: str | None) -> ServerHandle:
     port = free_port()
     extra_args = [*extra_args, "--api-key", api_key] if api_key else extra_args
     command = server_command(python, target_dir, draft_dir, extra_args, port)
@@ -218,6 +239,8 @@ def start_server(
     try:
         while True:
             if process.poll() is not None:
+                if "address already in use" in log_path.read_text(errors="replace"):
+                    raise PortTaken(port)
                 raise ServerStartError(_failure(f"the server exited with code {process.returncode}", log_path))
             if handle.is_healthy():
                 return handle

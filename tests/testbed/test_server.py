@@ -6,11 +6,13 @@ SGLang's own kernels run. Server starts are costly (~30 s of CPU each), so they 
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 
+import testbed.server
 from testbed.models import ensure_models
 from testbed.server import ServerStartError, server_env, start_server, venv_python
 
@@ -68,6 +70,23 @@ def test_greedy_output_with_speculation_equals_output_without(sglang_server, tmp
             want = plain.generate(prompt, 24)
             assert "spec_verify_ct" not in want["meta_info"] or not want["meta_info"]["spec_verify_ct"]
             assert speculative.generate(prompt, 24)["output_ids"] == want["output_ids"]
+
+
+@pytest.mark.sglang
+def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_path):
+    """``free_port`` closes its probe socket, so another process can bind the port before SGLang does
+    (seen in CI: "address already in use", exit code 3); the start moves to a new port."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real, first = testbed.server.free_port, [taken.getsockname()[1]]
+    monkeypatch.setattr(testbed.server, "free_port", lambda: first.pop() if first else real())
+    try:
+        with start_server(ensure_models().target, None, [], tmp_path / "moved.log") as server:
+            assert not server.url.endswith(f":{taken.getsockname()[1]}")
+            assert server.get("/model_info")
+    finally:
+        taken.close()
 
 
 def test_unknown_scenario_is_a_clear_error(sglang_server):
