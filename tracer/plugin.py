@@ -126,12 +126,13 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
         return orig(scheduler, batch, result, *args, **kwargs)
     t.health.beat("finish")
     live = [(i, r) for i, r in enumerate(batch.reqs) if not (r.finished() or r.is_retracted)]
-    out = orig(scheduler, batch, result, *args, **kwargs)
-    if live:
-        t.guard("totals", t.count, batch, result, live)
-        done = [r for _, r in live if r.finished()]
-        if done:
-            t.guard("finish", t.on_finished, done)
+    with t.sigterm_deferred():  # SGLang answers requests in here; their records must be queued first
+        out = orig(scheduler, batch, result, *args, **kwargs)
+        if live:
+            t.guard("totals", t.count, batch, result, live)
+            done = [r for _, r in live if r.finished()]
+            if done:
+                t.guard("finish", t.on_finished, done)
     return out
 
 

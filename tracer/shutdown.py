@@ -3,21 +3,43 @@ and the test bed stop SGLang), at exit, and when the scheduler's event loop rais
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM or a crash waits for the final flush
 
 
 class SigtermChain:
     """On SIGTERM: ``close("ended", SHUTDOWN_DEADLINE_S)``, then the previous handler's turn (or, where
-    that was the default, the process still dies of the signal)."""
+    that was the default, the process still dies of the signal).
+
+    A signal handler runs on the main thread between two bytecodes of whatever it interrupted. Inside
+    :meth:`deferred` (result processing: SGLang has answered a request whose record the tracer has
+    not queued yet) the signal waits for the block's end, so that record goes out with the last flush.
+    """
 
     def __init__(self, close: Callable[[str, float], None]):
         self.close = close
         self.previous: Any = None
+        self._depth = 0
+        self._pending: Optional[tuple] = None
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # the signal interrupts the main thread only
+            return
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth and self._pending is not None:
+                pending, self._pending = self._pending, None
+                self(*pending)
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -26,6 +48,9 @@ class SigtermChain:
         signal.signal(signal.SIGTERM, self)
 
     def __call__(self, signum, frame) -> None:
+        if self._depth:
+            self._pending = (signum, frame)
+            return
         try:
             self.close("ended", SHUTDOWN_DEADLINE_S)
         finally:
