@@ -126,7 +126,7 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
         return orig(scheduler, batch, result, *args, **kwargs)
     t.health.beat("finish")
     live = [(i, r) for i, r in enumerate(batch.reqs) if not (r.finished() or r.is_retracted)]
-    with t.sigterm_deferred():  # SGLang answers requests in here; their records must be queued first
+    with t.sigterm.deferred():  # SGLang answers requests in here; their records must be queued first
         out = orig(scheduler, batch, result, *args, **kwargs)
         if live:
             t.guard("totals", t.count, batch, result, live)

@@ -14,7 +14,6 @@ verify) is touched only by SGLang's scheduler thread; queued calls carry only wh
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import socket
@@ -60,7 +59,7 @@ class Tracer(TensorProbes):
                                     "status": "running", "started_at": time.time(), "host": socket.gethostname(),
                                     "pid": os.getpid(), "tracer_config": config.public()}
         self.writer: Optional[Relay] = None
-        self.sigterm: Optional[SigtermChain] = None  # installed at attach, on the main thread
+        self.sigterm = SigtermChain(self.close)  # installed at attach, on the main thread
         self.recording = False  # this rank writes records (first TP rank of its DP group, last PP rank)
         self.active = True
         self.summaries = Summaries(self.health, config.topk, config.reduce)
@@ -147,12 +146,7 @@ class Tracer(TensorProbes):
         sink.close()
         self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
-        self.sigterm = SigtermChain(self.close)
         self.sigterm.install()
-
-    def sigterm_deferred(self):
-        """A block SIGTERM does not interrupt (the last flush waits for it): see ``SigtermChain``."""
-        return self.sigterm.deferred() if self.sigterm is not None else contextlib.nullcontext()
 
     def start_failed(self, scheduler, exc: BaseException) -> None:
         """The scheduler's workers failed to build (SGLang refused to start): write one run, ended
