@@ -1,14 +1,22 @@
-"""The msgspec fast path of ingest accepts exactly what the pydantic wire schema accepts."""
+"""Ingest's wire schema: the same record shape as the tracer's TypedDicts (field by field), and its
+msgspec fast path accepts exactly what the pydantic schema accepts."""
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
+from types import UnionType
+from typing import Any, NotRequired, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 import pytest
+from pydantic import BaseModel, create_model
 
+from draftscope import wire_schema
 from draftscope.ingest import IngestError, parse_batch
 from draftscope.wire_schema import Batch, FastBatch
+from draftscope_tracer import wire
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 DECODE = msgspec.json.Decoder(FastBatch)
@@ -53,3 +61,74 @@ def test_nan_literals_fall_back_to_pydantic_and_are_kept() -> None:
     body = json.dumps(make_batch("run-1", samples=[sample_record(0, l2_mean=float("nan"))])).encode()
     batch = parse_batch(body)
     assert batch.samples[0].l2_mean != batch.samples[0].l2_mean  # NaN
+
+
+# --- the tracer's TypedDicts and ingest's models are one record shape -------------------------------
+
+RECORDS = {"run": "RunRecord", "requests": "RequestRecord", "steps": "StepRecord", "samples": "SampleRecord",
+           "health": "HealthRecord", "findings": "FindingRecord"}  # batch key -> record class, in batch order
+
+
+def _shape(tp: Any) -> Any:
+    """A comparable form of a type: ``typing.List[int]`` and ``list[int]`` alike, unions as sets."""
+    args = get_args(tp)
+    if get_origin(tp) in (Union, UnionType):
+        return frozenset(_shape(a) for a in args)
+    return (get_origin(tp), tuple(_shape(a) for a in args)) if args else tp
+
+
+def _without_none(tp: Any) -> tuple[Any, bool]:
+    """``tp`` less ``None``, and whether ``None`` was in it."""
+    if get_origin(tp) in (Union, UnionType) and type(None) in get_args(tp):
+        rest = [a for a in get_args(tp) if a is not type(None)]
+        return functools.reduce(operator.or_, rest), True
+    return tp, False
+
+
+def wire_fields(record: type) -> list[tuple]:
+    """(name, type, required, nullable) per field of a tracer TypedDict, in order. A field that may be
+    absent (``NotRequired``) may also be null: absent fields are stored as NULL, and a bundle's records
+    come back from the store with that NULL as null."""
+    fields = []
+    for name, tp in get_type_hints(record, include_extras=True).items():
+        required = get_origin(tp) is not NotRequired
+        tp, nullable = _without_none(tp if required else get_args(tp)[0])
+        fields.append((name, _shape(tp), required, nullable or not required))
+    return fields
+
+
+def schema_fields(model: type[BaseModel]) -> list[tuple]:
+    """(name, type, required, nullable) per field of an ingest model, in order."""
+    fields = []
+    for name, info in model.model_fields.items():
+        tp, nullable = _without_none(info.annotation)
+        fields.append((name, _shape(tp), info.is_required(), nullable))
+    return fields
+
+
+@pytest.mark.parametrize("record", sorted(set(RECORDS.values())))
+def test_each_record_has_the_tracers_fields_order_types_and_nullability(record) -> None:
+    assert schema_fields(getattr(wire_schema, record)) == wire_fields(getattr(wire, record))
+
+
+def test_a_batch_holds_every_record_list_the_store_has_a_table_for() -> None:
+    fields = wire_schema.Batch.model_fields
+    assert list(fields)[:5] == ["schema_version", "batch_id", "run_id", "sent_at", "run"]
+    assert list(fields)[5:] == list(wire.RECORD_TABLES) == list(RECORDS)[1:]
+    assert fields["run"].annotation == wire_schema.RunRecord | None
+    for key in wire.RECORD_TABLES:
+        assert fields[key].annotation == list[getattr(wire_schema, RECORDS[key])], key
+
+
+@pytest.mark.parametrize("change", [
+    lambda f: f.update(seq_pos=(float | None, None)),  # another type
+    lambda f: f.update(seq_pos=(int, ...)),            # required, not nullable
+    lambda f: f.update(bonus_token=(int, 0)),          # optional but not nullable
+    lambda f: f.update(at=f.pop("at")),                # another order
+])
+def test_the_comparison_sees_each_kind_of_difference(change) -> None:
+    fields = {n: (i.annotation, i if i.is_required() else i.default)
+              for n, i in wire_schema.StepRecord.model_fields.items()}
+    assert schema_fields(create_model("Same", **fields)) == wire_fields(wire.StepRecord)
+    change(fields)
+    assert schema_fields(create_model("Changed", **fields)) != wire_fields(wire.StepRecord)
