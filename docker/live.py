@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testbed import scenarios  # noqa: E402
-from testbed.scenarios import DEMO_PROMPTS  # noqa: E402
 from testbed.server import ServerHandle, ServerStartError, log_tail, start_server  # noqa: E402
+from testbed.texts import DEMO_PROMPTS  # noqa: E402
 
 NEW_TOKENS = 16
 RESTARTS = 3

@@ -38,6 +38,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import tokenizers
+import torch
+import transformers
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from testbed import train_draft
+from testbed.texts import DEMO_PROMPTS, TOKENIZER_CORPUS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Bump when a code change in this module, eagle3_draft.py or train_draft.py changes what gets written
 # (the spec, the texts and the library versions are hashed on their own).
@@ -93,13 +104,6 @@ def cache_root(override: Path | str | None = None) -> Path:
 
 def build_hash(spec: BuildSpec) -> str:
     """Content hash of what decides the bytes written: code version, spec, texts, library versions."""
-    import tokenizers
-    import torch
-    import transformers
-
-    from testbed import train_draft
-    from testbed.scenarios import DEMO_PROMPTS
-
     inputs = {
         "build_version": BUILD_VERSION,
         "spec": asdict(spec),
@@ -137,10 +141,6 @@ def ensure_models(cache_root_dir: Path | str | None = None, spec: BuildSpec | No
 
 def build_models(out: Path, spec: BuildSpec) -> dict:
     """Write ``out/target``, ``out/draft`` and ``out/build.json`` (written last: marks completion)."""
-    import torch
-
-    from testbed import train_draft
-
     started = time.monotonic()
     torch.manual_seed(spec.seed)
     tokenizer = build_tokenizer(spec.target.vocab)
@@ -162,15 +162,6 @@ def build_models(out: Path, spec: BuildSpec) -> dict:
 
 
 # -- tokenizer ------------------------------------------------------------------------------------
-TOKENIZER_CORPUS = [
-    "Hello world, this is a tiny model that speaks in bytes.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Once upon a time there was a draft model that guessed the next words.",
-    "Speculative decoding lets a small draft propose tokens that a large target verifies.",
-    "In the beginning the server started, and every request came back with tokens.",
-    "A cat sat on the mat and watched the rain fall on the window.",
-    "Numbers like 1, 2, 3 and 42 appear in text; so do questions? Yes!",
-]
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|user|>", "<|assistant|>", "<|pad|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -182,10 +173,7 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer(vocab: int):
     """Byte-level BPE trained on a few sentences, padded with reserved added tokens to exactly `vocab` ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -211,9 +199,6 @@ def build_tokenizer(vocab: int):
 
 # -- target ---------------------------------------------------------------------------------------
 def build_target(t: TargetSpec, seed: int):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(
         vocab_size=t.vocab,
         hidden_size=t.hidden,
@@ -274,8 +259,6 @@ def draft_config(spec: BuildSpec) -> dict:
 
 def d2t_t2d(hot_ids, vocab: int):
     """SGLang's token maps: d2t[i] = target id of draft id i minus i (offsets); t2d: membership mask."""
-    import torch
-
     hot = torch.as_tensor(sorted(hot_ids), dtype=torch.int64)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[hot] = True
@@ -283,8 +266,6 @@ def d2t_t2d(hot_ids, vocab: int):
 
 
 def write_draft(out: Path, spec: BuildSpec, state: dict, hot_ids) -> None:
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True)
     d2t, t2d = d2t_t2d(hot_ids, spec.target.vocab)
     tensors = dict(state) | {"d2t": d2t, "t2d": t2d}

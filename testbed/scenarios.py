@@ -20,20 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from testbed.models import ModelPaths, ensure_models
+import torch
+from safetensors.torch import load_file, save_file
 
-# Greedy demo prompts, DEMO_NEW_TOKENS new tokens each. Picked so that the tiny target's greedy
-# continuation never repeats a token more than twice in a row: in a run of one token any draft
-# guesses right whatever it is fed, which would hide a broken draft.
-DEMO_PROMPTS = [
-    "Once upon a time",
-    "The draft model guessed",
-    "Tokens that the server",
-    "Once there was a server",
-    "The rain fell on the window",
-    "Bytes and tokens",
-]
-DEMO_NEW_TOKENS = 32
+from testbed.models import ModelPaths, ensure_models
 
 # Bump when a scenario's derivation changes (the directory name carries it).
 SCENARIO_VERSION = 1
@@ -64,8 +54,6 @@ def _edit_config(draft: Path, change: Callable[[dict], None]) -> None:
 
 
 def _rewrite_tensors(draft: Path, change: Callable[[dict], dict]) -> None:
-    from safetensors.torch import load_file, save_file
-
     path = draft / "model.safetensors"
     tensors = change(load_file(path))
     save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
@@ -83,8 +71,6 @@ def _weights_dropped(draft: Path, models: ModelPaths) -> None:
 
 
 def _d2t_absolute(draft: Path, models: ModelPaths) -> None:
-    import torch
-
     def absolute(t: dict) -> dict:
         t["d2t"] = t["d2t"] + torch.arange(t["d2t"].numel())
         return t

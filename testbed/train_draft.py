@@ -17,6 +17,7 @@ import torch
 from torch.nn import functional as F
 
 from testbed.eagle3_draft import DraftShape, Eagle3Draft
+from testbed.texts import DEMO_PROMPTS, TOKENIZER_CORPUS
 
 # One thread: float reductions (hence the bytes written) do not depend on the host, and a busy
 # 2-core CI box does not stall on OpenMP spin-waits.
@@ -43,9 +44,6 @@ def training_prompts(tokenizer, count: int, seed: int) -> list[list[int]]:
     """The demo prompts (the draft is trained on the target's own continuations of them, as a real
     draft is trained on its target's outputs), then seeded spans of the tokenizer sentences and random
     token strings of 2..10 tokens."""
-    from testbed.models import TOKENIZER_CORPUS
-    from testbed.scenarios import DEMO_PROMPTS
-
     rng = random.Random(seed)
     sentences = [tokenizer.encode(s) for s in TOKENIZER_CORPUS]
     vocab = len(tokenizer)

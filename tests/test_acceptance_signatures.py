@@ -20,7 +20,7 @@ from draftscope.analyze import refresh_run
 from draftscope.cli import app as cli
 from draftscope.stats import observation as run_observation
 from testbed import scenarios
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.test_scenario_findings import wait_for_run
 
 pytestmark = pytest.mark.sglang

@@ -8,9 +8,12 @@ from contextlib import redirect_stderr, redirect_stdout
 from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
 
 from draftscope import doctor
-from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
+from draftscope.cli import app
+from testbed import scenarios
+from tests.spec_fixtures import kimi_pair, tiny_draft_config, tiny_target, tiny_weights, write_draft
 
 
 def run(*args):
@@ -78,11 +81,8 @@ SCENARIOS = {"aux-off": "fc-bypassed", "algo-eagle": "eagle-algorithm-with-eagle
 
 @pytest.mark.parametrize("name", ["healthy", *SCENARIOS])
 def test_testbed_scenarios(name):
-    scenarios = pytest.importorskip("testbed.scenarios", reason="testbed/scenarios.py not written yet")
     prepared = scenarios.prepare(name)
-    args = prepared.server_args
-    args = " ".join(args) if isinstance(args, (list, tuple)) else (args or "")
-    result = run(prepared.draft_dir, "--target", prepared.target_dir, "--server-args", args)
+    result = run(prepared.draft_dir, "--target", prepared.target_dir, "--server-args", " ".join(prepared.server_args))
     if name == "healthy":
         assert result.exit_code == 0, result.output
         assert "error" not in result.output and "warning" not in result.output
@@ -93,8 +93,6 @@ def test_testbed_scenarios(name):
 
 
 def test_spec_printed_before_findings_kimi_pair(tmp_path):
-    from tests.spec_fixtures import kimi_pair
-
     draft, target = kimi_pair(tmp_path)
     result = run(draft, "--target", target)
     lines = result.output.splitlines()
@@ -122,9 +120,6 @@ def test_fix_prints_changes_flags_and_the_clean_copy(pair, tmp_path):
 
 
 def test_through_the_cli_and_its_help(pair) -> None:
-    from typer.testing import CliRunner
-
-    from draftscope.cli import app
     result = CliRunner().invoke(app, ["doctor", str(pair[0]), "--target", str(pair[1]),
                                       "--server-args", "--speculative-algorithm EAGLE3"])
     assert result.exit_code == 0 and "no findings" in result.output, result.output

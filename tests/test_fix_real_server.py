@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from draftscope.cli import app as cli
 from testbed import scenarios
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from testbed.server import start_server
 
 pytestmark = pytest.mark.sglang

@@ -36,7 +36,7 @@ from draftscope.spec import read_draft, read_target
 from draftscope.stats import observation as run_observation
 from draftscope.web import create_app
 from testbed import scenarios
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.fixtures.store import settle
 
 pytestmark = pytest.mark.sglang

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import gpu_throughput
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS, SCENARIOS
+from testbed.scenarios import SCENARIOS
 from testbed.server import HOST, ServerHandle, free_port, log_tail
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
 SERVER_ARGS = [
     "--dtype", "float32", "--attention-backend", "triton", "--grammar-backend", "none",

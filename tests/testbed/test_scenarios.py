@@ -17,7 +17,7 @@ import torch
 
 from testbed import models, scenarios, train_draft
 from testbed.server import ServerStartError
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
 sglang = pytest.mark.sglang
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from testbed.graph_emulation import BANNER
-from testbed.scenarios import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
 pytestmark = pytest.mark.sglang
 
