@@ -16,7 +16,8 @@
 
     python bench/gpu_hooks.py        # JSON also to $OUT/gpu_hooks.json if OUT is set
 
-Needs a CUDA GPU and torch (Triton for the fast summaries); nothing else.
+Needs a CUDA GPU, torch (Triton for the fast summaries) and the tracer importable as ``draftscope_tracer``
+(the checkout installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runner.py`` runs it).
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from draftscope_tracer.health import Health  # noqa: E402
+from draftscope_tracer.records import topk_list  # noqa: E402
+from draftscope_tracer.stats import merged_stats  # noqa: E402
+from draftscope_tracer.summaries import Summaries  # noqa: E402
 from testbed.gpu.hooks_path import HooksPath, gpu_sleep_cycles_per_ms  # noqa: E402  (the checkout, by path)
-from tracer.health import Health  # noqa: E402
-from tracer.records import topk_list  # noqa: E402
-from tracer.stats import merged_stats  # noqa: E402
-from tracer.summaries import Summaries  # noqa: E402
 
 ITERATIONS, WARMUP, FORWARD_MS = 300, 30, 3.0
 

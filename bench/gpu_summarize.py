@@ -1,6 +1,7 @@
 """GPU proof and benchmark of the tracer's device-side summariser (``tracer/summarize.py``).
 
-Run on a CUDA machine with only torch installed::
+Run on a CUDA machine with torch and Triton, the tracer importable as ``draftscope_tracer`` (the checkout
+installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runner.py`` runs it)::
 
     python bench/gpu_summarize.py            # results also go to $OUT/gpu_summarize.json if OUT is set
 
@@ -23,17 +24,14 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from draftscope_tracer import summarize  # needs only torch and Triton
 
-from tracer import summarize  # noqa: E402  (the checkout's tracer package, by path: only torch and Triton needed)
 H, K, V, N, TOPK = 7168, 3, 163_840, 4, 8
 BATCHES = (1, 8, 64)
 SAMPLE_EVERY = 16  # default sampling: 1 request in 16

@@ -12,8 +12,8 @@ The device (Python 3.12, torch, Triton, no registry) gets, under its 64 MiB per 
   ``multimodal_gen/``, ``test/``, ``benchmark/``, ``__pycache__`` and ``.so`` files;
 - ``models/``: the test bed's tiny target and draft, and the edited drafts of the checked scenarios;
 - ``standins/``: ``testbed/gpu/cuda_standins`` (pure-PyTorch ``sgl_kernel`` and import stubs);
-- ``src/``: this checkout's files the device runs (runner, checks, benches, tracer), so a kit runs the
-  code it was built from, committed or not;
+- ``src/``: this checkout's files the device runs (runner, checks, benches; the tracer is the wheel's
+  ``draftscope_tracer``, its only name), so a kit runs the code it was built from, committed or not;
 - ``run.sh`` (``testbed/gpu/run_device.sh``) and ``manifest.json`` (versions, sizes, source commit).
 
 Run it on the device with the ``run`` tool from the checkout that the tool sends, naming the kit in
@@ -42,7 +42,7 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
              "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
              "manylinux1_x86_64"]
 SGLANG_DROP = ("multimodal_gen", "test", "benchmark")
-SRC = ("bench/", "testbed/", "tracer/", "tests/__init__.py", "tests/gpu/", "pyproject.toml")
+SRC = ("bench/", "testbed/", "tests/__init__.py", "tests/gpu/", "pyproject.toml")
 
 
 class KitError(RuntimeError):

@@ -5,7 +5,8 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
     python3 -m testbed.gpu.runner --kit KIT --work DIR
 
 1. ``bench/gpu_hooks.py`` and ``bench/gpu_summarize.py``, from the bare checkout (the image's torch and
-   Triton alone): host time of the hooks' path per sampled iteration, the summariser's GPU cost.
+   Triton and the kit's tracer wheel alone): host time of the hooks' path per sampled iteration, the
+   summariser's GPU cost.
 2. In parallel, one server each (file sink, every request sampled): ``eager`` (``--disable-cuda-graph``),
    ``graphs`` (CUDA graphs, ``DRAFTSCOPE_SYNC_DEBUG=1``), the scenarios ``aux-off``, ``algo-eagle``,
    ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
@@ -189,7 +190,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kit", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--tracer-site", required=True, help="the folder holding draftscope (added for traced servers)")
+    ap.add_argument("--tracer-site", required=True,
+                    help="the folder holding draftscope (added for traced servers and the GPU benches)")
     ap.add_argument("--server-path", required=True, help="PYTHONPATH of every server: stand-ins, installed wheels")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
     a = ap.parse_args()
@@ -199,9 +201,9 @@ def main() -> int:
                "manifest": json.loads((a.kit / "manifest.json").read_text())}
     save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str))  # noqa: E731
     src = Path(__file__).resolve().parents[2]
-    if "hooks" not in skip:  # the GPU benches, from the bare checkout: the image's torch and Triton only
+    if "hooks" not in skip:  # the GPU benches, from the bare checkout: the image's torch and Triton, the tracer
         bare = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"), "OUT": str(a.work),
-                "PYTHONUNBUFFERED": "1"}
+                "PYTHONPATH": a.tracer_site, "PYTHONUNBUFFERED": "1"}
         results["benches"] = {}
         for bench in ("gpu_hooks", "gpu_summarize"):
             t0 = time.monotonic()
