@@ -63,9 +63,10 @@ def records(pending, groups, chunks) -> list:
     return out + [topk_list(r.topk) for r in s.rows if r.topk is not None]
 
 
-def host_time(batch: int, cycles_per_ms: float) -> dict:
-    """Host microseconds of the hooks' work per sampled iteration, the GPU kept busy (never synchronised)."""
-    path = HooksPath(batch)
+def host_time(batch: int, cycles_per_ms: float, graphs: bool = True) -> dict:
+    """Host microseconds of the hooks' work per sampled iteration, the GPU kept busy (never synchronised).
+    ``graphs``: the draft-decode loop replayed as a CUDA graph (SGLang with graphs on), else run eagerly."""
+    path = HooksPath(batch, graphs=graphs)
     for _ in range(WARMUP):
         path.iteration()
     torch.cuda.synchronize()  # once, before the measured run
@@ -94,6 +95,30 @@ def host_time(batch: int, cycles_per_ms: float) -> dict:
             "launches_per_iteration": n / ITERATIONS,
             "host_us_by_hook": {k: round(1e6 * v / ITERATIONS, 1) for k, v in stages.items()},
             "iterations_gpu_busy_after_hooks": busy, "drops": health["drops"]}
+
+
+def profile(batch: int, top: int = 25) -> list:
+    """Where the host time of the hooks goes: cProfile over 200 paced iterations, the functions with the most
+    own time, as ``[microseconds per iteration, calls per iteration, function]``."""
+    import cProfile
+    import pstats
+
+    path, cycles = HooksPath(batch), gpu_sleep_cycles_per_ms()
+    for _ in range(WARMUP):
+        path.iteration()
+    torch.cuda.synchronize()
+    prof, n = cProfile.Profile(), 200
+    for _ in range(n):
+        torch.cuda._sleep(int(cycles * FORWARD_MS))
+        prof.enable()
+        path.iteration()
+        prof.disable()
+        torch.cuda.synchronize()
+    path.close()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((tt, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, tt, _, _) in stats.items()),
+                  reverse=True)[:top]
+    return [[round(1e6 * tt / n, 1), round(nc / n, 1), where] for tt, nc, where in rows]
 
 
 def call_costs() -> dict:
@@ -174,6 +199,13 @@ def main() -> None:
         print(f"batch {batch}: host time per sampled iteration {r['host_us_median']:.1f} us median, "
               f"{r['host_us_p90']:.1f} us p90 ({r['launches_per_iteration']:.0f} summary launches); by hook: "
               f"{r['host_us_by_hook']}", flush=True)
+    results["batch 64, draft loop eager"] = host_time(64, cycles, graphs=False)
+    print(f"batch 64, draft loop eager: {results['batch 64, draft loop eager']['host_us_median']:.1f} us median",
+          flush=True)
+    results["profile batch 64"] = profile(64)
+    print("where the host time goes (batch 64; us per iteration, calls, function):", flush=True)
+    for row in results["profile batch 64"]:
+        print(f"  {row[0]:8.1f} {row[1]:6.1f}  {row[2]}", flush=True)
     print("ALL CHECKS PASSED")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_hooks.json").write_text(json.dumps(results, indent=2))

@@ -1,24 +1,35 @@
-"""Index tensors to the device and selected elements back, without a host sync.
+"""Small copies between host and device that never wait for the GPU, and never allocate pinned memory late.
 
-On CUDA a host list becomes a device index tensor through pinned memory and a ``non_blocking`` copy
-(``device_index``, which keeps recent ones): a pageable copy or ``torch.tensor(list, device=cuda)``
-waits for the stream, i.e. for all GPU work queued ahead. PyTorch's pinned allocator keeps the host
-block until the copy is done.
-``HostInts`` copies a few small device tensors into pinned memory without blocking, with an event
-that ``result()`` synchronises before indexing them (on the relay thread, when the call is pickled for
-the recorder). On a CPU the elements are read through numpy views
-at once (a few microseconds; there is no device to wait for).
+Allocating pinned memory (``cudaHostAlloc``, which PyTorch's caching host allocator calls whenever none of
+its blocks is free yet) can wait for the device without being a sync that ``set_sync_debug_mode`` reports:
+with work queued ahead, the hooks then stall until the GPU drains. So every pinned byte the hooks use comes
+from :class:`HostSlots`, carved from one allocation made when the tracer attaches (:func:`prepare`):
+
+* :func:`device_index`: a host list as an int64 device index, staged through a slot (the tensors of recent
+  lists are kept, so a batch whose sampled rows have not changed costs no copy);
+* :class:`HostInts`: selected elements of a few small device tensors, copied whole into one slot;
+* ``steptap.StepTopk`` and the Summarizer's ring (``summary_ring.Ring``) take their slots the same way.
+
+A slot is handed out only when no reader holds it and the last device copy that used it has completed
+(``Event.query``, which never waits); when none is, the caller drops its work and counts it. On a CPU the
+same functions read through numpy views at once (there is no device to wait for).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .stats import Resolved
+
+INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
+INDEX_SLOT_INTS = 1024  # longest index list staged through a slot (longer ones are refused, counted)
+INDEX_SLOTS = 256  # index uploads in flight (the GPU may be far behind the host)
+INT_SLOT_BYTES = 128 * 1024  # HostInts: the whole small tensors of one verify step (batch x draft tokens ints)
+INT_SLOTS = 256  # HostInts reads in flight (held until the relay thread reads them: ~0.1 s of verify steps)
 
 
 def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
@@ -28,32 +39,106 @@ def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
     return t.numpy()
 
 
-_INDEX_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
+class HostSlots:
+    """``count`` host buffers of ``nbytes`` each (pinned on CUDA), carved from one allocation.
+
+    ``reserve()`` returns a slot no reader holds whose last copy (``record``) has completed, or None
+    (counted in ``full``): it never waits. The hooks' thread reserves and records; a reader may release
+    from another thread (a list store under the GIL)."""
+
+    def __init__(self, nbytes: int, count: int, device: torch.device):
+        self.nbytes = (nbytes + 7) // 8 * 8
+        cuda = torch.device(device).type == "cuda"
+        self.memory = torch.zeros(self.nbytes * count, dtype=torch.uint8, pin_memory=cuda)
+        self._held = [False] * count
+        self._events = [torch.cuda.Event() for _ in range(count)] if cuda else None
+        self._next = 0
+        self.full = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def buffer(self, slot: int) -> torch.Tensor:
+        return self.memory[slot * self.nbytes:(slot + 1) * self.nbytes]
+
+    def reserve(self) -> Optional[int]:
+        held, events, n = self._held, self._events, len(self._held)
+        for i in range(n):
+            slot = (self._next + i) % n
+            if held[slot] or (events is not None and not events[slot].query()):
+                continue
+            held[slot] = True
+            self._next = (slot + 1) % n
+            return slot
+        self.full += 1
+        return None
+
+    def record(self, slot: int) -> Optional["torch.cuda.Event"]:
+        """Mark the copies just issued into or out of ``slot`` (on CUDA: its event, returned)."""
+        if self._events is None:
+            return None
+        event = self._events[slot]
+        event.record()
+        return event
+
+    def release(self, slot: int) -> None:
+        self._held[slot] = False
 
 
-def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device`` (never written to: callers only read it). On CUDA the
-    tensors of recent lists are kept, so a batch whose sampled rows have not changed costs no copy; a new
-    list is copied from pinned memory without blocking."""
+class Transfers:
+    """The pinned slots of one device: index uploads and small reads."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.index = HostSlots(8 * INDEX_SLOT_INTS, INDEX_SLOTS, device)
+        self.ints = HostSlots(INT_SLOT_BYTES, INT_SLOTS, device)
+        self.cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+
+_TRANSFERS: Dict[torch.device, Transfers] = {}
+
+
+def prepare(device: torch.device | str) -> Transfers:
+    """The slots of ``device``, allocated now (at attach: a late pinned allocation may wait for the GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    out = _TRANSFERS.get(device)
+    if out is None:
+        out = _TRANSFERS[device] = Transfers(device)
+    return out
+
+
+def device_index(values: Sequence[int], device: torch.device) -> Optional[torch.Tensor]:
+    """``values`` as an int64 tensor on ``device`` (callers only read it). On CUDA it is staged through a
+    pinned slot and copied without blocking; recent lists are kept. None when no slot is free or the list
+    is longer than a slot (the caller drops its work and counts it)."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=torch.int64, device=device)
-    key = (device, *values)
-    out = _INDEX_CACHE.get(key)
+    tr = prepare(device)
+    key = tuple(values)
+    out = tr.cache.get(key)
     if out is not None:
-        _INDEX_CACHE.move_to_end(key)
+        tr.cache.move_to_end(key)
         return out
-    host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
+    slot = tr.index.reserve() if len(values) <= INDEX_SLOT_INTS else None
+    if slot is None:
+        return None
+    host = tr.index.buffer(slot).view(torch.int64)[:len(values)]
     host.numpy()[:] = values
-    out = _INDEX_CACHE[key] = host.to(device, non_blocking=True)
-    if len(_INDEX_CACHE) > INDEX_CACHE_SIZE:
-        _INDEX_CACHE.popitem(last=False)
+    out = torch.empty(len(values), dtype=torch.int64, device=tr.device)
+    out.copy_(host, non_blocking=True)
+    tr.index.record(slot)
+    tr.index.release(slot)  # reusable once the copy has run (reserve checks the event)
+    tr.cache[key] = out
+    if len(tr.cache) > INDEX_CACHE_SIZE:
+        tr.cache.popitem(last=False)
     return out
 
 
 def later_list(t: torch.Tensor) -> Callable[[], list]:
-    """``t.tolist`` for another thread to call, without a host sync here: on CUDA a non-blocking copy
-    into pinned memory now and an event that the returned function waits on."""
+    """``t.tolist`` for another thread to call, without a host sync here. For values read once, at attach:
+    on CUDA it allocates its own pinned buffer."""
     if t.device.type != "cuda":
         return t.tolist
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -71,34 +156,52 @@ def later_list(t: torch.Tensor) -> Callable[[], list]:
 class HostInts:
     """``tensor[index]`` of each ``(tensor, index)`` pair as one flat list of Python ints.
 
-    On CUDA each (small) tensor is copied whole into pinned memory without blocking, one copy per
-    tensor and one event; the indexing happens on the host in ``result()``."""
+    On CUDA the (small) tensors are copied whole into one pinned slot without blocking, with the slot's
+    event; the indexing happens on the host in ``result()``, on the reader's thread. ``ok`` is False when
+    no slot was free or the tensors do not fit one (the caller drops the record and counts it)."""
 
     def __init__(self, parts: Sequence[Tuple[torch.Tensor, List[int]]]):
-        self.event, self._parts = None, None
+        self.event, self._parts, self._slots, self._slot = None, None, None, None
+        self.ok = True
         views = [host_view(t) for t, _ in parts]
         if all(v is not None for v in views):
             self._values: Optional[list] = np.concatenate(
                 [v[i].astype(np.int64) for v, (_, i) in zip(views, parts)]).tolist()
             return
         self._values = None
-        self._parts = []
-        for t, index in parts:
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-            host.copy_(t, non_blocking=True)
+        device = next(t.device for t, _ in parts if t.device.type != "cpu")
+        slots = prepare(device).ints
+        sizes = [(t.numel() * t.element_size() + 7) // 8 * 8 for t, _ in parts]
+        slot = slots.reserve() if sum(sizes) <= slots.nbytes else None
+        if slot is None:
+            self.ok = False
+            return
+        buf, at, self._parts = slots.buffer(slot), 0, []
+        for (t, index), size in zip(parts, sizes):
+            host = buf[at:at + size].view(t.dtype)[:t.numel()]
+            host.copy_(t.reshape(-1), non_blocking=True)
             self._parts.append((host, index))
-        if any(t.is_cuda for t, _ in parts):
-            self.event = torch.cuda.Event()
-            self.event.record()
+            at += size
+        self._slots, self._slot = slots, slot
+        self.event = slots.record(slot)
 
     def __reduce__(self):
         return Resolved, (self.result(),)
 
     def result(self) -> list:
         if self._values is None:
+            if not self.ok:
+                raise RuntimeError("HostInts: no pinned slot was free; this read was dropped")
             if self.event is not None:
                 self.event.synchronize()
             self._values = np.concatenate([host.numpy()[index].astype(np.int64)
                                            for host, index in self._parts]).tolist()
-            self._parts = None
+            self.release()
         return self._values
+
+    def release(self) -> None:
+        """Give the slot back (after reading, or when the record is dropped). Safe to call twice."""
+        if self._slot is not None:
+            self._parts = None
+            self._slots.release(self._slot)
+            self._slot = None

@@ -74,7 +74,10 @@ class TensorProbes:
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
             p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
-        fc_out = recompute.fc(worker.draft_runner.model, h[device_index(sel, h.device)])
+        index = device_index(sel, h.device)
+        if index is None:
+            self.health.drop("host_slots_full")
+        fc_out = None if index is None else recompute.fc(worker.draft_runner.model, h[index])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
         self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
                     chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
@@ -84,7 +87,11 @@ class TensorProbes:
         rows ``h[i]`` of its output hidden states (``recompute.logits``; graph replays keep the logits
         inside the graph). Periodic steps also record a ``draft.logits`` sample (statistics of the whole
         row: non-finite logits show broken weights)."""
-        logits = recompute.logits(worker.draft_runner.model, h[device_index([i for i, _, _ in rows], h.device)])
+        index = device_index([i for i, _, _ in rows], h.device)
+        if index is None:
+            self.health.drop("host_slots_full")
+            return
+        logits = recompute.logits(worker.draft_runner.model, h[index])
         if logits is None:
             return
         periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
@@ -126,7 +133,13 @@ class TensorProbes:
     def on_draft_steps(self, worker, rows: List[tuple]) -> None:
         """After the draft: the step tap's top-k of positions 2.. for ``rows``, copied without blocking."""
         steps, mapped = self.step_tap.read(len(rows)), self._hot_map(worker)
+        if steps is None:
+            self.health.drop("host_slots_full", len(rows))
+            return
         for j, (_, rid, _) in enumerate(rows):
+            old = self.draft_steps.get(rid)
+            if old is not None and old[0] is not steps:
+                old[0].release()  # a draft whose verify was not recorded: its slot goes back
             self.draft_steps[rid] = (steps, j, mapped)
 
     # -- verify -----------------------------------------------------------------------------------
@@ -146,6 +159,9 @@ class TensorProbes:
         reqs_at = [i for i, _, _ in rows]
         ints = HostInts([(verify_input.draft_token, nodes), (result.next_token_ids, nodes),
                          (batch.seq_lens, reqs_at), (result.accept_lens, reqs_at)])
+        if not ints.ok:
+            self.health.drop("host_slots_full", len(rows))
+            return
         lo = result.logits_output
         hidden, H = lo.hidden_states, self.target_hidden
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
@@ -156,8 +172,9 @@ class TensorProbes:
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}
+        steps = {d[1][0] for d in drafts.values() if d[1] is not None}
         self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
-                    drafts, self._hot, pendings=(pending,))
+                    drafts, self._hot, pendings=(pending, ints, *steps))
 
     # -- draft extend after verify ----------------------------------------------------------------
     def draft_extend_rows(self, batch) -> tuple:

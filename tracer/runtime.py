@@ -24,9 +24,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import coverage, records, requests, wire
+from . import coverage, devicecopy, records, requests, wire
 from . import facts as facts_mod
 from .config import TracerConfig
+from .devicecopy import later_list
 from .health import Health
 from .recorder import Shared
 from .relay import Relay
@@ -34,9 +35,10 @@ from .sampling import request_sampled, step_sampled
 from .shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from .probes import TensorProbes
 from .steptap import StepTap
-from .summaries import Summaries
+from .summaries import Summaries, capacity
 
 log = logging.getLogger("draftscope.tracer")
+PREPARED_REQUESTS = 64  # sampled requests per batch the summary buffers are built for at attach (more: built late)
 
 
 class InjectedFault(RuntimeError):
@@ -139,6 +141,9 @@ class Tracer(TensorProbes):
         facts["tracing"] = coverage.account_for(scheduler, self.hooks)
         self.expected_to_fire = facts["tracing"]["expected_to_fire"]
         self.run.update(run_fields, facts=facts)
+        plan = _device_plan(scheduler, spec)
+        if plan is not None:
+            self.prepare(**plan)
         sink = open_sink(self.config, self.health.drop)  # the recorder opens its own: fail here, once, if unusable
         if sink is None:
             self.active = False
@@ -147,6 +152,22 @@ class Tracer(TensorProbes):
         self.writer = Relay(self.config, self.health, dict(self.run), self.run_id)
         atexit.register(self.close)
         self.sigterm.install()
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
+                draft_vocab: Optional[int], draft_tokens: int, max_requests: int, hot=None) -> None:
+        """At attach, on a GPU: what the hooks would otherwise allocate late (pinned slots, each summary
+        layout's buffers and compiled kernels) is made now, and ``hot_token_id`` is read once. Work in a
+        hook must never allocate pinned memory: that can wait for the GPU (``devicecopy``)."""
+        devicecopy.prepare(device)
+        requests = min(max_requests, PREPARED_REQUESTS)
+        rows = capacity(requests * draft_tokens)
+        layouts = [(aux * hidden, hidden, vocab, rows, dtype), (hidden, hidden, vocab, rows, dtype),
+                   (aux * hidden, hidden, None, rows, dtype), (hidden, hidden, None, rows, dtype)]
+        if draft_vocab:
+            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32))
+        self.summaries.prepare(device, layouts)
+        if hot is not None:
+            self._hot = Shared("hot_token_id", later_list(hot))
 
     def start_failed(self, scheduler, exc: BaseException) -> None:
         """The scheduler's workers failed to build (SGLang refused to start): write one run, ended
@@ -217,7 +238,9 @@ class Tracer(TensorProbes):
                 coverage.warn_not_fired(self.expected_to_fire, self.health.heartbeats, rid, record["spec_verify_ct"])
                 self.expected_to_fire = []
             self.draft_seed.pop(rid, None)
-            self.draft_steps.pop(rid, None)
+            steps = self.draft_steps.pop(rid, None)
+            if steps is not None and all(v[0] is not steps[0] for v in self.draft_steps.values()):
+                steps[0].release()  # its pinned slot goes back (no verify will read it)
             out.append(record)
         if self.recording:
             self.submit("finish", records.finished, out)
@@ -233,6 +256,23 @@ def _under_sync_debug(fn: Callable, args: tuple) -> Any:
         return fn(*args)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+def _device_plan(scheduler, spec) -> Optional[dict]:
+    """``Tracer.prepare``'s arguments for a server on a GPU (None on a CPU, or when a value is missing)."""
+    safe = facts_mod._safe
+    runner = safe(lambda: scheduler.tp_worker.model_runner)
+    if runner is None or spec is None or not torch.cuda.is_available() or not str(runner.device).startswith("cuda"):
+        return None
+    lm = facts_mod._inner_lm(runner.model)
+    plan = {"device": torch.device("cuda", torch.cuda.current_device()), "dtype": safe(lambda: runner.model_config.dtype),
+            "hidden": safe(lambda: runner.model_config.hidden_size), "vocab": safe(lambda: runner.model_config.vocab_size),
+            "aux": len(getattr(getattr(lm, "model", None), "layers_to_capture", None) or ()) or 3,
+            "draft_vocab": safe(lambda: spec.draft_runner.model.logits_processor.config.vocab_size),
+            "draft_tokens": getattr(spec, "speculative_num_draft_tokens", None),
+            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(spec, "hot_token_id", None)}
+    required = ("dtype", "hidden", "vocab", "draft_tokens", "max_requests")
+    return plan if all(isinstance(plan[k], (int, torch.dtype)) for k in required) else None
 
 
 def _is_recording_rank() -> bool:

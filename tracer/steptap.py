@@ -23,10 +23,11 @@ from typing import List, Optional
 
 import torch
 
-from .devicecopy import device_index
+from .devicecopy import HostSlots, device_index
 from .stats import Resolved
 
 ROWS = 16  # sampled requests per batch whose draft steps are read
+READS = 256  # reads in flight (held until the relay thread reads them), in pinned slots allocated at install
 
 
 def _capturing() -> bool:
@@ -46,6 +47,11 @@ class StepTap:
         self.probs = torch.zeros((self.steps, ROWS, topk), dtype=torch.float32, device=dev)
         self.ids = torch.full((self.steps, ROWS, topk), -1, dtype=torch.int64, device=dev)
         self.armed = False  # eager runs read only when the draft hook selected rows
+        self._slots = HostSlots(self.probs.numel() * 4 + self.ids.numel() * 8, READS, dev)
+        split = self.probs.numel() * 4  # each slot's views, made once
+        self._views = [(b[:split].view(torch.float32).view(self.probs.shape),
+                        b[split:].view(torch.int64)[:self.ids.numel()].view(self.ids.shape))
+                       for b in map(self._slots.buffer, range(READS))]
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -69,41 +75,43 @@ class StepTap:
                 self._write(i, out.logits_output.next_token_logits)
 
     def _write(self, i: int, logits: torch.Tensor) -> None:
-        """Top-k of step ``i``'s logits at the selected rows (device operations only: graph-capturable)."""
-        rows = self.rows.clamp(0, logits.shape[0] - 1)
+        """Top-k of step ``i``'s logits at the selected rows (device operations only: graph-capturable).
+        Unused row slots hold 0: they read row 0, and ``read`` leaves them out."""
         k = min(self.k, logits.shape[-1])
-        top = torch.topk(torch.softmax(logits.index_select(0, rows).float(), dim=-1), k, dim=-1)
-        self.probs[i, :, :k].copy_(top.values)
-        self.ids[i, :, :k].copy_(top.indices)
+        probs = torch.softmax(logits.index_select(0, self.rows).float(), dim=-1)
+        torch.topk(probs, k, dim=-1, out=(self.probs[i, :, :k], self.ids[i, :, :k]))
 
     def select(self, rows: List[int]) -> int:
-        """Rows of the next draft to read (at most ``ROWS``); how many were taken."""
+        """Rows of the next draft to read (at most ``ROWS``); how many were taken (0: no pinned slot was free
+        for the row list)."""
         n = min(len(rows), ROWS)
-        self.rows.copy_(device_index(rows[:n] + [-1] * (ROWS - n), self.rows.device), non_blocking=True)
+        index = device_index(rows[:n] + [0] * (ROWS - n), self.rows.device)
+        if index is None:
+            return 0
+        self.rows.copy_(index, non_blocking=True)
         self.armed = True
         return n
 
-    def read(self, n: int) -> "StepTopk":
-        """The results of the draft just run for the first ``n`` selected rows, copied without blocking."""
+    def read(self, n: int) -> Optional["StepTopk"]:
+        """The results of the draft just run for the first ``n`` selected rows, copied without blocking into a
+        pinned slot; None when every slot is still unread."""
         self.armed = False
-        return StepTopk(self.probs[:, :n], self.ids[:, :n])
+        slot = self._slots.reserve()
+        if slot is None:
+            return None
+        return StepTopk(self.probs, self.ids, n, self._slots, slot, self._views[slot])
 
 
 class StepTopk:
     """Host copies of one draft's step top-k: ``result()[position - 2][row]`` = ``[(id, prob), ...]``
-    best first (ties by id). Pickles as the decoded lists (waits for the copy)."""
+    best first (ties by id), for the first ``n`` rows. Pickles as the decoded lists (waits for the copy)."""
 
-    def __init__(self, probs: torch.Tensor, ids: torch.Tensor):
-        self.event: Optional[torch.cuda.Event] = None
-        if probs.is_cuda:
-            self._p = torch.empty(probs.shape, dtype=probs.dtype, pin_memory=True)
-            self._i = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._p.copy_(probs, non_blocking=True)
-            self._i.copy_(ids, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self._p, self._i = probs.clone(), ids.clone()
+    def __init__(self, probs: torch.Tensor, ids: torch.Tensor, n: int, slots: HostSlots, slot: int, views: tuple):
+        self._p, self._i = views
+        self._p.copy_(probs, non_blocking=True)
+        self._i.copy_(ids, non_blocking=True)
+        self.event = slots.record(slot)
+        self._n, self._slots, self._slot = n, slots, slot
         self._value: Optional[list] = None
 
     def __reduce__(self):
@@ -113,6 +121,15 @@ class StepTopk:
         if self._value is None:
             if self.event is not None:
                 self.event.synchronize()
+            n = self._n
             self._value = [[sorted(((t, q) for t, q in zip(i, p) if t >= 0), key=lambda e: (-e[1], e[0]))
-                            for i, p in zip(ids, probs)] for ids, probs in zip(self._i.tolist(), self._p.tolist())]
+                            for i, p in zip(ids[:n], probs[:n])]
+                           for ids, probs in zip(self._i.tolist(), self._p.tolist())]
+            self.release()
         return self._value
+
+    def release(self) -> None:
+        """Give the slot back (after reading, or when the step is dropped). Safe to call twice."""
+        if self._slot is not None:
+            self._slots.release(self._slot)
+            self._slot = None

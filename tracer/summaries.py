@@ -20,8 +20,10 @@ from .health import Health
 from .host_reduce import host_rows
 from .stats import RowCopies
 from .summarize import Pending, Summarizer
+from .summary_ring import Layout
 
-RING_SIZE = 128  # unread launches per layout before launches drop (counted as `summary_ring_full`)
+RING_BYTES = 16 * 2**20  # pinned bytes per layout's ring: unread launches before launches drop
+RING_SLOTS = (128, 4096)  # at least / at most, whatever the layout's size (`summary_ring_full` past that)
 
 
 def capacity(n: int) -> int:
@@ -29,11 +31,18 @@ def capacity(n: int) -> int:
     return max(8, 1 << (n - 1).bit_length())
 
 
+def ring_size(layout_bytes: int) -> int:
+    """Ring slots for a layout of ``layout_bytes``: ``RING_BYTES`` of them, within ``RING_SLOTS``."""
+    return min(RING_SLOTS[1], max(RING_SLOTS[0], RING_BYTES // max(layout_bytes, 1)))
+
+
 class Summaries:
     """Summarizers keyed by (width, chunk width, vocab, device); ``max_rows`` grows by powers of two.
 
     ``reduce="auto"`` reduces CPU tensors in the recorder (``host_rows``) and CUDA tensors on the
-    device; ``"device"`` always uses the Summarizer (its torch path on a CPU).
+    device; ``"device"`` always uses the Summarizer (its torch path on a CPU). :meth:`prepare` builds
+    (and runs once) the Summarizers of the layouts a server will use, at attach: a Summarizer built later,
+    in a hook, allocates pinned memory and compiles its kernels there.
     """
 
     def __init__(self, health: Health, topk: int, reduce: str = "auto"):
@@ -41,6 +50,30 @@ class Summaries:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self.health, self.topk, self.reduce = health, topk, reduce
         self._by_shape: Dict[tuple, Summarizer] = {}
+
+    def prepare(self, device: torch.device, layouts: Sequence[tuple]) -> None:
+        """Build each ``(width, chunk width, vocab or None, rows, dtype)`` layout's Summarizer on ``device``
+        (CUDA) and run it once on zeros: its kernels compile and its buffers exist before the first request."""
+        device = torch.device(device)
+        if device.type != "cuda" and self.reduce == "auto":
+            return
+        for width, chunk, vocab, rows, dtype in layouts:
+            hidden = torch.zeros(1, width, dtype=dtype, device=device)
+            logits = None if vocab is None else torch.zeros(1, vocab, dtype=torch.float32, device=device)
+            pending = self.launch(hidden, [0] * rows, chunk_width=chunk, logits=logits)
+            if pending is not None:
+                pending.result()
+
+    def _summarizer(self, width: int, chunk: int, vocab: Optional[int], n: int, device) -> Summarizer:
+        key = (width, chunk, vocab, device)
+        summ = self._by_shape.get(key)
+        if summ is None or summ.max_rows < n:
+            rows = capacity(n)
+            topk = min(self.topk, vocab) if vocab else self.topk
+            size = ring_size(Layout(rows, width // chunk, vocab, topk).nbytes)
+            summ = self._by_shape[key] = Summarizer(max_rows=rows, width=width, chunk_width=chunk, vocab_size=vocab,
+                                                    topk=topk, ring_size=size, device=device)
+        return summ
 
     def launch(self, hidden: torch.Tensor, rows: Sequence[int], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
@@ -57,16 +90,13 @@ class Summaries:
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
-        key = (width, chunk, vocab, hidden.device)
-        summ = self._by_shape.get(key)
-        if summ is None or summ.max_rows < n:
-            summ = self._by_shape[key] = Summarizer(
-                max_rows=capacity(n), width=width, chunk_width=chunk, vocab_size=vocab,
-                topk=min(self.topk, vocab) if vocab else self.topk, ring_size=RING_SIZE, device=hidden.device)
-        # the padded list in one copy (from pinned memory on CUDA: no wait for queued work)
+        summ = self._summarizer(width, chunk, vocab, n, hidden.device)
+        # the padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
         index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
+        if index is None:
+            self.health.drop("host_slots_full")
+            return None
         pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag)
         if pending is None:
             self.health.drop("summary_ring_full")
         return pending
-

@@ -38,12 +38,14 @@ class Layout:
 def decode(h: dict[str, torch.Tensor], chunk_width: int, tag: Any) -> Summary:
     """A host buffer's views as a ``Summary`` (padding rows left out; top-k best first, ties by id)."""
     rows = h["rows"].tolist()
-    sums, nan, nonfinite, sumsq = h["sums"].tolist()
-    absmax = h["absmax"].tolist()
+    n = max((i + 1 for i, r in enumerate(rows) if r >= 0), default=0)  # rows past the last one are padding:
+    rows = rows[:n]  # read only up to it (a Summarizer's capacity may be far above what a launch uses)
+    sums, nan, nonfinite, sumsq = h["sums"][:, :n].tolist()
+    absmax = h["absmax"][:n].tolist()
     topk = None
     if "topk_id" in h:  # unsorted on the device
-        topk = [sorted(zip(i, p), key=lambda e: (-e[1], e[0])) for i, p in zip(h["topk_id"].tolist(),
-                                                                              h["topk_p"].tolist())]
+        topk = [sorted(zip(i, p), key=lambda e: (-e[1], e[0])) for i, p in zip(h["topk_id"][:n].tolist(),
+                                                                              h["topk_p"][:n].tolist())]
     out, H = [], chunk_width
     for r, row in enumerate(rows):
         if row < 0:
@@ -60,12 +62,15 @@ def decode(h: dict[str, torch.Tensor], chunk_width: int, tag: Any) -> Summary:
 
 
 class Ring:
-    """``size`` host buffers (pinned on CUDA); a launch takes a free one or is dropped (``drops``)."""
+    """``size`` host buffers (pinned on CUDA, one allocation); a launch takes a free one or is dropped
+    (``drops``)."""
 
     def __init__(self, layout: Layout, size: int, device: torch.device, chunk_width: int):
         pin = device.type == "cuda"
         self.chunk_width = chunk_width
-        self._bufs = [torch.zeros(layout.nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(size)]
+        # one allocation for every slot: a pinned allocation per slot would cost a ``cudaHostAlloc`` each
+        memory = torch.zeros(size, layout.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._bufs = list(memory.unbind(0))
         self._views = [layout.views(b) for b in self._bufs]
         self._busy = [False] * size
         # one completion event per slot, re-recorded by each launch that takes it (creating an event per

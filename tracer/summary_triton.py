@@ -28,6 +28,7 @@ if triton is not None:
         row = tl.load(rows + r)
         if c == 0:
             tl.store(rows_out + r, row)
+        valid = row >= 0  # padding rows (-1) read nothing: a large capacity costs no bandwidth
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         base = hidden + row * stride_row + c * H
         acc_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -37,7 +38,7 @@ if triton is not None:
         acc_max = tl.zeros([BLOCK_H], dtype=tl.float32)
         for start in range(0, H, BLOCK_H):
             offs = start + tl.arange(0, BLOCK_H)
-            x = tl.load(base + offs, mask=offs < H, other=0.0).to(tl.float32)
+            x = tl.load(base + offs, mask=(offs < H) & valid, other=0.0).to(tl.float32)
             is_nan = x != x
             ax = tl.abs(x)
             acc_sum += x
@@ -60,10 +61,12 @@ if triton is not None:
         """Program (r, b): max, sum of exp(x - max) and the top-TOPK (value, id) of one block of a row."""
         r = tl.program_id(0)
         b = tl.program_id(1)
-        row = tl.minimum(tl.maximum(tl.load(rows + r), 0), n_rows - 1)
+        row = tl.load(rows + r)
+        valid = row >= 0
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         idx = tl.arange(0, BLOCK_V)
         offs = b * BLOCK_V + idx
-        x = tl.load(logits + row * stride_row + offs, mask=offs < V, other=float("-inf"))
+        x = tl.load(logits + row * stride_row + offs, mask=(offs < V) & valid, other=float("-inf"))
         m = tl.max(x, axis=0)
         s = tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), axis=0))
         tl.store(bmax + r * NB + b, m)

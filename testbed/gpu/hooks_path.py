@@ -99,7 +99,7 @@ class HooksPath:
     what SGLang's does (and calls ``draft_runner.forward`` where SGLang's eager path does)."""
 
     def __init__(self, batch: int, sample_every: int = 16, sync_debug: bool = False, seed: int = 0,
-                 device: str = "cuda"):
+                 device: str = "cuda", graphs: bool = True):
         torch.manual_seed(seed)
         dev = torch.device(device)
         self.tracer = t = Tracer(TracerConfig(file="/dev/null", sample_rate=1 / sample_every,
@@ -136,10 +136,29 @@ class HooksPath:
         self.result_on_host = SimpleNamespace(accept_lens=accept.cpu(), forward_mode=_Mode())
         plugin.TRACER = t
         plugin._around_graphs(lambda worker: None, self.worker)  # the step tap, as before SGLang's capture
+        t.prepare(device=dev, dtype=torch.bfloat16, hidden=H, aux=K, vocab=V, draft_vocab=V_DRAFT, draft_tokens=N,
+                  max_requests=batch, hot=self.worker.hot_token_id)  # as attach does, after SGLang's capture
+        self.graph = self._capture_draft() if graphs else None
+
+    def _capture_draft(self) -> "torch.cuda.CUDAGraph":
+        """The draft-decode loop as SGLang runs it with CUDA graphs on: captured once, the tap's writes
+        with it (as SGLang's capture records them), then replayed by ``_draft``."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.worker.draft_forward(None)  # warm-up off the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.worker.draft_forward(None)
+        return graph
 
     # stand-ins for SGLang's worker methods (what the AROUND hooks wrap)
     def _draft(self, worker, batch):
-        worker.draft_forward(None)  # SGLang's eager draft-decode loop (a graph replay runs the same tap)
+        if self.graph is not None:
+            self.graph.replay()  # SGLang's draft-decode graph, the tap inside it
+        else:
+            worker.draft_forward(None)  # SGLang's eager draft-decode loop
         batch.spec_info = self.verify_input
 
     def _draft_forward(self, forward_batch):
