@@ -104,11 +104,13 @@ class ServerHandle:
     def pid(self) -> int:
         return self.process.pid
 
-    def generate(self, text: str, max_new_tokens: int = 16, rid: str | None = None, **sampling) -> dict:
-        """`POST /generate`; greedy unless `sampling` says otherwise; SGLang picks the request id unless
-        `rid` is given. Returns the JSON (with `meta_info`)."""
+    def generate(self, text: str | list[int], max_new_tokens: int = 16, rid: str | None = None, **sampling) -> dict:
+        """`POST /generate` of a text, or of token ids (a `--skip-tokenizer-init` server); greedy unless
+        `sampling` says otherwise; SGLang picks the request id unless `rid` is given. Returns the JSON
+        (with `meta_info`)."""
         params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
-        body = {"text": text, "sampling_params": params, **({"rid": rid} if rid else {})}
+        body = {"text" if isinstance(text, str) else "input_ids": text, "sampling_params": params,
+                **({"rid": rid} if rid else {})}
         return self._post("/generate", body)
 
     def get(self, path: str, timeout: float = 10.0) -> dict:
@@ -187,6 +189,11 @@ class PortTaken(Exception):
     """Another process bound the free port between ``free_port`` and the server's own bind."""
 
 
+def port_taken(log_path: Path) -> bool:
+    """Whether an exited server's log says its port was taken (``[Errno 98] address already in use``)."""
+    return "address already in use" in Path(log_path).read_text(errors="replace")
+
+
 def start_server(
     target_dir,
     draft_dir,
@@ -239,7 +246,7 @@ def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path:
     try:
         while True:
             if process.poll() is not None:
-                if "address already in use" in log_path.read_text(errors="replace"):
+                if port_taken(log_path):
                     raise PortTaken(port)
                 raise ServerStartError(_failure(f"the server exited with code {process.returncode}", log_path))
             if handle.is_healthy():
