@@ -96,6 +96,52 @@ class Resolved:
         return self.value
 
 
+class DeviceBytes:
+    """A Summarizer launch's result bytes as they cross to the recorder process, decoded there (with numpy):
+    the scheduler process only waits for the copy and copies the bytes, so the decoding takes none of its
+    GIL. ``fields``: ``(name, numpy dtype, shape, byte offset)`` of the layout."""
+
+    def __init__(self, fields: list, data: bytes, chunk_width: int, tag: Any):
+        self._fields, self._data, self.chunk_width, self.tag = fields, data, chunk_width, tag
+        self._summary: Optional[Summary] = None
+
+    def result(self) -> Summary:
+        if self._summary is None:
+            views = {name: np.frombuffer(self._data, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+                     for name, dtype, shape, offset in self._fields}
+            self._summary = decode(views, self.chunk_width, self.tag)
+            self._data = b""
+        return self._summary
+
+
+def decode(h: dict, chunk_width: int, tag: Any) -> Summary:
+    """A launch's result views (numpy arrays or tensors) as a ``Summary``: padding rows (-1) left out, only
+    rows up to the last used one read (a Summarizer's capacity may be far above what a launch uses), top-k
+    best first, ties by id. ``sums`` holds sum, NaN count, non-finite count, sum of squares."""
+    rows = h["rows"].tolist()
+    n = max((i + 1 for i, r in enumerate(rows) if r >= 0), default=0)
+    rows = rows[:n]
+    sums, nan, nonfinite, sumsq = h["sums"][:, :n].tolist()
+    absmax = h["absmax"][:n].tolist()
+    topk = None
+    if "topk_id" in h:  # unsorted on the device
+        topk = [sorted(zip(i, p), key=lambda e: (-e[1], e[0])) for i, p in zip(h["topk_id"][:n].tolist(),
+                                                                              h["topk_p"][:n].tolist())]
+    out, H = [], chunk_width
+    for r, row in enumerate(rows):
+        if row < 0:
+            continue
+        chunks = []
+        for c in range(len(sums[r])):
+            mean, ss = sums[r][c] / H, sumsq[r][c]
+            var = max(ss / H - mean * mean, 0.0) if math.isfinite(ss) and math.isfinite(mean) else math.nan
+            chunks.append(ChunkStats(l2=math.sqrt(ss) if ss >= 0 else math.nan, mean=mean,
+                                     std=math.sqrt(var) if var == var else math.nan, absmax=absmax[r][c],
+                                     nan_count=int(nan[r][c]), inf_count=int(nonfinite[r][c] - nan[r][c]), width=H))
+        out.append(RowSummary(row=row, chunks=chunks, topk=None if topk is None else topk[r]))
+    return Summary(tag=tag, rows=out)
+
+
 class RowCopies:
     """Host copies of some rows (``x``, float32/64) and their top-k (``probs``/``ids``, best-first by
     probability, not yet tie-broken), reduced to a :class:`Summary` by :meth:`result` on whichever

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
-from .stats import ChunkStats, Resolved, RowSummary, Summary
+from .stats import DeviceBytes, Resolved, Summary, decode
 from .summary_torch import SUMS
 
 
@@ -30,35 +30,12 @@ class Layout:
             self.fields.append((name, dtype, shape, offset, nbytes))
             offset += (nbytes + 7) // 8 * 8
         self.nbytes = offset
+        # the same fields for numpy, in the recorder process (``stats.DeviceBytes``)
+        self.numpy_fields = [(name, str(torch.tensor([], dtype=dtype).numpy().dtype), shape, off)
+                             for name, dtype, shape, off, _ in self.fields]
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         return {name: buf[off:off + n].view(dtype).view(shape) for name, dtype, shape, off, n in self.fields}
-
-
-def decode(h: dict[str, torch.Tensor], chunk_width: int, tag: Any) -> Summary:
-    """A host buffer's views as a ``Summary`` (padding rows left out; top-k best first, ties by id)."""
-    rows = h["rows"].tolist()
-    n = max((i + 1 for i, r in enumerate(rows) if r >= 0), default=0)  # rows past the last one are padding:
-    rows = rows[:n]  # read only up to it (a Summarizer's capacity may be far above what a launch uses)
-    sums, nan, nonfinite, sumsq = h["sums"][:, :n].tolist()
-    absmax = h["absmax"][:n].tolist()
-    topk = None
-    if "topk_id" in h:  # unsorted on the device
-        topk = [sorted(zip(i, p), key=lambda e: (-e[1], e[0])) for i, p in zip(h["topk_id"][:n].tolist(),
-                                                                              h["topk_p"][:n].tolist())]
-    out, H = [], chunk_width
-    for r, row in enumerate(rows):
-        if row < 0:
-            continue
-        chunks = []
-        for c in range(len(sums[r])):
-            mean, ss = sums[r][c] / H, sumsq[r][c]
-            var = max(ss / H - mean * mean, 0.0) if math.isfinite(ss) and math.isfinite(mean) else math.nan
-            chunks.append(ChunkStats(l2=math.sqrt(ss) if ss >= 0 else math.nan, mean=mean,
-                                     std=math.sqrt(var) if var == var else math.nan, absmax=absmax[r][c],
-                                     nan_count=int(nan[r][c]), inf_count=int(nonfinite[r][c] - nan[r][c]), width=H))
-        out.append(RowSummary(row=row, chunks=chunks, topk=None if topk is None else topk[r]))
-    return Summary(tag=tag, rows=out)
 
 
 class Ring:
@@ -72,6 +49,7 @@ class Ring:
         memory = torch.zeros(size, layout.nbytes, dtype=torch.uint8, pin_memory=pin)
         self._bufs = list(memory.unbind(0))
         self._views = [layout.views(b) for b in self._bufs]
+        self.numpy_fields = layout.numpy_fields
         self._busy = [False] * size
         # one completion event per slot, re-recorded by each launch that takes it (creating an event per
         # launch costs host time)
@@ -94,6 +72,12 @@ class Ring:
     def release(self, slot: int) -> None:
         self._busy[slot] = False
 
+    def views(self, slot: int) -> dict:
+        return self._views[slot]
+
+    def bytes(self, slot: int) -> bytes:
+        return self._bufs[slot].numpy().tobytes()
+
     def copy_out(self, slot: int, device_buf: torch.Tensor, tag: Any) -> "Pending":
         """One non-blocking copy of ``device_buf`` into ``slot``; an event marks its completion on CUDA."""
         self._bufs[slot].copy_(device_buf, non_blocking=True)
@@ -102,42 +86,57 @@ class Ring:
             event = self._events[slot]
             event.record()
         self.launches += 1
-        return Pending(lambda: decode(self._views[slot], self.chunk_width, tag), lambda: self.release(slot),
-                       event, tag)
+        return Pending(self, slot, event, tag)
 
 
 class Pending:
-    """Handle of one launch: wait for it and decode it on a background thread."""
+    """Handle of one launch: read it on a background thread, here (:meth:`result`) or, pickled, in the
+    recorder process (:class:`~draftscope_tracer.stats.DeviceBytes`: only the bytes are copied here)."""
 
-    def __init__(self, decode_slot: Callable[[], Summary], release_slot: Callable[[], None],
-                 event: Optional["torch.cuda.Event"], tag: Any):
-        self._decode, self._release, self._event, self.tag = decode_slot, release_slot, event, tag
+    def __init__(self, ring: Ring, slot: int, event: Optional["torch.cuda.Event"], tag: Any):
+        self._ring, self._slot, self._event, self.tag = ring, slot, event, tag
         self._held = True
         self._summary: Optional[Summary] = None
+        self._bytes: Optional[bytes] = None
         self._lock = threading.Lock()
 
     def __reduce__(self):
-        """Pickled (for the recorder process) as its decoded summary: waits for the copy first."""
-        return Resolved, (self.result(),)
+        """Pickled (for the recorder process) as the launch's bytes: waits for the copy first."""
+        with self._lock:
+            if self._bytes is None:
+                if self._summary is not None:
+                    return Resolved, (self._summary,)
+                self._wait()
+                self._bytes = self._ring.bytes(self._slot)
+                self._free()
+        return DeviceBytes, (self._ring.numpy_fields, self._bytes, self._ring.chunk_width, self.tag)
 
     def result(self) -> Summary:
         """Wait for the copy, decode it, free the ring slot. Idempotent; blocks the calling thread only."""
         with self._lock:
             if self._summary is None:
-                if not self._held:
-                    raise RuntimeError("this Pending was released without being read")
-                if self._event is not None:
-                    self._event.synchronize()
-                self._summary = self._decode()
-                self._release()
-                self._held = False
+                if self._bytes is not None:
+                    self._summary = DeviceBytes(self._ring.numpy_fields, self._bytes, self._ring.chunk_width,
+                                                self.tag).result()
+                else:
+                    self._wait()
+                    self._summary = decode(self._ring.views(self._slot), self._ring.chunk_width, self.tag)
+                    self._free()
             return self._summary
 
     def release(self) -> None:
-        """Free the ring slot without decoding (e.g. at shutdown). Safe to call more than once."""
+        """Free the ring slot without decoding (e.g. a dropped record); never waits: the next copy into the
+        slot is ordered after this one on the stream, and its reader waits for it. Safe to call twice."""
         with self._lock:
-            if self._held and self._summary is None:
-                if self._event is not None:
-                    self._event.synchronize()
-                self._release()
-                self._held = False
+            if self._held and self._summary is None and self._bytes is None:
+                self._free()
+
+    def _wait(self) -> None:
+        if not self._held:
+            raise RuntimeError("this Pending was released without being read")
+        if self._event is not None:
+            self._event.synchronize()
+
+    def _free(self) -> None:
+        self._ring.release(self._slot)
+        self._held = False

@@ -11,7 +11,7 @@ import torch
 
 from draftscope_tracer.health import Health
 from draftscope_tracer.host_reduce import host_rows
-from draftscope_tracer.stats import Resolved, RowCopies
+from draftscope_tracer.stats import DeviceBytes, RowCopies
 from draftscope_tracer.summaries import Summaries
 from draftscope_tracer.summarize import Summarizer
 
@@ -37,8 +37,8 @@ def test_host_rows_equal_the_summarizer_torch_path():
     host = pickle.loads(pickle.dumps(host_rows(h, rows, chunk_width=16, logits=logits, topk=5))).result()
     launched = Summarizer(max_rows=8, width=48, chunk_width=16, vocab_size=300, topk=5).summarize(
         h, torch.tensor(rows + [-1] * 4), logits)
-    crossed = pickle.loads(pickle.dumps(launched))  # a device launch crosses as its decoded summary
-    assert isinstance(crossed, Resolved)
+    crossed = pickle.loads(pickle.dumps(launched))  # a device launch crosses as its bytes, decoded there
+    assert isinstance(crossed, DeviceBytes)
     dev = crossed.result()
     assert [r.row for r in host.rows] == [r.row for r in dev.rows] == rows
     for hr, dr in zip(host.rows, dev.rows):
