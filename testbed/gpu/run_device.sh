@@ -21,7 +21,7 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 TORCHDYNAMO_DISABLE=1 PYTHONUNBUFF
 export PYTHONPATH="$KIT/standins:$TRACER:$SITE:$KIT/src"
 cd "$KIT/src" || exit 1
 python3 -m testbed.gpu.runner --kit "$KIT" --work "$WORK" --tracer-site "$TRACER" \
-  --server-path "$KIT/standins:$SITE" "$@"
+  --server-path "$KIT/standins:$SITE:$KIT/src" "$@"
 rc=$?
 cp "$WORK/results.json" "$WORK/pytest.log" "$OUT/" 2>/dev/null
 tar -czf "$OUT/artifacts.tgz" -C "$WORK" traces logs 2>/dev/null

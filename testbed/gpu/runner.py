@@ -192,7 +192,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--tracer-site", required=True,
                     help="the folder holding draftscope (added for traced servers and the GPU benches)")
-    ap.add_argument("--server-path", required=True, help="PYTHONPATH of every server: stand-ins, installed wheels")
+    ap.add_argument("--server-path", required=True,
+                    help="PYTHONPATH of every server: stand-ins, installed wheels, the kit's source (their loader)")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))

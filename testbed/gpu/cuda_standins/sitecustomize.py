@@ -1,5 +1,6 @@
 """GPU test bed only: patches applied right after SGLang imports a few of its modules, in every Python
-process started with this folder first on ``PYTHONPATH`` (SGLang spawns its schedulers, which run it too).
+process started with this folder first on ``PYTHONPATH`` (SGLang spawns its schedulers, which run it too),
+by ``testbed/standin_loader.py`` (the kit's source is on the servers' path).
 
 - ``sglang.srt.layers.dual_gemm``: the dual-GEMM mode selector imports CuTe DSL kernels
   (nvidia-cutlass-dsl, not on the device); here it picks "no dual GEMM", what the real selector ends
@@ -11,10 +12,10 @@ process started with this folder first on ``PYTHONPATH`` (SGLang spawns its sche
   at powers of two (``[gpu-testbed] graph replays: N``): proof that requests ran through CUDA graphs.
 """
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
+
+from testbed.standin_loader import patch_after_import
 
 
 def _log(msg: str) -> None:
@@ -78,28 +79,7 @@ if os.environ.get("SGLANG_GPU_TESTBED_NO_JIT") == "1":
     })
 
 
-class _PatchAfterExec(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader, self._patch = loader, patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        patch = PATCHES.get(fullname)
-        spec = None if patch is None else importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _PatchAfterExec(spec.loader, patch)
-        return spec
-
-
-sys.meta_path.insert(0, _Finder())
+patch_after_import(PATCHES)
 
 if os.environ.get("SGLANG_GPU_TESTBED_COUNT_REPLAYS") == "1":
     import torch.cuda.graphs as _graphs
