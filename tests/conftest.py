@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.store",
     "tests.fixtures.sglang_server",
     "tests.fixtures.demo_store",
+    "tests.fixtures.disk",
 ]

@@ -8,17 +8,15 @@ import json
 import logging
 import os
 import sqlite3
-import subprocess
 import time
 import uuid
-
-import pytest
 
 from draftscope import db as store_db
 from draftscope_tracer.health import Health
 from draftscope_tracer.outage import Outage
 from draftscope_tracer.sqlite_sink import SqliteSink
 from draftscope_tracer.writer import Writer
+from tests.fixtures.disk import fill
 from tests.fixtures.store import step_record
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
@@ -46,33 +44,6 @@ def test_outage_says_first_error_then_a_summary_a_minute_then_recovery(caplog):
     assert len(lines) == 4
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 2 MB tmpfs (we are root in the test container); skipped where mounting is not allowed."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(folder) -> "os.PathLike":
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:  # ENOSPC: the disk is full
-        pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def test_full_disk_is_reported_as_full_and_the_run_is_not_left_running(tiny_disk, caplog):
     path = tiny_disk / "store.db"
     store_db.upgrade(f"sqlite:///{path}")
@@ -84,7 +55,7 @@ def test_full_disk_is_reported_as_full_and_the_run_is_not_left_running(tiny_disk
                         max_batch_items=64)
         writer.submit(lambda: {"steps": [step_record("a", 0)]})
         time.sleep(0.3)  # the run and a first step are stored
-        filler = _fill(tiny_disk)
+        filler = fill(tiny_disk)
         for i in range(1, 400):  # large enough records that the store must grow
             writer.submit(lambda i=i: {"steps": [step_record("a", i, drafted_tokens=list(range(500)))]})
         time.sleep(0.5)
@@ -114,7 +85,7 @@ def test_a_disk_full_to_the_end_says_the_status_was_lost(tiny_disk, caplog):
     writer = Writer(SqliteSink(str(path)), Health(), lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
     writer.submit(lambda: {"steps": [step_record("a", 0)]})
     time.sleep(0.3)
-    _fill(tiny_disk)
+    fill(tiny_disk)
     with caplog.at_level(logging.WARNING, "draftscope.tracer"):
         for i in range(1, 300):
             writer.submit(lambda i=i: {"steps": [step_record("a", i, drafted_tokens=list(range(500)))]})

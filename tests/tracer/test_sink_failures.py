@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 import time
 
 import pytest
@@ -15,35 +14,10 @@ import pytest
 from draftscope import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_server
+from tests.fixtures.disk import fill
 
 pytestmark = pytest.mark.sglang
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D"]
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(folder):
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_full_disk_is_said_in_sglangs_log_and_the_run_ends(tiny_disk, tmp_path):
@@ -55,7 +29,7 @@ def test_full_disk_is_said_in_sglangs_log_and_the_run_ends(tiny_disk, tmp_path):
     with start_server(models.target, models.draft, [], log, env=env) as server:
         server.generate(PROMPTS[0], max_new_tokens=8)
         time.sleep(1.0)
-        filler = _fill(tiny_disk)
+        filler = fill(tiny_disk)
         # Until a write needs a new block: SQLite reuses its WAL file's space, so the first
         # batches after the disk fills may still fit (how many depends on the WAL's size by then).
         full = []
