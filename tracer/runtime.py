@@ -114,12 +114,10 @@ class Tracer(TensorProbes):
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
         live, stride = self.live, self.config.step_stride
-        out = []
-        for i, r in enumerate(reqs):
-            n = live.get(r.rid)
-            if n is not None and n - back >= 0 and step_sampled(n - back, stride):
-                out.append((i, r.rid, n - back))
-        return out
+        # one comprehension over the batch (most requests are not sampled), then the few sampled ones
+        found = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
+        return [(i, rid, live[rid] - back) for i, rid in found
+                if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
 
     def close(self, status: str = "ended", timeout_s: float = 10.0) -> None:
         if self.writer is not None:
