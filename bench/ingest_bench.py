@@ -17,7 +17,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,13 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from testbed.server import free_port, wait_for_port  # noqa: E402
+
 POINTS = [("draft.input", "draft_decode", 12288), ("target.aux[0]", "verify", 4096),
           ("target.aux[1]", "verify", 4096), ("target.aux[2]", "verify", 4096),
           ("draft.fc.out", "draft_decode", 4096), ("draft.logits", "draft_decode", 32000)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def samples(n: int) -> list[dict]:
@@ -78,6 +75,7 @@ def main() -> None:
     server = subprocess.Popen([str(draftscope), "serve", "--db", url,
                                "--port", str(port), "--upgrade"], start_new_session=True)
     try:
+        wait_for_port(port, server)
         run(args, port, server.pid)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -91,15 +89,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run(args: argparse.Namespace, port: int, server_pid: int) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit("draftscope serve did not start within 60 s")
-            time.sleep(0.2)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     run_id = uuid.uuid4().hex
     post(conn, json.dumps({"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id,

@@ -32,7 +32,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,10 @@ from pathlib import Path
 
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from testbed.server import free_port, wait_for_port  # noqa: E402
+
 POINTS = [("target.aux[0]", "prefill", 128), ("target.aux[1]", "prefill", 128),
           ("target.aux[2]", "prefill", 128), ("draft.fc.out", "draft_extend", 128)]
 FACTS = {"algorithm": "EAGLE3", "spec_topk": 1,
@@ -50,12 +53,6 @@ FACTS = {"algorithm": "EAGLE3", "spec_topk": 1,
                     "layers_to_capture": [2, 5, 7]},
          "draft": {"embed_width": 128, "fc_in_features": 384, "hidden_size": 128}}
 DRAFTS = 3  # drafted positions per verify step
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_record(started_at: float) -> dict:
@@ -325,15 +322,7 @@ def main() -> None:
                               start_new_session=True)
     live = None
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("draftscope serve did not start within 60 s")
-                time.sleep(0.3)
+        wait_for_port(port, server)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         big, live_id = uuid.uuid4().hex, uuid.uuid4().hex
         steps = args.requests * args.steps_per_request

@@ -72,6 +72,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Return once something accepts connections on ``HOST:port``; ``RuntimeError`` if ``process`` exits
+    first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"exited with code {process.returncode} before listening on port {port}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not listening on port {port} after {timeout:g} s") from None
+            time.sleep(0.2)
+
+
 def server_command(python, target_dir, draft_dir, extra_args: list[str], port: int) -> list[str]:
     """The `sglang.launch_server` command line; `extra_args` come last, so they override."""
     args = [str(python), "-m", "sglang.launch_server", "--model-path", str(target_dir),

@@ -58,9 +58,10 @@ class TensorProbes:
             self._draft_seeds(worker, h, rows, "prefill")
 
     def _features(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
-                  with_aux: bool, p_in=None, input_every: int = 1) -> None:
+                  with_aux: bool, p_in=None, input_every: int = 1, fc_every: int = 1) -> None:
         """draft.input (at steps that are multiples of ``input_every``; + target.aux[i] chunks) and
-        draft.fc.out of the given row spans: two launches (one when ``p_in`` already summarises those
+        draft.fc.out (at steps that are multiples of ``fc_every``: the recompute is the costliest work
+        of a hook) of the given row spans: two launches (one when ``p_in`` already summarises those
         rows of ``h``)."""
         if h is None or not rows:
             return
@@ -74,13 +75,19 @@ class TensorProbes:
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
             p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
-        index = device_index(sel, h.device)
-        if index is None:
+        fc_groups, fc_sel = [], []
+        for (a, b), (_, _, step) in zip(spans, rows):
+            fc_groups.append(list(range(len(fc_sel), len(fc_sel) + b - a)) if step % fc_every == 0 else None)
+            if step % fc_every == 0:
+                fc_sel += range(a, b)
+        index = device_index(fc_sel, h.device) if fc_sel else None
+        if fc_sel and index is None:
             self.health.drop("host_slots_full")
         fc_out = None if index is None else recompute.fc(worker.draft_runner.model, h[index])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
-        self.submit(phase, records.features, p_in, p_fc, rows, groups, phase, time.time(), width, _dtype(h), H,
-                    chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out), pendings=(p_in, p_fc))
+        self.submit(phase, records.features, p_in, p_fc, rows, groups, fc_groups, phase, time.time(), width,
+                    _dtype(h), H, chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out),
+                    pendings=(p_in, p_fc))
 
     def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str) -> None:
         """Top-k of the draft's logits at position 1 of each request's next verify step, recomputed from
@@ -193,7 +200,8 @@ class TensorProbes:
             same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
             self._features(worker, h, done, [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N)
                                              for i, _, _ in done], "draft_extend", with_aux=False,
-                           p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS)
+                           p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS,
+                           fc_every=PERIODIC_STEPS)
         seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
         if upcoming and seed is not None and seed.shape[0] == len(batch.reqs):
             self._draft_seeds(worker, seed, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend")

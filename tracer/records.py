@@ -27,13 +27,14 @@ def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = N
     return [[i, round(p, 6)] for i, p in topk]
 
 
-def features(p_in, p_fc, rows: list, groups: list, phase: str, now: float, width: int, dtype: str, H: int,
-             chunks: int, with_aux: bool, input_every: int, fc_dtype: Optional[str]) -> Records:
-    """draft.input (+ target.aux[i] chunks) and draft.fc.out of each sampled request's rows ``groups``."""
+def features(p_in, p_fc, rows: list, groups: list, fc_groups: list, phase: str, now: float, width: int, dtype: str,
+             H: int, chunks: int, with_aux: bool, input_every: int, fc_dtype: Optional[str]) -> Records:
+    """draft.input (+ target.aux[i] chunks) of each sampled request's rows ``groups`` of ``p_in``, and
+    draft.fc.out of its rows ``fc_groups`` of ``p_fc`` (None: not recomputed at this step)."""
     s_in = p_in.result() if p_in is not None else None
     s_fc = p_fc.result() if p_fc is not None else None
     out = []
-    for (_, rid, step), pos in zip(rows, groups):
+    for (_, rid, step), pos, fc_pos in zip(rows, groups, fc_groups):
         if not pos:
             continue
         if s_in is not None and step % input_every == 0:
@@ -42,9 +43,9 @@ def features(p_in, p_fc, rows: list, groups: list, phase: str, now: float, width
             for c in range(chunks if with_aux and chunks > 1 else 0):
                 out.append(sample_record(f"target.aux[{c}]", phase, now, rid, step, [len(pos), H], dtype,
                                          merged_stats(s_in, pos, [c])))
-        if s_fc is not None:
-            out.append(sample_record("draft.fc.out", phase, now, rid, step, [len(pos), s_fc.rows[0].chunks[0].width],
-                                     fc_dtype, merged_stats(s_fc, pos)))
+        if s_fc is not None and fc_pos:
+            out.append(sample_record("draft.fc.out", phase, now, rid, step,
+                                     [len(fc_pos), s_fc.rows[0].chunks[0].width], fc_dtype, merged_stats(s_fc, fc_pos)))
     return {"samples": out}
 
 
