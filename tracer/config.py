@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any, Dict, Mapping, Optional
 
 # Every environment variable the tracer reads, with its meaning (docs/tracer.md lists the same set;
-# tests/tracer/test_config.py checks that it does).
+# tests/tracer/test_runtime.py::test_every_option_is_documented checks that it does).
 OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_URL": "dashboard base URL; traces are POSTed to {URL}/api/v1/batches",
     "DRAFTSCOPE_DB": "SQLite file migrated by `draftscope db upgrade`; traces are written into it",
