@@ -69,6 +69,7 @@ def _diagnose(conn: sa.Connection, run: Mapping[str, Any], spec: DraftFeatureSpe
         static_ids.add("captured-layers-differ")
     static_error = any(f.severity == "error" for f in static)
     obs = observation(conn, run["id"], run["facts"])
+    obs.server_args = redact_server_args(run["server_args"] or {})  # e.g. --load-format dummy
     # A static finding already names the cause: drop the runtime echo of the same rule, and the
     # "quality, not plumbing" verdict when the plumbing is statically broken.
     findings = static + [f for f in runtime_findings(spec, obs) if f.rule_id not in static_ids

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from draftscope import charts, queries
+from draftscope import charts, queries, topk_gaps
 from draftscope.facts_view import fact_sections
 from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
@@ -180,8 +180,10 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
     findings = queries.run_findings(conn, run_id)
     static, stats = static_spec(run, imported_spec(conn, run_id))
     diff = combine(static, spec_diff(run, summary, stats))
+    health = queries.latest_health(conn, run_id)
     return {"run": run, "summary": summary, "findings": findings, "diff": diff,
-            "feature_stats": stats, "health": queries.latest_health(conn, run_id),
+            "feature_stats": stats, "health": health,
+            "topk_gaps": topk_gaps.run_gaps(conn, run_id, health, run.get("facts")),
             "imported": queries.imported_from(conn, run_id),
             "orphans": queries.orphan_requests(conn, run_id),
             "last_batch_at": queries.last_batch_at(conn, run_id),
@@ -373,6 +375,8 @@ def _request_data(conn, run_id: str, rid: str, step_index: int | None = None) ->
         incomplete = None
     run, steps = data["run"], data["steps"]
     expected = expected_widths(run.get("facts"))
+    for s in steps:
+        s["topk_lost"] = topk_gaps.step_gaps(s, run.get("facts"))
     step = None
     if step_index is not None:
         step = next((s for s in steps if s["step_index"] == step_index), None)
@@ -417,7 +421,8 @@ def request_page(request: Request, run_id: str, rest: str):
     decode = decoder(data["run"].get("target_path"))
     run_url = _run_url(run_id)
     context = {**data, "decode": decode, "timeline_figure": charts.timeline(data["steps"]),
-               "run_url": run_url, "req_url": f"{run_url}/requests/{quote(rid)}"}
+               "run_url": run_url, "req_url": f"{run_url}/requests/{quote(rid)}",
+               "topk_parts": topk_gaps.PARTS}
     if kind == "step" and _htmx(request):
         return templates.TemplateResponse(request, "request.html", context, block_name="step_detail")
     return templates.TemplateResponse(request, "request.html", context)

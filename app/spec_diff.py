@@ -10,17 +10,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from draftscope.spec.convention import IN_HF, OWNER, config_readings, sglang_path, verdicts
 from draftscope.spec.describe import SpecRow
-from draftscope.spec.draft import trained_layers_from_config
+from draftscope.spec.draft import config_ids
+from draftscope.spec.sglang import random_weights
+from draftscope.spec.target import recorded_target
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3Speculator"}
-OK, MISMATCH, UNKNOWN = "ok", "mismatch", "unknown"
+# depends: right under one layer-id convention, wrong under the other, and the draft does not say
+# which it was trained in (never highlighted as a mismatch; the note gives both verdicts)
+OK, MISMATCH, UNKNOWN, DEPENDS = "ok", "mismatch", "unknown", "depends"
 NOT_SEEN = "not seen"
 
 
 @dataclass(frozen=True)
 class DiffRow:
-    """One line of the diff; ``state`` is ok, mismatch (highlighted) or unknown (not recorded)."""
+    """One line of the diff; ``state`` is ok, mismatch (highlighted), depends (on a convention the
+    draft does not record) or unknown (not recorded)."""
 
     key: str
     label: str
@@ -77,7 +83,7 @@ class _Spec:
         self.ids_where = ("eagle_config" if self.eagle_config.get(key) is not None
                           else "top level of config.json" if config.get(key) is not None else None)
         self.num_layers = self.target.get("num_layers")
-        self.physical = trained_layers_from_config(config, self.num_layers) if config else None
+        self.read = config_ids(config, self.num_layers) if config else None
         self.hidden = config.get("target_hidden_size") or self.target.get("hidden_size")
         self.embed = self.draft.get("embed_width") or self.draft.get("hidden_size")
         self.fc_in = self.draft.get("fc_in_features")
@@ -106,7 +112,8 @@ def spec_diff(run: dict[str, Any], summary: dict[str, Any],
     rows = [_algorithm(spec, run.get("algorithm") or facts.get("algorithm")),
             _capture(spec), _layers(spec), _aux_widths(spec, widths), _concat(spec, widths)]
     rows += [_phase(spec, p, _ints((widths.get("draft.input") or {}).get(p.name))) for p in PHASES]
-    rows += [_fc(spec, widths), _vocab(spec), _weights(spec), _positions(spec, summary)]
+    random = random_weights(run.get("server_args"))
+    rows += [_fc(spec, widths), _vocab(spec), _weights(spec, random.get("draft")), _positions(spec, summary)]
     if feature_stats:
         rows += _norms(feature_stats, summary)
     return rows
@@ -139,17 +146,30 @@ def _capture(spec: _Spec) -> DiffRow:
 
 
 def _layers(spec: _Spec) -> DiffRow:
-    captured = spec.target.get("layers_to_capture")
+    """The trained layers in the convention the draft records (both, when it records none) against
+    what SGLang captures, in HF ``hidden_states`` indices (0 = the embedding output)."""
+    captured, n, arch = spec.target.get("layers_to_capture"), spec.num_layers, spec.target.get("architecture")
     where = f" in {spec.ids_where}" if spec.ids_where else " (none written: format default)"
-    trained = f"ids {_list(spec.ids)}{where} → output of layers {_list(spec.physical)}"
+    readings = config_readings(spec.read, recorded_target(spec.target)) if spec.read and n else []
+    known = [(c, p) for c, p in readings if p is not None]
+    if len(known) == 1:
+        conv, physical = known[0]
+        trained = (f"ids {_list(spec.ids)}{where}, {OWNER[conv]} convention ({IN_HF[conv]}; "
+                   f"{spec.read.reason}) → hidden_states{_list([j + 1 for j in physical])}")
+    elif known:
+        trained = f"ids {_list(spec.ids)}{where}; no trainer recorded, so " + ", ".join(
+            f"hidden_states{_list([j + 1 for j in p])} under {OWNER[c]} convention" for c, p in known)
+    else:
+        trained = f"ids {_list(spec.ids)}{where} → trained layers not resolved"
     if captured is None:
         return DiffRow("layers", "Aux layers", trained, "not recorded", UNKNOWN)
-    served_out = [i - 1 for i in captured]
-    served = (f"SGLang captures the input of layers {_list(captured)} = output of {_list(served_out)}"
-              if captured else "none captured")
-    state = UNKNOWN if spec.physical is None else (OK if served_out == spec.physical else MISMATCH)
-    note = ("SGLang/SpecForge count layer outputs (id j = output of layer j); speculators and HF "
-            "hidden_states[i] count the embedding as 0")
+    fed = [i for i in range(n) if i in captured] if n else list(captured)
+    served = (f"{sglang_path(arch)} captures the input of layers {_list(fed)} = hidden_states{_list(fed)}"
+              if fed else "none captured")
+    out = [i - 1 for i in fed]
+    right = [p == out for _, p in known]
+    state = UNKNOWN if not known else OK if all(right) else MISMATCH if not any(right) else DEPENDS
+    note = verdicts(known, out, arch) if known and (len(known) > 1 or state == MISMATCH) else ""
     return DiffRow("layers", "Aux layers", trained, served, state, note)
 
 
@@ -228,7 +248,9 @@ def _vocab(spec: _Spec) -> DiffRow:
                    "d2t holds absolute ids, not offsets" if hot.get("in_target_vocab") is False else "")
 
 
-def _weights(spec: _Spec) -> DiffRow:
+def _weights(spec: _Spec, random: str | None) -> DiffRow:
+    """``random``: the flag that loaded the draft with random values (its values then differ from
+    the checkpoint as expected; missing keys and non-finite values still count)."""
     w = spec.draft.get("weights")
     if not w:
         return DiffRow("weights", "Loaded weights vs checkpoint", "checkpoint tensors", "not checked", UNKNOWN)
@@ -236,8 +258,10 @@ def _weights(spec: _Spec) -> DiffRow:
     served = f"{w.get('matched', 0)} of {w.get('checked', 0)} parameters equal the checkpoint"
     if missing or diff or nonfinite:
         served += f"; {missing} not in it, {diff} differ, {nonfinite} non-finite"
+    note = f"random values ({random}): differing from the checkpoint is expected" if random else ""
+    bad = missing or nonfinite or (diff and not random)
     return DiffRow("weights", "Loaded weights vs checkpoint", "every parameter from the checkpoint",
-                   served, MISMATCH if missing or diff or nonfinite else OK)
+                   served, MISMATCH if bad else OK, note)
 
 
 def _positions(spec: _Spec, summary: dict) -> DiffRow:
@@ -290,9 +314,14 @@ def combine(static: list[SpecRow] | None, observed: list[DiffRow]) -> list[DiffR
     rows: list[DiffRow] = []
     for s in static:
         mine = seen.get(by_static.get(s.key, ""))
-        state = MISMATCH if s.mismatch or (mine and mine.state == MISMATCH) else \
-            (mine.state if mine else OK)
-        note = "; ".join(n for n in (s.note, mine.note if mine else "") if n)
+        if s.mismatch or (mine and mine.state == MISMATCH):
+            state = MISMATCH
+        elif s.ambiguous:
+            state = DEPENDS
+        else:  # the checkpoint read here may settle what the recorded config alone could not
+            state = OK if not mine or mine.state == DEPENDS else mine.state
+        mine_note = mine.note if mine and mine.state != DEPENDS else ""  # else the static note says it
+        note = "; ".join(n for n in (s.note, mine_note) if n)
         rows.append(DiffRow(s.key, s.label, s.trained, mine.served if mine else "", state, note,
                             predicted=s.sglang))
         rows += [r for r in observed if _ANCHOR.get(r.key) == s.key and r.key not in _SAME]

@@ -269,3 +269,99 @@ def test_a_broken_store_row_gets_a_500_page_not_a_traceback(tmp_path) -> None:
         assert "Traceback" not in page.text and "JSONDecodeError" not in page.text
         as_json = client.get(f"/runs/{run_id}.json")
         assert as_json.status_code == 500 and as_json.json()["error"] == "internal error"
+
+
+# --- a Kimi-K2.5-shaped run with random weights (the GPU bed's healthy run) ------------------------
+
+KIMI_FACTS = {
+    "sglang_version": "0.5.23", "algorithm": "EAGLE3", "spec_num_steps": 3, "spec_num_draft_tokens": 4,
+    "spec_topk": 1, "cuda_graph": True, "tp_size": 1,
+    "target": {"path": "/models/kimi-shaped", "architecture": "DeepseekV3ForCausalLM", "num_layers": 61,
+               "hidden_size": 7168, "vocab_size": 163840, "eagle3_capture_supported": True,
+               "capture_aux_hidden_states": True, "layers_to_capture": [20, 40, 60]},
+    "draft": {"path": "/models/kimi-eagle3", "architecture": "LlamaForCausalLMEagle3", "hidden_size": 7168,
+              "embed_width": 7168, "fc_in_features": 21504, "lm_head_rows": 32000,
+              "config_draft_vocab_size": 32000, "lm_head_shared_with_target": False,
+              "config": {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000,
+                         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [20, 40, 60],
+                                          "use_aux_hidden_state": True}},
+              "hot_token_id": {"present": True, "size": 32000, "max_id": 163000, "min_id": 0,
+                               "in_target_vocab": True, "equals_d2t_plus_arange": True},
+              "weights": {"checked": 13, "matched": 13, "mismatched": [], "not_in_checkpoint": [],
+                          "checkpoint_keys_unused": [], "nonfinite": []}},
+}
+TOPK = [[[5, 0.5], [6, 0.2]]] * 3
+
+
+def kimi_batch(run_id: str) -> dict:
+    """Zero acceptance (random target weights), 21504 into fc, three steps of req-a and one of req-b
+    lacking part of their top-k while the ring and the tap were full."""
+    def step(rid, i, **lost):
+        return step_record(rid, i, accept_len=1, accept_flags=[False] * 3,
+                           **{"draft_topk": TOPK, "target_topk": TOPK, **lost})
+    steps = [step("req-a", i) for i in range(8)] + [step("req-b", i) for i in range(8)]
+    steps[2] = step("req-a", 2, target_topk=None)
+    steps[3] = step("req-a", 3, draft_topk=[[]] + TOPK[1:])
+    steps[4] = step("req-a", 4, draft_topk=TOPK[:1])
+    steps[9] = step("req-b", 1, target_topk=None)
+    samples = [sample_record(i, rid="req-a", point=p, phase=ph, width=w, shape=[1, w])
+               for i, (p, ph, w) in enumerate([("draft.input", "prefill", 21504), ("draft.fc.out", "prefill", 7168),
+                                              ("target.aux[0]", "verify", 7168), ("target.aux[1]", "verify", 7168),
+                                              ("target.aux[2]", "verify", 7168),
+                                              ("draft.logits", "draft_extend", 32000)])]
+    return make_batch(
+        run_id, run=run_record(facts=KIMI_FACTS, server_args={
+            "speculative_algorithm": "EAGLE3", "load_format": "dummy",
+            "speculative_draft_load_format": "safetensors"}),
+        steps=steps, samples=samples,
+        health=[{"at": 2.0, "drops": {"summary_ring_full": 108, "draft_tap_full": 3}, "errors": {},
+                 "heartbeats": {}, "disabled_probes": []}])
+
+
+@pytest.fixture
+def kimi_run(client) -> str:
+    rid = uuid.uuid4().hex
+    response = client.post("/api/v1/batches", json=kimi_batch(rid))
+    assert response.status_code == 200, response.text
+    settle(client)
+    return rid
+
+
+def test_random_weights_run_says_so_and_highlights_nothing(client, kimi_run) -> None:
+    text = client.get(f"/runs/{kimi_run}").text
+    diagnosis = section(text, "diagnosis")
+    assert 'id="random-weights"' in diagnosis and "acceptance means nothing" in diagnosis
+    assert "the target (--load-format dummy) was loaded with random values" in diagnosis
+    assert "rootcause" not in diagnosis and "No check failed" in diagnosis
+    assert "expected with random weights: not one of" in diagnosis  # zero acceptance, stated as expected
+    assert "acceptance means nothing here" in section(text, "acceptance")
+    diff = section(text, "spec-diff")
+    assert 'class="mismatch"' not in diff
+    layers = next(r for r in rows_of(diff) if 'data-key="layers"' in r)
+    assert layers.startswith(' class="depends"') and "speculators&#39; they match" in layers
+    assert ("under SpecForge&#39;s convention these ids mean hidden_states[21, 41, 61] and SGLang&#39;s "
+            "DeepSeek path feeds hidden_states[20, 40, 60]: off by one") in layers
+    findings = client.get(f"/runs/{kimi_run}.json").json()["findings"]
+    assert {f["severity"] for f in findings} == {"info"}
+    assert {f["rule_id"] for f in findings} == {"weights-random", "acceptance-zero-finite-logits",
+                                                "aux-convention-ambiguous"}
+
+
+def test_steps_that_lost_their_topk_are_said_plainly(client, kimi_run) -> None:
+    health = section(client.get(f"/runs/{kimi_run}").text, "health")
+    said = re.sub(r"\s+", " ", re.search(r'<p id="topk-lost">(.*?)</p>', health, re.S).group(1))
+    assert "4 verify steps of 2 requests lack top-k" in said
+    assert "2 lack the target&#39;s top-k (the summary ring was full" in said and "summary_ring_full</code> 108" in said
+    assert "1 lacks the draft&#39;s top-k at position 1" in said
+    assert "1 lacks the draft&#39;s top-k at positions 2.. (more than 16 sampled requests" in said
+    assert "draft_tap_full</code> 3" in said
+    assert "req-a</code></a> (3 steps), " in said and "req-b</code></a> (1 step)" in said
+    page = client.get(f"/runs/{kimi_run}/requests/req-a").text
+    assert "3 of 8 sampled steps lack top-k" in page
+    marked = [r for r in rows_of(section(page, "timeline")) if "lost:" in r]
+    assert len(marked) == 3 and "the target&#39;s top-k" in marked[0] and "positions 2.." in marked[2]
+    detail = client.get(f"/runs/{kimi_run}/requests/req-a/steps/3", headers={"HX-Request": "true"}).text
+    assert 'id="step-topk-lost"' in detail and "position 1 (the summary ring was full" in detail
+    assert 'id="step-topk-lost"' not in client.get(f"/runs/{kimi_run}/requests/req-a/steps/0").text
+    steps = client.get(f"/runs/{kimi_run}/requests/req-a.json").json()["steps"]
+    assert [s["topk_lost"] for s in steps][2:5] == [["target"], ["draft_first"], ["draft_later"]]

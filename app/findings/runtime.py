@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from draftscope.findings.model import Finding, Observation
-from draftscope.spec.draft import DraftFeatureSpec, trained_layers_from_config
+from draftscope.spec.convention import IN_HF, OWNER, config_readings, spec_readings, verdicts
+from draftscope.spec.draft import ConfigIds, DraftFeatureSpec, config_ids
 from draftscope.spec.feature_stats import relative_gap
-from draftscope.spec.sglang import ids_capturing
-from draftscope.spec.target import TargetSpec
+from draftscope.spec.sglang import ids_capturing, random_weights
+from draftscope.spec.target import TargetSpec, recorded_target
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
 COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
@@ -44,7 +46,8 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
                          draft.get("lm_head_shared_with_target")}))
     else:
         found += _widths(spec, obs, target, draft)
-    found += _weights(obs, draft)
+    random = random_weights(obs.server_args)
+    found += _weights(obs, draft, draft_random="draft" in random)
     found += _vocab(target, draft)
     found += _positions(spec, obs, draft)
     if not any(f.severity == "error" for f in found):  # a wiring error already explains odd norms
@@ -62,8 +65,24 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
                         "training data; retrain or pick a draft trained for this traffic",
                         {"accepted": obs.accepted_drafts, "proposed": obs.proposed_drafts,
                          "verify_steps": obs.verify_steps}))
+    if random:
+        found = _expected_with_random_weights(found, random)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
+
+
+def _expected_with_random_weights(found: list[Finding], random: dict[str, str]) -> list[Finding]:
+    """Random weights accept nothing: the acceptance findings become expected (info), the plumbing
+    ones stay as they are, and ``weights-random`` says why first."""
+    who = " and ".join(f"the {model} ({flag})" for model, flag in random.items())
+    stated = _f("weights-random", "info",
+                f"{who} {'were' if len(random) > 1 else 'was'} loaded with random values instead of "
+                "the checkpoint, so acceptance means nothing here and the acceptance findings are "
+                "expected; the plumbing checks (widths, fc, aux layers, loaded weights, d2t) hold as usual",
+                "serve the checkpoints' weights to judge acceptance", {"random_weights": random})
+    return [stated] + [replace(f, severity="info", message=f"expected with random weights: {f.message}",
+                               fix="nothing to fix: random weights accept nothing")
+                       if f.rule_id in ACCEPTANCE else f for f in found]
 
 
 SIGNATURES = {"acceptance-zero-finite-logits", "acceptance-position1-collapse",
@@ -79,6 +98,7 @@ POS1_RATIO = 3.0
 DECAY_RATIO = 0.5  # acceptance past the knee at most half of before it
 DRIFT_RATIO = 0.5  # acceptance in the last third of the run at most half of the first third
 DRIFT_SEQ_SLACK = 1.5  # ... while its mean sequence position grew by less than this factor
+ACCEPTANCE = SIGNATURES | {"acceptance-collapse-quality"}  # judged on acceptance alone
 
 
 def _f(rule_id: str, severity: str, message: str, fix: str, evidence: dict[str, Any],
@@ -104,9 +124,10 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
         why = ("the target captures no aux states (capture_aux_hidden_states is false)"
                if target.get("capture_aux_hidden_states") is False
                else "the draft receives the target's final hidden state instead of the aux states")
+        parts = f" ({k} aux layers × {hidden})" if k and hidden and k * hidden == expected else ""
         found.append(_f("fc-bypassed", "error",
-                        f"the draft received {embed}-wide features (its embed width) instead of "
-                        f"{expected}: {why}, so fc is silently skipped",
+                        f"the draft received {embed}-wide features, {embed} instead of {expected}{parts}: "
+                        f"{why}, and {embed} is its embed width, so fc is silently skipped",
                         "enable aux capture: use_aux_hidden_state true in eagle_config, "
                         "--speculative-algorithm EAGLE3, a target class with set_eagle3_layers_to_capture",
                         ev))
@@ -124,27 +145,59 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
                         f"the draft received {bad[0]}-wide features after a target forward; its fc "
                         f"expects {expected}",
                         "make the captured aux layers match the draft's eagle_config ids", ev))
-    trained = spec.aux_layers_physical if spec is not None else \
-        trained_layers_from_config(draft.get("config") or {}, n)
-    if captured is not None and trained is not None and not found \
-            and [i - 1 for i in captured] != trained:
-        fix_ids = ids_capturing(trained, TargetSpec(path="", architecture=target.get("architecture") or "",
-                                                    model_type=None, num_layers=n, hidden_size=hidden or 0,
-                                                    vocab_size=0, max_position_embeddings=None))
-        fix = (f"write eagle_config.eagle_aux_hidden_state_layer_ids {fix_ids} (SGLang then captures "
-               f"the output of layers {trained})" if fix_ids is not None else
-               f"no eagle_config ids make SGLang capture the output of layers {trained} on "
-               f"{target.get('architecture')}: use a draft trained on layers it can capture")
-        found.append(_f("captured-layers-differ", "error",
-                        f"the target captures the output of layers {[i - 1 for i in captured]} but "
-                        f"the draft was trained on {trained}", fix, {**ev, "captured": captured}))
+    if captured is not None and n and not found:
+        found += _layers(spec, draft, target, captured, ev)
     return found
 
 
-def _weights(obs: Observation, draft: dict) -> list[Finding]:
+def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: list[int],
+            ev: dict) -> list[Finding]:
+    """The captured layers against the trained ones, in the convention the draft records; both
+    verdicts, each naming its convention, when it records none (``aux-convention-ambiguous``)."""
+    arch, t = target.get("architecture"), recorded_target(target)
+    read = config_ids(draft.get("config") or {}, t.num_layers) if spec is None else None
+    readings = spec_readings(spec, t) if spec is not None else config_readings(read, t) if read else []
+    readings = [(c, p) for c, p in readings if p is not None]
+    out = [i - 1 for i in captured]
+    wrong = [(c, p) for c, p in readings if p != out]
+    if not wrong:
+        return []
+    ev = {**ev, "captured": captured, "readings": [{"convention": c, "physical": p, "matches_sglang": p == out}
+                                                   for c, p in readings]}
+    if len(readings) > 1:
+        fixes = "; ".join(f"if it was trained in {OWNER[c]} convention: {_fix(p, t)}" for c, p in wrong)
+        return [_f("aux-convention-ambiguous", "info" if len(wrong) < len(readings) else "error",
+                   f"the draft's config names no trainer, so its ids {_ids(spec, read)} read two ways: "
+                   f"{verdicts(readings, out, arch)}",
+                   "record the trainer (speculators_config, or the training config beside the "
+                   f"checkpoint); {fixes}", ev)]
+    conv, trained = readings[0]
+    return [_f("captured-layers-differ", "error",
+               f"the target captures the output of layers {out} but the draft was trained on {trained} "
+               f"({OWNER[conv]} convention: {IN_HF[conv]}); {verdicts(readings, out, arch)}",
+               _fix(trained, t), ev)]
+
+
+def _ids(spec: DraftFeatureSpec | None, read: ConfigIds | None) -> list[int] | None:
+    return spec.aux_layer_ids if spec is not None else read.ids if read else None
+
+
+def _fix(trained: list[int], target: TargetSpec) -> str:
+    ids = ids_capturing(trained, target)
+    if ids is not None:
+        return (f"write eagle_config.eagle_aux_hidden_state_layer_ids {ids} (SGLang then captures "
+                f"the output of layers {trained})")
+    return (f"no eagle_config ids make SGLang capture the output of layers {trained} on "
+            f"{target.architecture}: use a draft trained on layers it can capture")
+
+
+def _weights(obs: Observation, draft: dict, draft_random: bool = False) -> list[Finding]:
+    """``draft_random``: the draft was loaded with random values, so its parameters differing from
+    the checkpoint is expected (its keys and finiteness still count)."""
     weights = draft.get("weights") or {}
     missing, nonfinite = weights.get("not_in_checkpoint") or [], weights.get("nonfinite") or []
-    mismatched, unused = weights.get("mismatched") or [], weights.get("checkpoint_keys_unused") or []
+    mismatched = [] if draft_random else weights.get("mismatched") or []
+    unused = weights.get("checkpoint_keys_unused") or []
     found = []
     if missing or nonfinite or mismatched or obs.draft_logits_nonfinite:
         example = (missing or nonfinite or mismatched or ["draft logits"])[0]

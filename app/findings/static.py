@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftscope.findings.model import Finding
-from draftscope.spec.convention import SHORT, Reading, aux_readings
+from draftscope.spec.convention import SHORT, Reading, aux_readings, hidden_states, verdicts
 from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
 from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations, ids_capturing
 from draftscope.spec.target import TargetSpec
@@ -174,30 +174,20 @@ def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpect
                    if r.fix_ids else [])
 
 
-def _offset(trained: list[int], captured: list[int]) -> str:
-    shifts = {c - t for t, c in zip(trained, captured)}
-    if len(trained) == len(captured) and len(shifts) == 1:
-        d = shifts.pop()
-        return f"SGLang feeds layers {abs(d)} {'deeper' if d > 0 else 'shallower'}"
-    return f"SGLang feeds other layers ({captured})"
-
-
 def _ambiguous(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations,
                readings: list[Reading], ev: dict) -> Finding:
-    """One finding naming both readings of ids whose convention the checkpoint does not settle."""
+    """One finding naming both readings of ids whose convention the checkpoint does not settle:
+    info when one of them is what SGLang captures (right if the draft was trained that way)."""
     ok = [r for r in readings if r.matches_sglang]
-    cases = []
-    for r in readings:
-        verdict = "exactly what SGLang captures" if r.matches_sglang else _offset(r.physical,
-                                                                                   exp.captured_physical)
-        cases.append(f"read {SHORT[r.convention]}, the draft was trained on the output of layers "
-                     f"{r.physical}: {verdict}")
+    said = verdicts([(r.convention, r.physical) for r in readings], exp.captured_physical,
+                    target.architecture)
     fixes = [f"if it was trained {SHORT[r.convention]}: {_reading_fix(r, target)}"
              for r in readings if not r.matches_sglang]
-    return Finding("aux-convention-ambiguous", "warning" if ok else "error",
-                   f"the checkpoint names no trainer ({spec.trainer_source}) and SGLang "
-                   f"{SGLANG_VERSION} on {target.architecture} captures the output of layers "
-                   f"{exp.captured_physical} for ids {spec.aux_layer_ids}; " + "; ".join(cases),
+    return Finding("aux-convention-ambiguous", "info" if ok else "error",
+                   f"the checkpoint names no trainer ({spec.trainer_source}); SGLang "
+                   f"{SGLANG_VERSION} on {target.architecture} captures "
+                   f"{hidden_states(exp.captured_physical)} (the output of layers "
+                   f"{exp.captured_physical}) for ids {spec.aux_layer_ids}: {said}",
                    "settle which trainer wrote the checkpoint (pass its training config with "
                    "--training-config, or ask its publisher); " + "; ".join(fixes),
                    {**ev, "readings": [{"convention": r.convention, "physical": r.physical,

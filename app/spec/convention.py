@@ -1,19 +1,23 @@
 """Which target layers the draft's aux ids name, read in every convention that could apply.
 
 The same id names different tensors in different trainers: SpecForge counts decoder-layer outputs
-(id j = output of layer j), while speculators, EAGLE and Hugging Face ``hidden_states[j]`` count
-the embedding output as 0 (id j = output of layer j-1). SGLang's Llama-family targets read ids the
-SpecForge way; its DeepSeek/Kimi path adds 1 only when the first id is 1 (sglang PR #25454), so it
-reads every other id list the speculators way. When the checkpoint does not name its trainer and
-the format's convention differs from SGLang's reading, both readings are possible.
+(id j = output of layer j = Hugging Face ``hidden_states[j+1]``), while speculators, EAGLE and HF
+``hidden_states[j]`` count the embedding output as 0 (id j = output of layer j-1). SGLang 0.5.23's
+Llama-family targets read ids the SpecForge way (``models/llama.py::set_eagle3_layers_to_capture``:
+layers_to_capture = id + 1, capture = input of layer i = ``hidden_states[i]``); its DeepSeek/Kimi
+path adds 1 only when the first id is 1 (``models/deepseek_v2.py::set_eagle3_layers_to_capture``,
+sglang PR #25454), so it reads every other id list the speculators way. When the checkpoint does not
+name its trainer and the format's convention differs from SGLang's reading, both readings are
+possible: each verdict then says which convention it assumes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftscope.spec.draft import FORMAT_CONVENTION, DraftFeatureSpec, physical_layers
-from draftscope.spec.sglang import SGLangExpectations, ids_capturing, sglang_reading
+from draftscope.spec.draft import FORMAT_CONVENTION, ConfigIds, DraftFeatureSpec, physical_layers
+from draftscope.spec.sglang import (CAPTURE_SHIFT, SGLangExpectations, ids_capturing,
+                                    sglang_reading)
 from draftscope.spec.target import TargetSpec
 
 MEANING = {"output_of": "SpecForge's convention: id j is the output of decoder layer j",
@@ -23,13 +27,22 @@ MEANING = {"output_of": "SpecForge's convention: id j is the output of decoder l
            "recorded": "the trained layers recorded beside ids written for SGLang"}
 SHORT = {"output_of": "output-of, as SpecForge", "input_to": "input-to, as speculators / HF",
          "boundary": "boundary", "recorded": "recorded"}
+# Whose convention, as a verdict names it ("under SpecForge's convention ...").
+OWNER = {"output_of": "SpecForge's", "input_to": "speculators'", "boundary": "the boundary-index",
+         "recorded": "draftscope's recorded"}
+# The convention in HF hidden_states terms (hidden_states[0] is the embedding output).
+IN_HF = {"output_of": "id j = output of layer j = hidden_states[j+1]",
+         "input_to": "id j = hidden_states[j] = input of layer j",
+         "boundary": "id j = hidden_states[j], id L the last layer's output",
+         "recorded": "the trained layers, recorded by draftscope doctor --fix"}
+PATH = {"plus1": "SGLang's Llama-family path", "first1": "SGLang's DeepSeek path"}
 
 
 @dataclass
 class Reading:
     """One way to read the draft's aux ids, and what SGLang makes of it."""
 
-    convention: str  # output_of | input_to | boundary
+    convention: str  # output_of | input_to | boundary | recorded
     meaning: str
     physical: list[int] | None  # the trained layers ("output of layer j") under this reading
     matches_sglang: bool | None  # SGLang captures exactly these; None: unknown
@@ -39,14 +52,8 @@ class Reading:
 def aux_readings(spec: DraftFeatureSpec, target: TargetSpec,
                  exp: SGLangExpectations) -> list[Reading]:
     """One reading when the convention is settled; both (the format's first) when it is not."""
-    if is_ambiguous(spec, target):
-        fmt_conv = FORMAT_CONVENTION[spec.source_format]
-        conventions = [fmt_conv, "input_to" if fmt_conv == "output_of" else "output_of"]
-        physicals = [physical_layers(spec.aux_layer_ids, c, target.num_layers) for c in conventions]
-    else:
-        conventions, physicals = [spec.aux_convention], [spec.aux_layers_physical]
     readings = []
-    for conv, physical in zip(conventions, physicals):
+    for conv, physical in spec_readings(spec, target):
         matches = None if exp.captured_physical is None or physical is None \
             else exp.captured_physical == physical
         fix = ids_capturing(physical, target) if physical is not None else None
@@ -54,10 +61,74 @@ def aux_readings(spec: DraftFeatureSpec, target: TargetSpec,
     return readings
 
 
+def spec_readings(spec: DraftFeatureSpec, target: TargetSpec) -> list[tuple[str, list[int] | None]]:
+    """(convention, trained layers as "output of layer j") per possible reading of the ids."""
+    if not is_ambiguous(spec, target):
+        return [(spec.aux_convention, spec.aux_layers_physical)]
+    return _both(spec.source_format, spec.aux_layer_ids, target.num_layers)
+
+
+def config_readings(read: ConfigIds, target: TargetSpec) -> list[tuple[str, list[int] | None]]:
+    """``spec_readings`` for a draft config alone (``draft.config_ids``: no training config)."""
+    if not _ambiguous(read.source_format, read.ids, read.convention, read.trainer, target):
+        return [(read.convention, read.physical)]
+    return _both(read.source_format, read.ids, target.num_layers)
+
+
 def is_ambiguous(spec: DraftFeatureSpec, target: TargetSpec) -> bool:
     """True when no trainer metadata settles the ids and SGLang reads them unlike the format."""
-    if spec.trainer is not None or spec.aux_layer_ids is None or \
-            spec.aux_convention in ("boundary", "recorded"):
+    return _ambiguous(spec.source_format, spec.aux_layer_ids, spec.aux_convention, spec.trainer, target)
+
+
+def _ambiguous(fmt: str, ids: list[int] | None, convention: str, trainer: str | None,
+               target: TargetSpec) -> bool:
+    if trainer is not None or ids is None or convention in ("boundary", "recorded"):
         return False
-    seen = sglang_reading(spec.aux_layer_ids, target)
-    return seen is not None and seen != FORMAT_CONVENTION[spec.source_format]
+    seen = sglang_reading(ids, target)
+    return seen is not None and seen != FORMAT_CONVENTION[fmt]
+
+
+def _both(fmt: str, ids: list[int] | None, layers: int) -> list[tuple[str, list[int] | None]]:
+    first = FORMAT_CONVENTION[fmt]
+    conventions = [first, "input_to" if first == "output_of" else "output_of"]
+    return [(c, physical_layers(ids, c, layers)) for c in conventions]
+
+
+def hidden_states(physical: list[int]) -> str:
+    """``[19, 39, 59]`` (outputs of layers) -> ``"hidden_states[20, 40, 60]"`` (HF indices)."""
+    return "hidden_states[" + ", ".join(str(j + 1) for j in physical) + "]"
+
+
+def sglang_path(architecture: str | None) -> str:
+    """How a verdict names SGLang's capture for this target class."""
+    return PATH.get(CAPTURE_SHIFT.get(architecture or ""), "SGLang")
+
+
+def verdicts(readings: list[tuple[str, list[int] | None]], captured: list[int],
+             architecture: str | None) -> str:
+    """Each reading's verdict, naming its convention: "under SpecForge's convention these ids mean
+    hidden_states[21, 41, 61] and SGLang's DeepSeek path feeds hidden_states[20, 40, 60]: off by
+    one; under speculators' they match". ``captured``: what SGLang feeds, as outputs of layers."""
+    fed, path, parts = hidden_states(captured), sglang_path(architecture), []
+    for conv, physical in readings:
+        if physical is None:
+            parts.append(f"under {OWNER[conv]} convention the trained layers are unknown")
+        elif physical == captured and parts:
+            parts.append(f"under {OWNER[conv]} they match")
+        elif physical == captured:
+            parts.append(f"under {OWNER[conv]} convention these ids mean {hidden_states(physical)}, "
+                         f"which {path} feeds: they match")
+        else:
+            parts.append(f"under {OWNER[conv]} convention these ids mean {hidden_states(physical)} "
+                         f"and {path} feeds {fed}: {offset(physical, captured)}")
+    return "; ".join(parts)
+
+
+def offset(trained: list[int], captured: list[int]) -> str:
+    """"off by one (one layer shallower)", or "other layers" when no single shift explains it."""
+    shifts = {c - t for t, c in zip(trained, captured)}
+    if len(trained) != len(captured) or len(shifts) != 1:
+        return "other layers"
+    d = shifts.pop()
+    n = "one" if abs(d) == 1 else str(abs(d))
+    return f"off by {n} ({n} layer{'s' if abs(d) > 1 else ''} {'deeper' if d > 0 else 'shallower'})"

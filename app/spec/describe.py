@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from draftscope.spec.convention import SHORT, Reading, aux_readings
+from draftscope.spec.convention import SHORT, Reading, aux_readings, verdicts
 from draftscope.spec.draft import TRAINERS, DraftFeatureSpec
 from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations
 from draftscope.spec.target import TargetSpec
@@ -28,6 +28,7 @@ class SpecRow:
     sglang: str
     note: str | None = None
     mismatch: bool = False
+    ambiguous: bool = False  # right under one convention the checkpoint does not settle, wrong under another
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,18 +38,20 @@ def describe_spec(spec: DraftFeatureSpec, target: TargetSpec,
                   exp: SGLangExpectations) -> list[SpecRow]:
     """The spec block rows, in reading order."""
     readings = aux_readings(spec, target, exp)
-    return [_format(spec, exp), _trainer(spec), _algorithm(exp), _aux_ids(spec, exp),
+    return [_format(spec, exp), _trainer(spec), _algorithm(exp), _aux_ids(spec, exp, len(readings) > 1),
             _aux_ids_sglang(readings, exp), _layers(readings, exp, target), _aux_width(spec, target),
             _fc(spec, exp, target), _vocab(spec, target, exp), _mapping(spec, target, exp),
             _positions(spec, exp), _norms(spec), _weights(spec, exp)]
 
 
 def render_text(rows: list[SpecRow]) -> str:
-    """Plain text, one row a line (``!`` marks a mismatch), notes indented beneath."""
+    """Plain text, one row a line (``!`` marks a mismatch, ``?`` a verdict that depends on the
+    unrecorded convention), notes indented beneath."""
     width = max(len(r.label) for r in rows)
     lines = [f"spec: the draft as trained -> what SGLang {SGLANG_VERSION} will do"]
     for r in rows:
-        lines.append(f"{'!' if r.mismatch else ' '} {r.label:<{width}}  {r.trained}  ->  {r.sglang}")
+        mark = "!" if r.mismatch else "?" if r.ambiguous else " "
+        lines.append(f"{mark} {r.label:<{width}}  {r.trained}  ->  {r.sglang}")
         if r.note:
             lines.append(f"  {'':<{width}}  ({r.note})")
     return "\n".join(lines)
@@ -73,12 +76,15 @@ def _algorithm(exp: SGLangExpectations) -> SpecRow:
                    mismatch=exp.algorithm != "EAGLE3")
 
 
-def _aux_ids(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
+def _aux_ids(spec: DraftFeatureSpec, exp: SGLangExpectations, ambiguous: bool) -> SpecRow:
+    """``ambiguous``: no trainer settles the convention and SGLang reads the ids unlike the format."""
     if spec.aux_layer_ids is None:
         trained = "none written (the format's default)"
     else:
         trained = (f"{spec.aux_layer_ids} in {'eagle_config' if spec.aux_ids_location == 'eagle_config' else 'the top level'} "
-                   f"({CONVENTION_NAME[spec.aux_convention]})")
+                   f"({'convention not recorded' if ambiguous else CONVENTION_NAME[spec.aux_convention]})")
+    reason = (f"no trainer recorded: {spec.aux_convention_reason} is {CONVENTION_NAME[spec.aux_convention]}, "
+              "SGLang reads them the other way" if ambiguous else spec.aux_convention_reason)
     if not exp.aux_capture:
         sglang = "not read (no aux capture)"
     elif exp.ids_passed is None:
@@ -87,7 +93,7 @@ def _aux_ids(spec: DraftFeatureSpec, exp: SGLangExpectations) -> SpecRow:
         sglang = f"{exp.ids_passed} read from eagle_config"
     missed = spec.aux_layer_ids is not None and exp.aux_capture and exp.ids_passed is None
     return SpecRow("aux_ids", "aux ids (checkpoint)", trained, sglang,
-                   note=spec.aux_convention_reason if spec.aux_layer_ids is not None else None,
+                   note=reason if spec.aux_layer_ids is not None else None,
                    mismatch=missed)
 
 
@@ -103,9 +109,9 @@ def _aux_ids_sglang(readings: list[Reading], exp: SGLangExpectations) -> SpecRow
     if exp.layers_to_capture is not None:
         rule = {"plus1": "+1 to every id", "first1": "+1 only when the first id is 1"}[exp.shift_rule]
         note = f"SGLang sets layers_to_capture {exp.layers_to_capture} ({rule}; capture = input of layer i)"
-    mismatch = exp.aux_capture and any(r.fix_ids != exp.ids_passed for r in readings)
+    wrong = [r.fix_ids != exp.ids_passed for r in readings] if exp.aux_capture else [False]
     return SpecRow("aux_ids_sglang", "aux ids (SGLang's convention)", " | ".join(parts),
-                   given, note=note, mismatch=bool(mismatch))
+                   given, note=note, mismatch=all(wrong), ambiguous=any(wrong) and not all(wrong))
 
 
 def _layers(readings: list[Reading], exp: SGLangExpectations, target: TargetSpec) -> SpecRow:
@@ -121,11 +127,14 @@ def _layers(readings: list[Reading], exp: SGLangExpectations, target: TargetSpec
         sglang = f"{exp.captured_physical} of {target.num_layers}"
         if exp.dropped_layers:
             sglang += f"; layers_to_capture {exp.dropped_layers} do not exist (never captured)"
-    note = ("the checkpoint does not say which convention: " + "; ".join(r.meaning for r in readings)
-            if len(readings) > 1 else None)
-    mismatch = not exp.aux_capture or any(r.matches_sglang is False for r in readings)
-    return SpecRow("layers", "layers fed (output of j)",
-                   " | ".join(parts), sglang, note=note, mismatch=mismatch)
+    note = None
+    if len(readings) > 1 and exp.captured_physical is not None:
+        note = ("the checkpoint does not say which convention: " + verdicts(
+            [(r.convention, r.physical) for r in readings], exp.captured_physical, target.architecture))
+    wrong = [r.matches_sglang is False for r in readings]
+    mismatch = not exp.aux_capture or all(wrong)
+    return SpecRow("layers", "layers fed (output of j)", " | ".join(parts), sglang, note=note,
+                   mismatch=mismatch, ambiguous=not mismatch and any(wrong))
 
 
 def _aux_width(spec: DraftFeatureSpec, target: TargetSpec) -> SpecRow:

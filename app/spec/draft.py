@@ -189,9 +189,21 @@ def layers_of_ids(fmt: str, ids: list[int], target_layers: int | None,
     return physical_layers(ids, convention, target_layers)
 
 
-def trained_layers_from_config(config: dict, target_layers: int | None) -> list[int] | None:
-    """The trained aux layers ("output of decoder layer j") from a draft config alone, e.g. the
-    config the tracer recorded, when the checkpoint directory cannot be read here."""
+@dataclass(frozen=True)
+class ConfigIds:
+    """The aux ids of a draft config alone (e.g. the config the tracer recorded) and how they read."""
+
+    source_format: str
+    ids: list[int] | None
+    convention: str
+    reason: str
+    trainer: str | None
+    physical: list[int] | None  # "output of decoder layer j" under ``convention``
+
+
+def config_ids(config: dict, target_layers: int | None) -> ConfigIds | None:
+    """The aux ids of a draft config alone, when the checkpoint directory cannot be read here;
+    None when the config is not an EAGLE-3 draft's."""
     archs = [a for a in config.get("architectures") or [] if a in FORMATS]
     if config.get("speculators_model_type") == "eagle3":
         fmt = "speculators"
@@ -201,8 +213,10 @@ def trained_layers_from_config(config: dict, target_layers: int | None) -> list[
         return None
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     ids, _ = _aux_ids(config, eagle_config)
-    convention, _ = _convention(fmt, ids, target_layers, trainer_of(config, fmt, "", None)[0], config)
-    return physical_layers(ids, convention, target_layers, config)
+    trainer = trainer_of(config, fmt, "", None)[0]
+    convention, reason = _convention(fmt, ids, target_layers, trainer, config)
+    return ConfigIds(fmt, ids, convention, reason, trainer,
+                     physical_layers(ids, convention, target_layers, config))
 
 
 def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
@@ -245,7 +259,7 @@ def _convention(fmt: str, ids: list[int] | None, target_layers: int | None,
     if trainer == "specforge":
         return "output_of", "SpecForge counts decoder-layer outputs (its training config says so)"
     if trainer == "speculators" and fmt != "speculators":
-        return "input_to", "speculators counts hidden_states[j] (its speculators_config says so)"
+        return "input_to", "speculators counts hidden_states[j] (config.json's speculators_* keys name it the trainer)"
     if fmt == "speculators" and ids and ids[0] == 1:
         return "output_of", "speculators ids starting at 1 were lifted from a SpecForge eagle_config"
     if fmt == "eagle3-mla" and ids and ids[0] != 1:

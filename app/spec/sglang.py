@@ -134,6 +134,23 @@ def parse_server_args(text: str | None) -> dict[str, Any]:
     return args
 
 
+def random_weights(server_args: dict[str, Any] | None) -> dict[str, str]:
+    """Which models SGLang fills with random values instead of their checkpoint (``--load-format
+    dummy``), each with the flag that says so: {"target": ..., "draft": ...}. The draft loads with
+    ``--speculative-draft-load-format``, else the target's ``--load-format``
+    (``model_executor/model_runner.py::ModelRunner._resolve_draft_load_format``)."""
+    args = server_args or {}
+    target = args.get("load_format")
+    draft = args.get("speculative_draft_load_format")
+    found = {}
+    if target == "dummy":
+        found["target"] = "--load-format dummy"
+    if draft == "dummy" or (draft is None and target == "dummy"):
+        found["draft"] = ("--speculative-draft-load-format dummy" if draft == "dummy"
+                          else "--load-format dummy (the draft inherits it)")
+    return found
+
+
 def format_server_args(args: dict[str, Any]) -> str:
     """The inverse of parse_server_args: ``{"tp": "2", "x": True}`` -> ``"--tp 2 --x"``."""
     return " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {shlex.quote(str(v))}")

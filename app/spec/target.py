@@ -54,6 +54,15 @@ def read_target(source: str | Path | dict[str, Any]) -> TargetSpec:
                       context_length=derived_context_length(body))
 
 
+def recorded_target(facts: dict[str, Any]) -> TargetSpec:
+    """The target as the tracer's attach-time facts (``facts["target"]``) describe it: the fields
+    the capture rules read, zero where the facts do not say."""
+    return TargetSpec(path=facts.get("path") or "", architecture=facts.get("architecture") or "",
+                      model_type=None, num_layers=int(facts.get("num_layers") or 0),
+                      hidden_size=int(facts.get("hidden_size") or 0),
+                      vocab_size=int(facts.get("vocab_size") or 0), max_position_embeddings=None)
+
+
 def check_target_matches(spec: Any, target: TargetSpec) -> None:
     """SpecError when ``target`` is plainly not the model the draft ``spec`` was trained on: its
     hidden width differs from the width each aux state must have."""
