@@ -1,16 +1,24 @@
 """Tracer overhead in tokens/s on the GPU test bed: real SGLang 0.5.23 servers on CUDA, graphs on.
 
-Three servers from the GPU kit, started together (``testbed/gpu/runner.py``'s ``Bed``): **no tracer**
-(the plugin's folder is not on the server's path), **1 in 16** and **every request** sampled (file
-sink). Each round sends the same workload to each server, in a shuffled order: 32 greedy demo
-prompts x 64 new tokens, 8 at a time, fixed request ids. After 3 warm-up rounds, tokens/s per
-server (completion tokens / wall time) and the ratio to no tracer within each round.
+Three servers started together (``testbed/gpu/runner.py``'s ``Bed``): **no tracer** (the plugin's folder
+is not on the server's path), **1 in 16** and **every request** sampled (file sink). Each round sends the
+same workload to each server, in a shuffled order, and tokens/s = completion tokens / wall time.
 
-On the device, from the kit (the runner's throughput phase is this script's ``measure``)::
+- ``measure`` (the runner's ``throughput`` phase, tiny models): 32 greedy demo prompts x 64 new tokens,
+  8 at a time, fixed request ids; 12 rounds, the first 3 warm-up; the ratio to no tracer per round.
+- ``measure_levels`` (the ``kimi-throughput`` phase, the Kimi-K2.5-shaped server in bf16,
+  ``testbed/gpu/kimi_phase.py``): at 1, 8 and 64 concurrent requests (``LEVELS``: 16 x 16, 16 x 32 and
+  64 x 32 tokens of random token ids), request ids chosen so that exactly 1 in 16 is sampled; the order
+  of the servers shuffled per level and round; rounds until the phase's deadline, the first a warm-up.
+  Cost = no tracer's tokens/s over the server's, minus 1, per round: the median with a 95% bootstrap
+  interval (``bench/tracer_overhead.py``), against ``TARGETS``.
 
-    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # prints the table; results.json -> throughput
+On the device, from the kit::
 
-Printed again from a saved ``results.json``::
+    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # tiny models; results.json -> throughput
+    bash .cache/gpu-kit/run.sh --only kimi-throughput       # Kimi-shaped; results.json -> kimi_throughput
+
+Printed again from a saved ``results.json`` (both tables, where present)::
 
     python bench/gpu_throughput.py results.json
 """
@@ -25,8 +33,13 @@ import threading
 import time
 from pathlib import Path
 
+from bench.tracer_overhead import bootstrap_interval, request_id
+
 WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"}}
+LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request"}
+LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -> (requests a round, new tokens)
+TARGETS = {"1/16": 0.01, "every": 0.03}  # cost in tokens/s at production widths (issue 19)
 
 
 def measure(handles: dict, prompts: list[str]) -> dict:
@@ -55,26 +68,67 @@ def measure(handles: dict, prompts: list[str]) -> dict:
 def _one_round(handle, prompts: list[str], r: int) -> float:
     """Completion tokens per wall second of one round's requests, ``concurrency`` at a time."""
     cfg = WORKLOAD
-    work = iter([(f"tp-{r}-{j}", prompts[j % len(prompts)]) for j in range(cfg["requests"])])
+    work = [(f"tp-{r}-{j}", prompts[j % len(prompts)]) for j in range(cfg["requests"])]
+    return _tokens_per_s(handle, work, cfg["concurrency"], cfg["new_tokens"])
+
+
+def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampling) -> float:
+    """Completion tokens per wall second of ``work`` ((request id, prompt) pairs), ``concurrency`` at a time."""
+    todo = iter(work)
     tokens, lock = [0], threading.Lock()
 
     def worker():
         while True:
             with lock:
-                nxt = next(work, None)
+                nxt = next(todo, None)
             if nxt is None:
                 return
-            meta = handle.generate(nxt[1], cfg["new_tokens"], rid=nxt[0])["meta_info"]
+            meta = handle.generate(nxt[1], new_tokens, rid=nxt[0], **sampling)["meta_info"]
             with lock:
                 tokens[0] += meta["completion_tokens"]
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(cfg["concurrency"])]
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return tokens[0] / (time.perf_counter() - t0)
+
+
+def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS, warmup_rounds: int = 1) -> dict:
+    """Rounds over ``handles`` (name -> ``ServerHandle``) at each of ``levels`` until ``deadline``
+    (``time.monotonic``: no round starts that the longest so far would carry past it). ``prompt(seed)`` gives a
+    prompt; request ``j`` of a level is sampled at 1 in 16 exactly when ``j % 16 == 0``."""
+    rng, names, rounds, longest = random.Random(0), list(handles), [], 0.0
+    while time.monotonic() + longest < deadline:
+        t0, r, row = time.monotonic(), len(rounds), {}
+        for level, (n, new_tokens) in levels.items():
+            work = [(request_id(f"kt{r}-c{level}-{j}", j % 16 == 0), prompt(100_000 * r + 1000 * int(level) + j))
+                    for j in range(n)]
+            order = names[:]
+            rng.shuffle(order)
+            row[level] = {name: _tokens_per_s(handles[name], work, int(level), new_tokens, ignore_eos=True)
+                          for name in order}
+        rounds.append(row)
+        longest = max(longest, time.monotonic() - t0)
+        print(f"[gpu_throughput] round {r} ({time.monotonic() - t0:.0f} s): " + "; ".join(
+            f"c{lv} " + ", ".join(f"{k} {v:.1f}" for k, v in row[lv].items()) for lv in row), flush=True)
+    measured = rounds[warmup_rounds:]
+    out = {"workload": {"levels": levels, "warmup_rounds": warmup_rounds, "targets": TARGETS}, "rounds": rounds,
+           "levels": {}}
+    for level in levels:
+        tps = {name: round(statistics.median(r[level][name] for r in measured), 1) for name in names} \
+            if measured else {}
+        costs = {}
+        for name in names:
+            if name != "no-tracer" and "no-tracer" in names and measured:
+                each = [r[level]["no-tracer"] / r[level][name] - 1 for r in measured]
+                low, high = bootstrap_interval([each])
+                costs[name] = {"median": round(statistics.median(each), 4), "low": round(low, 4),
+                               "high": round(high, 4), "rounds": [round(x, 4) for x in each]}
+        out["levels"][level] = {"median_tokens_per_s": tps, "cost_vs_no_tracer": costs}
+    return out
 
 
 def table(result: dict) -> str:
@@ -88,15 +142,33 @@ def table(result: dict) -> str:
     return "\n".join(lines) + f"\n({measured} measured rounds after {result['workload']['warmup_rounds']} warm-up)"
 
 
+def levels_table(result: dict) -> str:
+    """The Kimi-shaped table docs/benchmarks.md shows: tokens/s and cost against no tracer per level."""
+    lines = ["| concurrent requests | | tokens/s, median | cost vs no tracer, median [95% interval] | target |",
+             "|---|---|---|---|---|"]
+    for level, row in result["levels"].items():
+        for name, tps in row["median_tokens_per_s"].items():
+            cost, target = row["cost_vs_no_tracer"].get(name), TARGETS.get(name)
+            cell = f"{100 * cost['median']:+.1f}% [{100 * cost['low']:+.1f}, {100 * cost['high']:+.1f}]" if cost else ""
+            lines.append(f"| {level} | {LABELS.get(name, name)} | {tps:,.1f} | {cell} | "
+                         f"{f'<= {100 * target:.0f}%' if target and cost else ''} |")
+    warm = result["workload"]["warmup_rounds"]
+    return "\n".join(lines) + f"\n({max(0, len(result['rounds']) - warm)} measured rounds after {warm} warm-up)"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    result = json.loads(Path(argv[0]).read_text()).get("throughput") or {}
-    if "median_tokens_per_s" not in result:
-        print(f"no throughput result in {argv[0]}: {result.get('error', 'the phase did not run')}", file=sys.stderr)
+    saved = json.loads(Path(argv[0]).read_text())
+    tables = [table(saved["throughput"]) if "median_tokens_per_s" in (saved.get("throughput") or {}) else None,
+              levels_table(saved["kimi_throughput"]) if "levels" in (saved.get("kimi_throughput") or {}) else None]
+    if not any(tables):
+        errors = [(saved.get(k) or {}).get("error") for k in ("throughput", "kimi_throughput")]
+        print(f"no throughput result in {argv[0]}: {', '.join(filter(None, errors)) or 'no phase ran'}",
+              file=sys.stderr)
         return 1
-    print(table(result))
+    print("\n\n".join(filter(None, tables)))
     return 0
 
 

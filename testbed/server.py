@@ -206,8 +206,9 @@ class PortTaken(Exception):
 
 
 def port_taken(log_path: Path) -> bool:
-    """Whether an exited server's log says its port was taken (``[Errno 98] address already in use``)."""
-    return "address already in use" in Path(log_path).read_text(errors="replace")
+    """Whether an exited server's log says a port it binds was taken (``[Errno 98] address already in use``
+    from uvicorn, ``Address already in use`` from ZMQ or a socket)."""
+    return "address already in use" in Path(log_path).read_text(errors="replace").lower()
 
 
 def start_server(

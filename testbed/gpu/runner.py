@@ -14,9 +14,12 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
 3. Throughput (``bench/gpu_throughput.py``): three servers (no tracer: the plugin is not on the path;
    1 in 16; every request), the same workload in interleaved rounds in a shuffled order; tokens/s per
    round and the ratios to no tracer per round.
-4. ``pytest -m gpu tests/gpu`` checks what was recorded (and runs the live CUDA checks).
+4. ``pytest -m gpu`` over the checks of the phases that ran (``PHASE_CHECKS``; and the live CUDA checks).
 
-Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks), ``traces/``,
+Those four run by default. ``--only kimi`` and ``--only kimi-throughput`` run instead the Kimi-K2.5-shaped
+phases (``testbed/gpu/kimi_phase.py``: bf16, production widths, each fits one device call), then their checks.
+
+Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks, kimi), ``traces/``,
 ``logs/``, ``pytest.log``, the benches' JSON.
 """
 
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from bench import gpu_throughput
 from testbed.scenarios import SCENARIOS
-from testbed.server import HOST, ServerHandle, free_port, log_tail
+from testbed.server import HOST, PORT_ATTEMPTS, ServerHandle, free_port, log_tail, port_taken
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
 SERVER_ARGS = [
@@ -48,35 +51,57 @@ CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--spe
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
 START_TIMEOUT_S = 240
+PHASES = ("hooks", "checks", "throughput", "kimi", "kimi-throughput", "pytest")
+DEFAULT_PHASES = ("hooks", "checks", "throughput", "pytest")
+PHASE_CHECKS = {"hooks": ["tests/gpu/test_hooks_path.py"],
+                "checks": ["tests/gpu/test_gpu_bed.py", "tests/gpu/test_hooks_path.py"],
+                "throughput": ["tests/gpu/test_gpu_bed.py"], "kimi": ["tests/gpu/test_kimi.py"],
+                "kimi-throughput": ["tests/gpu/test_kimi_throughput.py"]}
+# from the runner's start (one device call: 600 s in all, kit install and the checks included)
+KIMI_BUDGET_S = 480  # to the end of the last wave of Kimi-shaped servers
+KIMI_THROUGHPUT_BUDGET_S = 470  # to the end of the last round
+SGLANG = (sys.executable, "-m", "sglang.launch_server")
 
 
 @dataclass
 class Spec:
     name: str
-    draft: str  # kit models/<draft>
-    args: list
+    target: Path
+    draft: Path
+    args: list  # after the model paths, host and port: a scenario's own --speculative-algorithm comes last
     tracer: dict = field(default_factory=dict)  # DRAFTSCOPE_* (empty: the plugin is not on the path)
 
 
-def check_specs() -> list:
+def eagle3(kit: Path, name: str, draft: str, *args: str, tracer: dict) -> Spec:
+    """A server of the tiny models: kit ``models/target`` and ``models/<draft>``."""
+    models = kit / "models"
+    return Spec(name, models / "target", models / draft,
+                [*SERVER_ARGS, "--speculative-algorithm", "EAGLE3", *args], tracer)
+
+
+def check_specs(kit: Path) -> list:
     every = {"DRAFTSCOPE_SAMPLE_RATE": "1"}
-    specs = [Spec("eager", "draft", CHAIN + ["--disable-cuda-graph"], every),
-             Spec("graphs", "draft", CHAIN, {**every, "DRAFTSCOPE_SYNC_DEBUG": "1"}),
-             Spec("tree", "draft", TREE, every)]
+    specs = [eagle3(kit, "eager", "draft", *CHAIN, "--disable-cuda-graph", tracer=every),
+             eagle3(kit, "graphs", "draft", *CHAIN, tracer={**every, "DRAFTSCOPE_SYNC_DEBUG": "1"}),
+             eagle3(kit, "tree", "draft", *TREE, tracer=every)]
     for name in CHECKED_SCENARIOS:
         s = SCENARIOS[name]
-        specs.append(Spec(name, "draft" if s.edit is None else f"scenarios/{name}", CHAIN + list(s.server_args),
-                          every))
+        specs.append(eagle3(kit, name, "draft" if s.edit is None else f"scenarios/{name}", *CHAIN, *s.server_args,
+                            tracer=every))
     return specs
 
 
-def throughput_specs() -> list:
-    return [Spec(name, "draft", CHAIN, tracer) for name, tracer in gpu_throughput.CONFIGS.items()]
+def throughput_specs(kit: Path) -> list:
+    return [eagle3(kit, name, "draft", *CHAIN, tracer=tracer) for name, tracer in gpu_throughput.CONFIGS.items()]
 
 
 class Bed:
-    def __init__(self, kit: Path, work: Path, tracer_site: str, server_path: str):
+    """Servers started at once from ``Spec``s, each in its own process group, traced into ``work/traces``
+    and logged into ``work/logs``; ``launcher`` is the command before the server's arguments."""
+
+    def __init__(self, kit: Path, work: Path, tracer_site: str, server_path: str, launcher: tuple = SGLANG):
         self.kit, self.work, self.tracer_site, self.server_path = kit, work, tracer_site, server_path
+        self.launcher = launcher
         for sub in ("traces", "logs"):
             (work / sub).mkdir(parents=True, exist_ok=True)
 
@@ -84,17 +109,16 @@ class Bed:
         return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
 
     def start(self, spec: Spec) -> tuple:
-        """Launch one server (not waiting); returns (handle, trace path or None)."""
-        port, models = free_port(), self.kit / "models"
-        # a scenario's own --speculative-algorithm comes last: argparse takes the last one
-        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(models / "target"),
-                "--host", HOST, "--port", str(port), *SERVER_ARGS, "--speculative-algorithm", "EAGLE3",
-                "--speculative-draft-model-path", str(models / spec.draft), *spec.args]
+        """Launch one server on a free port (not waiting); returns (handle, trace path or None)."""
+        port = free_port()
+        args = [*self.launcher, "--model-path", str(spec.target), "--speculative-draft-model-path", str(spec.draft),
+                "--host", HOST, "--port", str(port), *spec.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
         paths = self.server_path.split(os.pathsep)  # the stand-ins first, then the installed wheels
         trace = None
         if spec.tracer:
             trace = self.work / "traces" / f"{self.slug(spec.name)}.jsonl"
+            trace.unlink(missing_ok=True)  # a restart on a new port starts a fresh trace
             env.update(spec.tracer, DRAFTSCOPE_FILE=str(trace), DRAFTSCOPE_FLUSH_INTERVAL_S="0.2")
             paths.insert(1, self.tracer_site)
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -105,26 +129,36 @@ class Bed:
             process = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return ServerHandle(process, f"http://{HOST}:{port}", log), trace
 
-    def start_all(self, specs: list) -> dict:
-        """Start every server at once; wait until each answers ``/model_info`` (or failed)."""
+    def start_all(self, specs: list, timeout_s: float = START_TIMEOUT_S) -> dict:
+        """Start every server at once; wait until each answers ``/model_info`` (or failed). A server whose
+        port another process took first (``testbed.server.port_taken``) is restarted on a new port, up to
+        ``PORT_ATTEMPTS`` launches in all."""
         t0 = time.monotonic()
         started = {s.name: (s, *self.start(s)) for s in specs}
+        launches = dict.fromkeys(started, 1)
         state = {}
-        while len(state) < len(started) and time.monotonic() - t0 < START_TIMEOUT_S:
+        while len(state) < len(started) and time.monotonic() - t0 < timeout_s:
             for name, (spec, handle, trace) in started.items():
                 if name in state:
                     continue
                 if handle.process.poll() is not None:
+                    if port_taken(handle.log_path) and launches[name] < PORT_ATTEMPTS:
+                        handle.stop()  # what is left of its process group
+                        launches[name] += 1
+                        started[name] = (spec, *self.start(spec))
+                        print(f"[runner] server {name}: its port was taken, restarted on a new one", flush=True)
+                        continue
                     state[name] = {"ok": False, "error": f"exited with {handle.process.returncode}",
                                    "log_tail": log_tail(handle.log_path, 30)}
                 elif handle.is_healthy():
                     state[name] = {"ok": True, "start_s": round(time.monotonic() - t0, 1)}
             time.sleep(0.5)
         for name, (spec, handle, trace) in started.items():
-            state.setdefault(name, {"ok": False, "error": f"not healthy after {START_TIMEOUT_S} s",
+            state.setdefault(name, {"ok": False, "error": f"not healthy after {timeout_s:.0f} s",
                                     "log_tail": log_tail(handle.log_path, 30)})
-            state[name].update(spec={"draft": spec.draft, "args": spec.args, "tracer": spec.tracer},
-                               handle=handle, trace=str(trace) if trace else None)
+            state[name].update(name=name, launches=launches[name], handle=handle, trace=str(trace) if trace else None,
+                               spec={"target": str(spec.target), "draft": str(spec.draft), "args": spec.args,
+                                     "tracer": spec.tracer})
             print(f"[runner] server {name}: {'healthy' if state[name]['ok'] else state[name]['error']}", flush=True)
         return state
 
@@ -144,6 +178,7 @@ def log_facts(log: Path) -> dict:
             "standins_called": sorted(set(re.findall(r"\[sgl_kernel stand-in\] called (\S+)", text))),
             "stubs_called": sorted(set(re.findall(r"STUB CALLED (\S+)", text))),
             "jit_refused": sorted(set(re.findall(r"refused JIT module '([^']+)'", text))),
+            "jit_standins": sorted(set(re.findall(r"JIT module '([^']+)' -> pure-PyTorch stand-in", text))),
             "tracer_lines": [ln[:400] for ln in text.splitlines() if "draftscope" in ln][:40],
             "tracebacks": text.count("Traceback")}
 
@@ -195,8 +230,15 @@ def main() -> int:
     ap.add_argument("--server-path", required=True,
                     help="PYTHONPATH of every server: stand-ins, installed wheels, the kit's source (their loader)")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
+    ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
+                    f"checks after them unless --skip pytest: {', '.join(PHASES)}")
     a = ap.parse_args()
-    skip = set(filter(None, a.skip.split(",")))
+    began = time.monotonic()
+    only = set(filter(None, a.only.split(",")))
+    if only - set(PHASES):
+        ap.error(f"unknown phases {sorted(only - set(PHASES))}; known: {', '.join(PHASES)}")
+    run = (only | {"pytest"} if only else set(DEFAULT_PHASES)) - set(filter(None, a.skip.split(",")))
+    skip = set(PHASES) - run
     bed = Bed(a.kit, a.work, a.tracer_site, a.server_path)
     results = {"machine": machine(), "kit": str(a.kit), "started_at": time.time(),
                "manifest": json.loads((a.kit / "manifest.json").read_text())}
@@ -219,9 +261,7 @@ def main() -> int:
                   f"{p.stderr[-800:]}", flush=True)
         save()
     if "checks" not in skip:
-        state = bed.start_all(check_specs())
-        for name, s in state.items():
-            s["name"] = name
+        state = bed.start_all(check_specs(a.kit))
         answers = {}
         threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, demo_requests(n, s["handle"])))
                    for n, s in state.items() if s["ok"]]
@@ -233,9 +273,7 @@ def main() -> int:
         results["answers"] = answers
         save()
     if "throughput" not in skip:
-        state = bed.start_all(throughput_specs())
-        for name, s in state.items():
-            s["name"] = name
+        state = bed.start_all(throughput_specs(a.kit))
         try:
             handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
             results["throughput"] = gpu_throughput.measure(handles, DEMO_PROMPTS)
@@ -245,10 +283,26 @@ def main() -> int:
         bed.stop_all(state)
         results["throughput_servers"] = state
         save()
+    if run & {"kimi", "kimi-throughput"}:
+        from testbed.gpu import kimi_phase  # here: it builds on this module's Spec and Bed
+
+        try:
+            models, results["kimi_models"] = kimi_phase.make_models(a.work)
+        except Exception as exc:  # noqa: BLE001 - recorded, the checks fail on it
+            results["kimi_models"] = {"error": f"{type(exc).__name__}: {exc}"}
+            skip |= {"kimi", "kimi-throughput"}
+        save()
+    if "kimi" not in skip:
+        results["kimi"] = kimi_phase.run_traces(bed, models, began + KIMI_BUDGET_S)
+        save()
+    if "kimi-throughput" not in skip:
+        results.update(kimi_phase.run_throughput(bed, models, began + KIMI_THROUGHPUT_BUDGET_S))
+        save()
     if "pytest" not in skip:
         save()
+        checks = sorted({f for phase in PHASES if phase not in skip for f in PHASE_CHECKS.get(phase, [])})
         p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu",
-                            "-rA", "tests/gpu"], cwd=src, env={**os.environ, "DRAFTSCOPE_GPU_RUN": str(a.work)},
+                            "-rA", *checks], cwd=src, env={**os.environ, "DRAFTSCOPE_GPU_RUN": str(a.work)},
                            capture_output=True, text=True, timeout=300)
         (a.work / "pytest.log").write_text(p.stdout + p.stderr)
         results["pytest"] = {"rc": p.returncode, "summary": p.stdout.strip().splitlines()[-1:] if p.stdout else []}

@@ -6,8 +6,9 @@ by ``testbed/standin_loader.py`` (the kit's source is on the servers' path).
   (nvidia-cutlass-dsl, not on the device); here it picks "no dual GEMM", what the real selector ends
   in for unquantised float32 weights without those kernels.
 - ``SGLANG_GPU_TESTBED_NO_JIT=1`` keeps SGLang off its nvcc JIT kernels: ``load_jit`` raises naming
-  the module; the EAGLE tree build and greedy tree verify run SGLang's own Triton versions; the KV
-  store takes SGLang's plain-indexing fallback.
+  the module, except for the modules of ``JIT_STANDINS``, which get a pure-PyTorch stand-in (logged
+  once: ``JIT module 'NAME' -> pure-PyTorch stand-in``); the EAGLE tree build and greedy tree verify
+  run SGLang's own Triton versions; the KV store takes SGLang's plain-indexing fallback.
 - ``SGLANG_GPU_TESTBED_COUNT_REPLAYS=1`` counts ``torch.cuda.CUDAGraph.replay`` calls and logs the total
   at powers of two (``[gpu-testbed] graph replays: N``): proof that requests ran through CUDA graphs.
 """
@@ -26,9 +27,31 @@ def _no_dual_gemm(mod):
     mod.DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
 
 
+class _Dsv3FusedAGemm:
+    """``dsv3_fused_a_gemm``: DeepSeek-V3's fused q_a/kv_a projection for 1-16 tokens (SM90, bf16), called
+    in every decode and verify pass of the Kimi-shaped target. ``mat_b`` is the weight's column-major
+    transpose: ``output[M, N] = mat_a[M, K] @ mat_b[K, N]``."""
+
+    @staticmethod
+    def dsv3_fused_a_gemm(mat_a, mat_b, output):
+        import torch
+
+        torch.mm(mat_a, mat_b, out=output)
+
+
+JIT_STANDINS = {"dsv3_fused_a_gemm": _Dsv3FusedAGemm}
+
+
 def _refuse_jit(mod):
+    served = set()
+
     def load_jit(*args, **kwargs):
         name = args[0] if args else kwargs.get("name", "?")
+        if name in JIT_STANDINS:
+            if name not in served:
+                served.add(name)
+                _log(f"JIT module {name!r} -> pure-PyTorch stand-in")
+            return JIT_STANDINS[name]()
         _log(f"refused JIT module {name!r}")
         raise RuntimeError(f"SGLang JIT kernels are off on the GPU test bed (SGLANG_GPU_TESTBED_NO_JIT=1): {name}")
 

@@ -1,0 +1,188 @@
+"""The GPU runner's Kimi-K2.5-shaped phases: real SGLang 0.5.23 in bf16 with CUDA graphs, at production widths.
+
+``kimi`` (``bash .cache/gpu-kit/run.sh --only kimi``): the models are made on the device
+(``testbed.gpu.kimi_models``: the target served with ``--load-format dummy``, the drafts written from a
+seed), then the four servers of ``kimi_models.SCENARIOS`` in ``WAVES`` of two (~45 GB each: all four do
+not fit one H200), each traced (file sink, every request sampled), answering four requests one by one and
+sixteen eight at a time (token ids, fixed request ids), then stopped with SIGTERM so the tracer flushes.
+
+``kimi-throughput`` (``--only kimi-throughput``): the healthy draft's server three times at once (no
+tracer, 1 in 16, every request) and ``bench/gpu_throughput.measure_levels`` at 1, 8 and 64 concurrent
+requests, in interleaved, shuffled rounds until the phase's deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench import gpu_throughput
+from testbed.gpu import kimi_models
+from testbed.gpu.runner import Spec
+
+CHAIN = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]
+# --mem-fraction-static: SGLang sizes the KV pool as the memory free after loading minus (1 - f) of the memory
+# free before; servers loading side by side take from both, so f is high and the pool is capped by
+# --max-total-tokens instead (16384 tokens: ~1.7 GB of target and draft KV).
+BASE_ARGS = ["--dtype", "bfloat16", "--load-format", "dummy", "--speculative-draft-load-format", "safetensors",
+             "--skip-tokenizer-init", "--attention-backend", "triton", "--grammar-backend", "none",
+             "--skip-server-warmup", "--mem-fraction-static", "0.85", "--max-total-tokens", "16384",
+             "--cuda-graph-max-bs-prefill", "128", *CHAIN]
+TRACE_ARGS = [*BASE_ARGS, "--max-running-requests", "8", "--cuda-graph-max-bs-decode", "8"]
+THROUGHPUT_ARGS = [*BASE_ARGS, "--max-running-requests", "64", "--cuda-graph-bs-decode", "1", "2", "4", "8", "16",
+                   "32", "64"]
+WAVES = (("kimi-healthy", "kimi-aux-off"), ("kimi-weights-dropped", "kimi-d2t-absolute"))
+EVERY = {"DRAFTSCOPE_SAMPLE_RATE": "1"}
+NEW_TOKENS = 32
+START_TIMEOUT_S = 300
+WAVE_MIN_START_S, WAVE_AFTER_START_S = 90, 60  # a wave's servers need ~70-100 s to start, then requests and stop
+REQUEST_TIMEOUT_S = 90
+
+
+def make_models(work: Path) -> tuple[Path, dict]:
+    """``testbed.gpu.kimi_models`` in its own process (the runner never touches CUDA): (folder, what it made)."""
+    dest = work / "kimi-models"
+    done = subprocess.run([sys.executable, "-m", "testbed.gpu.kimi_models", str(dest)], capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode:
+        raise RuntimeError(f"kimi_models failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
+    made = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"[runner] kimi models in {made['seconds']} s on {made['device']}", flush=True)
+    return dest, made
+
+
+def trace_specs(models: Path) -> dict:
+    return {name: Spec(name, models / "target", models / name, TRACE_ARGS, EVERY) for name in kimi_models.SCENARIOS}
+
+
+def throughput_specs(models: Path) -> list:
+    return [Spec(name, models / "target", models / "kimi-healthy", THROUGHPUT_ARGS, tracer)
+            for name, tracer in gpu_throughput.CONFIGS.items()]
+
+
+def prompt(seed: int) -> list[int]:
+    """48-72 random token ids (no two prompts share a prefix, so the radix cache never serves one)."""
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 160000) for _ in range(48 + (seed % 4) * 8)]
+
+
+def ask(handle, ids: list[int], rid: str, new_tokens: int) -> dict:
+    out = handle.generate(ids, new_tokens, rid=rid, ignore_eos=True)
+    m = out["meta_info"]
+    keep = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "e2e_latency")
+    return {"rid": rid, "output_ids": len(out.get("output_ids") or []), "meta": {k: m[k] for k in keep if k in m}}
+
+
+def requests(name: str, handle) -> list:
+    """Four requests one by one, then sixteen eight at a time; none after the first failure (a scenario that
+    crashes the server, as d2t-absolute may)."""
+    answers, lock = [], threading.Lock()
+
+    def one(i: int, rid: str) -> None:
+        try:
+            a = ask(handle, prompt(i), rid, NEW_TOKENS)
+        except Exception as exc:  # noqa: BLE001 - recorded; the checks say what it means
+            a = {"rid": rid, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        with lock:
+            answers.append(a)
+
+    for i in range(4):
+        one(i, f"kimi-seq-{i}")
+        if "error" in answers[-1]:
+            break
+    else:
+        for wave in range(2):
+            threads = [threading.Thread(target=one, args=(100 + 8 * wave + j, f"kimi-conc-{8 * wave + j}"))
+                       for j in range(8)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            if any("error" in a for a in answers):
+                break
+    print(f"[runner] {name}: {len(answers)} answers, {sum('error' in a for a in answers)} failed", flush=True)
+    return answers
+
+
+def smi(query: str) -> list:
+    """Rows of ``nvidia-smi --query-QUERY`` ([] where there is none: a dry run off the device)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return []
+    return [[c.strip() for c in ln.split(",")] for ln in out.splitlines() if ln.strip()]
+
+
+def gpu_memory(state: dict) -> dict:
+    """MiB of GPU memory per server (its process group's processes) and in all."""
+    groups = {}
+    for pid, mib in smi("compute-apps=pid,used_memory"):
+        try:
+            group = os.getpgid(int(pid))
+        except (ProcessLookupError, ValueError):
+            continue
+        groups[group] = groups.get(group, 0) + int(mib)
+    used = smi("gpu=memory.used,memory.total")
+    return {"per_server_mib": {n: groups.get(s["handle"].pid) for n, s in state.items() if "handle" in s},
+            "used_mib": int(used[0][0]) if used else None, "total_mib": int(used[0][1]) if used else None}
+
+
+def wait_gpu_free(limit_mib: int = 4000, timeout_s: float = 30.0) -> None:
+    """Until the GPU holds under ``limit_mib`` (the last wave's memory is released) or ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = smi("gpu=memory.used")
+        if not used or int(used[0][0]) < limit_mib:
+            return
+        time.sleep(0.5)
+
+
+def run_traces(bed, models: Path, deadline: float) -> dict:
+    """The ``kimi`` phase's servers, wave by wave, none started that could not be up and stopped by ``deadline``
+    (``time.monotonic``); ``{"servers": ..., "answers": ...}`` as the checks read them."""
+    specs = trace_specs(models)
+    servers, answers = {}, {}
+    for wave in WAVES:
+        wait_gpu_free()
+        left = deadline - time.monotonic() - WAVE_AFTER_START_S
+        if left < WAVE_MIN_START_S:
+            print(f"[runner] kimi wave {wave} not started: {left + WAVE_AFTER_START_S:.0f} s left", flush=True)
+            continue
+        state = bed.start_all([specs[n] for n in wave], min(START_TIMEOUT_S, left))
+        memory = gpu_memory(state)
+        print(f"[runner] kimi wave {wave}: GPU memory {memory}", flush=True)
+        threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, requests(n, s["handle"])))
+                   for n, s in state.items() if s["ok"]]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        time.sleep(1.0)  # flush intervals: every finished request reaches the file before SIGTERM
+        bed.stop_all(state)
+        for s in state.values():
+            s["gpu_memory_mib"] = memory["per_server_mib"].get(s["name"])
+        servers.update(state)
+    return {"servers": servers, "answers": answers}
+
+
+def run_throughput(bed, models: Path, deadline: float) -> dict:
+    """The ``kimi-throughput`` phase: three servers at once, rounds until ``deadline`` (``time.monotonic``)."""
+    wait_gpu_free()
+    state = bed.start_all(throughput_specs(models), START_TIMEOUT_S)
+    memory = gpu_memory(state)
+    print(f"[runner] kimi throughput servers: GPU memory {memory}", flush=True)
+    try:
+        handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
+        result = gpu_throughput.measure_levels(handles, prompt, deadline)
+        print(gpu_throughput.levels_table(result), flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    time.sleep(1.0)
+    bed.stop_all(state)
+    for s in state.values():
+        s["gpu_memory_mib"] = memory["per_server_mib"].get(s["name"])
+    return {"kimi_throughput": result, "kimi_throughput_servers": state}

@@ -1,0 +1,144 @@
+"""The GPU runner's plumbing on the CPU, with a stand-in server process in place of SGLang: port clashes
+restarted on a new port (seven servers at once), the Kimi phase's waves and token-id requests, and the
+throughput rounds at several concurrency levels. The outermost boundary (the SGLang server on the H200)
+is the only fake: the ``Bed``, its process groups, HTTP and the rounds are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_throughput
+from draftscope_tracer.sampling import request_sampled
+from testbed.gpu import kimi_models, kimi_phase
+from testbed.gpu.runner import Bed, Spec
+from testbed.server import PORT_ATTEMPTS
+
+# Answers /model_info and /generate as SGLang does (token ids in, as many ids out as asked); each launch that
+# wins one of the CLASHES slots exits as SGLang does when its port was taken; every request id is logged.
+FAKE_SGLANG = r'''
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+args, state = sys.argv[1:], Path(os.environ["FAKE_STATE"])
+for slot in range(int(os.environ.get("FAKE_CLASHES", "0"))):
+    try:
+        os.close(os.open(state / f"clash-{slot}", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        continue
+    print("ERROR:    [Errno 98] error while attempting to bind on address: address already in use", flush=True)
+    sys.exit(1)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send({"model_path": args[args.index("--model-path") + 1]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(state / "rids", "a") as f:
+            f.write(body["rid"] + "\n")
+        n = body["sampling_params"]["max_new_tokens"]
+        self.send({"output_ids": list(body["input_ids"][:1]) * n,
+                   "meta_info": {"completion_tokens": n, "spec_verify_ct": n, "e2e_latency": 0.01}})
+
+    def send(self, data):
+        raw = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+'''
+
+
+@pytest.fixture
+def bed(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_sglang.py"
+    fake.write_text(FAKE_SGLANG)
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("FAKE_STATE", str(state))
+    return Bed(tmp_path, tmp_path / "work", tracer_site="", server_path="", launcher=(sys.executable, str(fake)))
+
+
+def specs(tmp_path: Path, n: int) -> list:
+    return [Spec(f"s{i}", tmp_path / "target", tmp_path / "draft", ["--dtype", "bfloat16"]) for i in range(n)]
+
+
+def test_seven_servers_start_although_three_ports_were_taken(bed, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_CLASHES", "3")
+    state = bed.start_all(specs(tmp_path, 7), timeout_s=60)
+    try:
+        assert all(s["ok"] for s in state.values()), state
+        assert sorted(s["launches"] for s in state.values()) == [1, 1, 1, 1, 2, 2, 2], state
+    finally:
+        bed.stop_all(state)
+
+
+def test_a_port_taken_at_every_launch_fails_after_the_attempts(bed, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_CLASHES", str(PORT_ATTEMPTS))
+    state = bed.start_all(specs(tmp_path, 1), timeout_s=60)
+    bed.stop_all(state)
+    (s,) = state.values()
+    assert (s["ok"], s["launches"], s["error"]) == (False, PORT_ATTEMPTS, "exited with 1"), s
+    assert "address already in use" in s["log_tail"]
+
+
+def test_kimi_phase_serves_every_scenario_in_waves(bed, tmp_path):
+    models = tmp_path / "models"
+    kimi_models.make(models, kimi_models.TINY)
+    out = kimi_phase.run_traces(bed, models, deadline=time.monotonic() + 600)
+    assert set(out["servers"]) == set(kimi_models.SCENARIOS) and all(s["ok"] for s in out["servers"].values())
+    for name, s in out["servers"].items():
+        assert s["spec"]["draft"] == str(models / name) and "bfloat16" in s["spec"]["args"], s["spec"]
+        assert s["trace"] == str(bed.work / "traces" / f"{name}.jsonl"), s
+        got = out["answers"][name]
+        assert [a["rid"] for a in got[:4]] == [f"kimi-seq-{i}" for i in range(4)], got
+        assert len(got) == 20 and all(a["output_ids"] == kimi_phase.NEW_TOKENS for a in got), got
+
+
+def test_kimi_phase_starts_no_wave_it_cannot_finish(bed, tmp_path):
+    out = kimi_phase.run_traces(bed, tmp_path / "models", deadline=time.monotonic() + 100)
+    assert out == {"servers": {}, "answers": {}}
+
+
+def test_throughput_levels_interleave_the_servers_and_sample_1_in_16(bed, tmp_path):
+    state = bed.start_all([Spec(name, tmp_path, tmp_path, []) for name in gpu_throughput.CONFIGS], timeout_s=60)
+    try:
+        handles = {name: s["handle"] for name, s in state.items()}
+        result = gpu_throughput.measure_levels(handles, kimi_phase.prompt, time.monotonic() + 10.0,
+                                               levels={"1": (2, 2), "8": (16, 2)})
+    finally:
+        bed.stop_all(state)
+    assert len(result["rounds"]) >= 2 and all(set(r) == {"1", "8"} for r in result["rounds"]), result["rounds"]
+    for level in ("1", "8"):
+        assert set(result["levels"][level]["median_tokens_per_s"]) == set(gpu_throughput.CONFIGS)
+        assert set(result["levels"][level]["cost_vs_no_tracer"]) == {"1/16", "every"}
+    assert "| 8 | every request |" in gpu_throughput.levels_table(result)
+    rids = (tmp_path / "state" / "rids").read_text().split()
+    level8 = [r for r in rids if "-c8-" in r]
+    assert len(level8) == 3 * 16 * len(result["rounds"])
+    assert sum(request_sampled(r, 1 / 16) for r in level8) == len(level8) // 16
+
+
+def test_saved_levels_print_again(tmp_path, capsys):
+    saved = {"kimi_throughput": {"workload": {"warmup_rounds": 1}, "rounds": [{}, {}],
+                                 "levels": {"64": {"median_tokens_per_s": {"no-tracer": 1000.0, "1/16": 990.0},
+                                                   "cost_vs_no_tracer": {"1/16": {"median": 0.0101, "low": 0.002,
+                                                                                  "high": 0.02}}}}}}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    assert gpu_throughput.main([str(tmp_path / "results.json")]) == 0
+    assert "| 64 | 1 in 16 | 990.0 | +1.0% [+0.2, +2.0] | <= 1% |" in capsys.readouterr().out
