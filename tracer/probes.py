@@ -174,14 +174,14 @@ class TensorProbes:
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
         pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
                                         chunk_width=H if aux else None, logits=lo.next_token_logits)
-        aux_dtype = _dtype(hidden) if aux else None
-        n_aux = int(hidden.shape[-1]) // H if aux else 0
+        shape = records.VerifyShape(N, int(hidden.shape[-1]) // H if aux else 0, H if aux else None,
+                                    _dtype(hidden) if aux else None)
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}
         steps = {d[1][0] for d in drafts.values() if d[1] is not None}
-        self.submit("verify", records.verify, ints, pending, rows, N, time.time(), aux_dtype, n_aux, H if aux else None,
-                    drafts, self._hot, pendings=(pending, ints, *steps))
+        self.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self._hot,
+                    pendings=(pending, ints, *steps))
 
     # -- draft extend after verify ----------------------------------------------------------------
     def draft_extend_rows(self, batch) -> tuple:

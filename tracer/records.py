@@ -7,7 +7,7 @@ pickles the call to the recorder, whose writer runs it. Each returns wire record
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from .stats import merged_stats
 from .writer import Records
@@ -56,29 +56,52 @@ def draft_logits(pending, rows: list, periodic: list, phase: str, now: float, V:
                                       merged_stats(s, [j])) for j in periodic]}
 
 
-def verify(ints, pending, rows: list, N: int, now: float, aux_dtype: Optional[str], n_aux: int, H: Optional[int],
-           drafts: dict, hot: Optional[List[int]]) -> Records:
+class VerifyShape(NamedTuple):
+    """What a verify step's records need besides its values."""
+
+    draft_tokens: int  # N: tree nodes per request (the verified prefix's last token, then N - 1 drafts)
+    aux_chunks: int  # target.aux[i] chunks in the verify's hidden states (0: no aux hidden states)
+    aux_width: Optional[int]
+    aux_dtype: Optional[str]
+
+
+class StepTokens(NamedTuple):
+    """One request's tokens in a verify step."""
+
+    nodes: List[int]  # the verified prefix's last token, then the drafts
+    target: List[int]  # the target's token at each node
+    seq_pos: int
+    accept_len: int
+
+
+def step_tokens(values: List[int], requests: int, n: int) -> List[StepTokens]:
+    """Per request, the flat ``HostInts`` values of a verify step: draft tokens, then target tokens (``n``
+    per request), then sequence lengths, then accept lengths (one per request)."""
+    nodes, target = values[:requests * n], values[requests * n:2 * requests * n]
+    seq, accept = values[2 * requests * n:2 * requests * n + requests], values[2 * requests * n + requests:]
+    return [StepTokens(nodes[j * n:(j + 1) * n], target[j * n:(j + 1) * n], seq[j], accept[j])
+            for j in range(requests)]
+
+
+def verify(ints, pending, rows: list, shape: VerifyShape, now: float, drafts: dict,
+           hot: Optional[List[int]]) -> Records:
     """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
-    target.aux[i] samples. ``ints``: draft tokens, target tokens (``N`` per request), then sequence
-    lengths and accept lengths (one per request); ``drafts``: rid -> (seed, steps), the draft's top-k
-    at position 1 as ``(summary, row, mapped)`` and at positions 2.. as ``(StepTopk, row, mapped)``
-    (either None), ``mapped`` when its ids go through ``hot``."""
-    host = ints.result()
+    target.aux[i] samples. ``ints``: the step's ``HostInts`` (see :func:`step_tokens`); ``pending``: the
+    summary of its ``N`` rows per request (aux statistics, target top-k); ``drafts``: rid -> (seed, steps),
+    the draft's top-k at position 1 as ``(summary, row, mapped)`` and at positions 2.. as
+    ``(StepTopk, row, mapped)`` (either None), ``mapped`` when its ids go through ``hot``."""
+    N = shape.draft_tokens
     s = pending.result() if pending is not None else None
-    B = len(rows)
     out = {"steps": [], "samples": []}
-    for j, (_, rid, step) in enumerate(rows):
-        a = host[2 * B * N + B + j]
-        base = j * N
-        rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": host[2 * B * N + j],
-               "drafted_tokens": host[base + 1:base + N], "accept_len": a,
-               "accept_flags": [p <= a - 1 for p in range(1, N)],
-               "bonus_token": host[B * N + base + a - 1]}
+    for j, ((_, rid, step), t) in enumerate(zip(rows, step_tokens(ints.result(), len(rows), N))):
+        a, base = t.accept_len, j * N
+        rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": t.seq_pos, "drafted_tokens": t.nodes[1:],
+               "accept_len": a, "accept_flags": [p <= a - 1 for p in range(1, N)], "bonus_token": t.target[a - 1]}
         if s is not None:
             rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
-            for c in range(n_aux):
-                out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, H], aux_dtype,
-                                                    merged_stats(s, range(base, base + N), [c])))
+            for c in range(shape.aux_chunks):
+                out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, shape.aux_width],
+                                                    shape.aux_dtype, merged_stats(s, range(base, base + N), [c])))
         seed, steps = drafts.get(rid) or (None, None)
         if seed is not None or steps is not None:
             rec["draft_topk"] = [topk_list(seed[0].result().rows[seed[1]].topk, hot if seed[2] else None)

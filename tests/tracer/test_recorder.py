@@ -42,7 +42,8 @@ def _verify_call(step: int, hot: Shared) -> records.Call:
                      (torch.tensor([7]), [0]), (torch.tensor([3]), [0])])
     drafts = {"a": ((draft, 0, True), None)}
     return records.Call("verify", records.verify,
-                        (ints, target, [(0, "a", step)], N, time.time(), "float32", 3, 4, drafts, hot), (target,))
+                        (ints, target, [(0, "a", step)], records.VerifyShape(N, 3, 4, "float32"), time.time(), drafts,
+                         hot), (target,))
 
 
 def _relay(tmp_path, **config) -> tuple:
