@@ -70,7 +70,7 @@ def host_time(batch: int, cycles_per_ms: float, graphs: bool = True) -> dict:
     for _ in range(WARMUP):
         path.iteration()
     torch.cuda.synchronize()  # once, before the measured run
-    launches = path.tracer.summaries  # counted below from the summarisers' launch counters
+    launches = path.tracer.capture.summaries  # counted below from the summarisers' launch counters
     before = sum(s.launches for s in launches._by_shape.values())
     times, stages, previous, busy = [], {}, None, 0
     for _ in range(ITERATIONS):
@@ -89,7 +89,7 @@ def host_time(batch: int, cycles_per_ms: float, graphs: bool = True) -> dict:
     if health["errors"] or health["relay_error"]:
         raise SystemExit(f"batch {batch}: the hooks' path failed: {health}")
     times.sort()
-    return {"sampled_requests": len(path.tracer.live), "iterations": ITERATIONS,
+    return {"sampled_requests": len(path.tracer.sampled.live), "iterations": ITERATIONS,
             "host_us_median": round(1e6 * statistics.median(times), 1),
             "host_us_p90": round(1e6 * times[int(0.9 * len(times))], 1),
             "launches_per_iteration": n / ITERATIONS,

@@ -88,7 +88,7 @@ def _live():
 
 
 # -- AROUND hooks: call the original exactly once, with the same arguments; tracer work is guarded --
-# The forward hooks return at once when no live request is sampled (``t.live`` empty).
+# The forward hooks return at once when no live request is sampled (``t.sampled.live`` empty).
 def _around_init(orig, scheduler, *args, **kwargs):
     try:
         out = orig(scheduler, *args, **kwargs)
@@ -100,7 +100,7 @@ def _around_init(orig, scheduler, *args, **kwargs):
     t = _live()
     if t is not None:
         t.health.beat("init")
-        if t.guard("init", t.attach, scheduler) is None and t.writer is None and t.recording:
+        if t.guard("init", t.attach, scheduler) is None and t.transport.writer is None and t.recording:
             t.active = False  # attach failed before a writer existed: stay out of the way
     return out
 
@@ -138,24 +138,24 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
 
 def _around_verify(orig, worker, batch, *args, **kwargs):
     t = _live()
-    if t is None or not t.live:
+    if t is None or not t.sampled.live:
         return orig(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info  # replaced later in the iteration: read it now
     out = orig(worker, batch, *args, **kwargs)
     t.health.beat("verify")
-    t.guard("verify", t.on_verify, batch, verify_input, out)
+    t.guard("verify", t.probes.on_verify, batch, verify_input, out)
     return out
 
 
 def _around_draft(orig, worker, batch, *args, **kwargs):
     t = _live()
-    if t is None or not t.live or not t.recording:
+    if t is None or not t.sampled.live or not t.recording:
         return orig(worker, batch, *args, **kwargs)
     t.health.beat("draft")
-    rows = t.guard("draft", t.on_draft_input, worker, batch)  # the draft's input, before the draft replaces it
+    rows = t.guard("draft", t.probes.on_draft_input, worker, batch)  # the draft's input, before the draft replaces it
     out = orig(worker, batch, *args, **kwargs)
     if rows:
-        t.guard("draft", t.on_draft_steps, worker, rows)
+        t.guard("draft", t.probes.on_draft_steps, worker, rows)
     return out
 
 
@@ -176,19 +176,19 @@ def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):
     rows = t.guard("prefill", t.admit, batch)
     out = orig(worker, batch, target_hidden_states, *args, **kwargs)
     if rows:
-        t.guard("prefill", t.on_prefill, worker, batch, target_hidden_states, out, rows)
+        t.guard("prefill", t.probes.on_prefill, worker, batch, target_hidden_states, out, rows)
     return out
 
 
 def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
     t = _live()
-    if t is None or not t.live or not t.recording:
+    if t is None or not t.sampled.live or not t.recording:
         return orig(worker, batch, batch_result, *args, **kwargs)
     t.health.beat("draft_extend")
-    done, upcoming = t.guard("draft_extend", t.draft_extend_rows, batch) or ([], [])
+    done, upcoming = t.guard("draft_extend", t.probes.draft_extend_rows, batch) or ([], [])
     out = orig(worker, batch, batch_result, *args, **kwargs)
     if done or upcoming:
-        t.guard("draft_extend", t.on_draft_extend, worker, batch, batch_result, done, upcoming)
+        t.guard("draft_extend", t.probes.on_draft_extend, worker, batch, batch_result, done, upcoming)
     return out
 
 

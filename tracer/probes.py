@@ -1,22 +1,23 @@
-"""The Tracer's tensor probes: what each forward hook summarises of the sampled rows (draft input, the
+"""The hooks' tensor probes: what each forward hook summarises of the sampled rows (draft input, the
 draft's ``fc`` output recomputed off-graph, target aux chunks, draft and target top-k) and the verify
-step records. A mixin over ``runtime.Tracer``'s state (``summaries``, ``live``, ``submit``, ``rows_of``);
-everything here runs on SGLang's scheduler thread and never waits for the device.
+step records. A :class:`TensorProbes` holds the sampled requests (``requests.Sampled``), a capture object
+(``capture.Capture``: what runs on the device) and a transport object (``transport.Transport``: what leaves
+the process); everything here runs on SGLang's scheduler thread and never waits for the device.
 """
 
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from . import recompute, records
-from .devicecopy import HostInts, device_index, later_list
+from .capture import Capture
+from .devicecopy import HostInts, device_index
 from .health import Health
-from .recorder import Shared
-from .steptap import StepTap
-from .summaries import Summaries
+from .requests import Sampled
+from .transport import Transport
 
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
 # Points that describe the draft's wiring rather than each step's input are recorded at every
@@ -32,16 +33,19 @@ def _dtype(t: torch.Tensor) -> str:
 class TensorProbes:
     """The hooks' work on sampled rows: prefill, draft decode, verify, draft extend."""
 
-    # state the Tracer owns (see its __init__)
-    live: dict
-    draft_seed: dict
-    draft_steps: dict
-    step_tap: Optional[StepTap]
-    health: Health
-    summaries: Summaries
-    target_hidden: Optional[int]
-    _verify_hidden: Optional[tuple]
-    _hot: Optional[Shared]
+    def __init__(self, sampled: Sampled, capture: Capture, transport: Transport, health: Health):
+        self.sampled, self.capture, self.transport, self.health = sampled, capture, transport, health
+        self.summaries = capture.summaries
+        self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row, mapped) of the draft's next position 1
+        self.draft_steps: Dict[str, tuple] = {}  # rid -> (StepTopk, row, mapped) of positions 2.. of this step
+        self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
+
+    def forget(self, rid: str) -> None:
+        """A finished request: what its next step would have read goes (a step tap read back to its slots)."""
+        self.draft_seed.pop(rid, None)
+        steps = self.draft_steps.pop(rid, None)
+        if steps is not None and all(v[0] is not steps[0] for v in self.draft_steps.values()):
+            steps[0].release()
 
     def on_prefill(self, worker, batch, target_hidden: torch.Tensor, draft_input, rows: List[tuple]) -> None:
         """draft.input/fc.out of the prompt's last rows; the draft's top-k at position 1 of step 0, from
@@ -70,7 +74,7 @@ class TensorProbes:
         for a, b in spans:
             groups.append(list(range(at, at + b - a)))
             at += b - a
-        H = self.target_hidden
+        H = self.capture.target_hidden
         width = int(h.shape[-1])
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
@@ -85,7 +89,7 @@ class TensorProbes:
             self.health.drop("host_slots_full")
         fc_out = None if index is None else recompute.fc(worker.draft_runner.model, h[index])
         p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
-        self.submit(phase, records.features, p_in, p_fc, rows, groups, fc_groups, phase, time.time(), width,
+        self.transport.submit(phase, records.features, p_in, p_fc, rows, groups, fc_groups, phase, time.time(), width,
                     _dtype(h), H, chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out),
                     pendings=(p_in, p_fc))
 
@@ -105,19 +109,12 @@ class TensorProbes:
         pending = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic))
         if pending is None:
             return
-        mapped = self._hot_map(worker)
+        mapped = self.capture.hot_map(worker)
         for j, (_, rid, _) in enumerate(rows):
             self.draft_seed[rid] = (pending, j, mapped)
         # always queued, so that every launch is read (a device launch holds a ring slot until then)
-        self.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
+        self.transport.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
                     pendings=(pending,))
-
-    def _hot_map(self, worker) -> bool:
-        """Whether the draft's ids go through ``hot_token_id`` (sent to the recorder once)."""
-        hot = getattr(worker, "hot_token_id", None)
-        if hot is not None and self._hot is None:
-            self._hot = Shared("hot_token_id", later_list(hot))  # read once, on the relay thread
-        return hot is not None
 
     # -- draft decode -----------------------------------------------------------------------------
     def on_draft_input(self, worker, batch) -> List[tuple]:
@@ -125,21 +122,21 @@ class TensorProbes:
         the sampled rows in the step tap; returns the rows it took."""
         if batch.forward_mode.is_idle() or worker.topk != 1:
             return []
-        rows = self.rows_of(batch.reqs)
+        rows = self.sampled.rows_of(batch.reqs)
         periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
         h = batch.spec_info.hidden_states
         if periodic and h is not None:
             self._features(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode", with_aux=False)
-        if self.step_tap is None or not rows:
+        if self.capture.step_tap is None or not rows:
             return []
-        n = self.step_tap.select([i for i, _, _ in rows])
+        n = self.capture.step_tap.select([i for i, _, _ in rows])
         if n < len(rows):
             self.health.drop("draft_tap_full", len(rows) - n)
         return rows[:n]
 
     def on_draft_steps(self, worker, rows: List[tuple]) -> None:
         """After the draft: the step tap's top-k of positions 2.. for ``rows``, copied without blocking."""
-        steps, mapped = self.step_tap.read(len(rows)), self._hot_map(worker)
+        steps, mapped = self.capture.step_tap.read(len(rows)), self.capture.hot_map(worker)
         if steps is None:
             self.health.drop("host_slots_full", len(rows))
             return
@@ -153,8 +150,8 @@ class TensorProbes:
     def on_verify(self, batch, verify_input, result) -> None:
         """Counts the verify step of each sampled request; records the ones whose step is sampled."""
         reqs = batch.reqs
-        rows = self.rows_of(reqs)
-        live = self.live
+        rows = self.sampled.rows_of(reqs)
+        live = self.sampled.live
         for r in reqs:
             n = live.get(r.rid)
             if n is not None:
@@ -170,7 +167,7 @@ class TensorProbes:
             self.health.drop("host_slots_full", len(rows))
             return
         lo = result.logits_output
-        hidden, H = lo.hidden_states, self.target_hidden
+        hidden, H = lo.hidden_states, self.capture.target_hidden
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
         pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
                                         chunk_width=H if aux else None, logits=lo.next_token_logits)
@@ -180,7 +177,7 @@ class TensorProbes:
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}
         steps = {d[1][0] for d in drafts.values() if d[1] is not None}
-        self.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self._hot,
+        self.transport.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self.capture.hot,
                     pendings=(pending, ints, *steps))
 
     # -- draft extend after verify ----------------------------------------------------------------
@@ -188,7 +185,7 @@ class TensorProbes:
         """(rows of the verify step just done, rows whose next step is recorded)."""
         if batch.forward_mode.is_idle():
             return [], []
-        return self.rows_of(batch.reqs, back=1), self.rows_of(batch.reqs)
+        return self.sampled.rows_of(batch.reqs, back=1), self.sampled.rows_of(batch.reqs)
 
     def on_draft_extend(self, worker, batch, batch_result, done, upcoming) -> None:
         """draft.input/fc.out of the verify step just done; the draft's top-k at position 1 of the next

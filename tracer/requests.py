@@ -6,7 +6,26 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .sampling import step_sampled
+
 Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed drafts]
+
+
+class Sampled:
+    """The sampled, unfinished requests and the verify steps each has seen (``live``), and which of their
+    rows a hook records: the state the tracer and its probes share on the scheduler thread."""
+
+    def __init__(self, step_stride: int):
+        self.live: Dict[str, int] = {}
+        self.step_stride = step_stride
+
+    def rows_of(self, reqs, back: int = 0) -> List[tuple]:
+        """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
+        live, stride = self.live, self.step_stride
+        # one comprehension over the batch (most requests are not sampled), then the few sampled ones
+        found = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
+        return [(i, rid, live[rid] - back) for i, rid in found
+                if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
 
 
 def count(totals: Totals, accept_lens: Sequence[int], live_reqs, num_draft_tokens: Optional[int]) -> None:

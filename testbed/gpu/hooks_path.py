@@ -104,10 +104,10 @@ class HooksPath:
         dev = torch.device(device)
         self.tracer = t = Tracer(TracerConfig(file="/dev/null", sample_rate=1 / sample_every,
                                               sync_debug=sync_debug), "0.5.23")
-        t.recording, t.target_hidden, t.num_draft_tokens = True, H, N
-        self.relay = t.writer = _Relay()
+        t.recording, t.capture.target_hidden, t.num_draft_tokens = True, H, N
+        self.relay = t.transport.writer = _Relay()
         reqs = [SimpleNamespace(rid=f"req-{i}", is_retracted=False, finished=lambda: False) for i in range(batch)]
-        t.live = {r.rid: 0 for r in reqs[::sample_every]}
+        t.sampled.live = {r.rid: 0 for r in reqs[::sample_every]}
         rows = batch * N
         bf16 = dict(device=dev, dtype=torch.bfloat16)
         head = torch.nn.Linear(H, V_DRAFT, bias=False, **bf16)
@@ -136,7 +136,7 @@ class HooksPath:
         self.result_on_host = SimpleNamespace(accept_lens=accept.cpu(), forward_mode=_Mode())
         plugin.TRACER = t
         plugin._around_graphs(lambda worker: None, self.worker)  # the step tap, as before SGLang's capture
-        t.prepare(device=dev, dtype=torch.bfloat16, hidden=H, aux=K, vocab=V, draft_vocab=V_DRAFT, draft_tokens=N,
+        t.capture.prepare(device=dev, dtype=torch.bfloat16, hidden=H, aux=K, vocab=V, draft_vocab=V_DRAFT, draft_tokens=N,
                   max_requests=batch, hot=self.worker.hot_token_id)  # as attach does, after SGLang's capture
         self.graph = self._capture_draft() if graphs else None
 

@@ -1,0 +1,75 @@
+"""What the hooks run on the device, and the buffers it needs: the summaries of sampled rows, the step tap
+inside the draft-decode loop, the draft's ``hot_token_id`` read once. On a GPU everything is built for the
+server's widths when the tracer attaches (:meth:`Capture.prepare`), so no hook allocates pinned memory or
+compiles a kernel. Imports the device layer only (``summaries``, ``steptap``, ``devicecopy``)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from . import devicecopy
+from .devicecopy import later_list
+from .health import Health
+from .recorder import Shared
+from .steptap import StepTap
+from .summaries import Summaries, capacity
+
+PREPARED_REQUESTS = 64  # sampled requests per batch the summary buffers are built for at attach (more: built late)
+
+
+class Capture:
+    """The device side of one tracer: ``summaries`` (per tensor layout), ``step_tap`` (once installed),
+    ``hot`` (the draft's id map, sent to the recorder once), ``target_hidden`` (the width of one aux chunk)."""
+
+    def __init__(self, health: Health, topk: int, reduce: str):
+        self.topk = topk
+        self.summaries = Summaries(health, topk, reduce)
+        self.step_tap: Optional[StepTap] = None
+        self.hot: Optional[Shared] = None
+        self.target_hidden: Optional[int] = None
+
+    def install_step_tap(self, worker, guard: Callable) -> None:
+        """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain."""
+        if worker.topk == 1 and worker.speculative_num_steps > 1:
+            self.step_tap = StepTap(worker, self.topk, guard)
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
+                draft_vocab: Optional[int], draft_tokens: int, max_requests: int, hot=None) -> None:
+        """At attach, on a GPU: the pinned slots, each summary layout's buffers and compiled kernels (verify
+        with and without aux, fc output, draft logits), and ``hot_token_id`` read once. A hook must never
+        allocate pinned memory: that can wait for the GPU (``devicecopy``)."""
+        devicecopy.prepare(device)
+        requests = min(max_requests, PREPARED_REQUESTS)
+        rows = capacity(requests * draft_tokens)
+        layouts = [(aux * hidden, hidden, vocab, rows, dtype), (hidden, hidden, vocab, rows, dtype),
+                   (aux * hidden, hidden, None, rows, dtype), (hidden, hidden, None, rows, dtype)]
+        if draft_vocab:
+            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32))
+        self.summaries.prepare(device, layouts)
+        if hot is not None:
+            self.hot = Shared("hot_token_id", later_list(hot))
+
+    def hot_map(self, worker) -> bool:
+        """Whether the draft's ids go through ``hot_token_id`` (read once; on a CPU, at first use)."""
+        hot = getattr(worker, "hot_token_id", None)
+        if hot is not None and self.hot is None:
+            self.hot = Shared("hot_token_id", later_list(hot))  # read on the relay thread
+        return hot is not None
+
+
+def device_plan(scheduler, spec, safe: Callable) -> Optional[dict]:
+    """:meth:`Capture.prepare`'s arguments for a server on a GPU (None on a CPU, or when a value is missing)."""
+    runner = safe(lambda: scheduler.tp_worker.model_runner)
+    if runner is None or spec is None or not torch.cuda.is_available() or not str(runner.device).startswith("cuda"):
+        return None
+    lm = getattr(runner.model, "language_model", runner.model)
+    plan = {"device": torch.device("cuda", torch.cuda.current_device()), "dtype": safe(lambda: runner.model_config.dtype),
+            "hidden": safe(lambda: runner.model_config.hidden_size), "vocab": safe(lambda: runner.model_config.vocab_size),
+            "aux": len(getattr(getattr(lm, "model", None), "layers_to_capture", None) or ()) or 3,
+            "draft_vocab": safe(lambda: spec.draft_runner.model.logits_processor.config.vocab_size),
+            "draft_tokens": getattr(spec, "speculative_num_draft_tokens", None),
+            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(spec, "hot_token_id", None)}
+    required = ("dtype", "hidden", "vocab", "draft_tokens", "max_requests")
+    return plan if all(isinstance(plan[k], (int, torch.dtype)) for k in required) else None
