@@ -233,7 +233,8 @@ class RunStatBin(SQLModel, table=True):
     Series (``draftscope.stats``): ``steps.time`` and ``steps.seq_pos`` (n steps, total accept_len),
     ``steps.flags`` (key: the accept_flags pattern), ``steps.rid`` (key: rid; total accept_len, lo
     and hi the first and last step_index), ``widths`` (key ``point|phase``, bucket: width),
-    ``norms.time`` (key: point; total, lo, hi of l2_mean), ``nonfinite`` (key: point).
+    ``norms.time`` (key: point; total, lo, hi of l2_mean), ``nonfinite`` (key: point),
+    ``steps.topk_lost`` (key: ``part|rid``; n steps lacking that part of their top-k: topk_gaps).
     """
 
     __tablename__ = "run_stat_bins"

@@ -17,6 +17,7 @@ from draftscope.facts_view import fact_sections
 from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
 from draftscope.spec_diff import combine, expected_widths, spec_diff
+from draftscope.stats import bins as stat_bins
 from draftscope.templating import templates
 from draftscope.tokens import decoder
 
@@ -183,7 +184,8 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
     health = queries.latest_health(conn, run_id)
     return {"run": run, "summary": summary, "findings": findings, "diff": diff,
             "feature_stats": stats, "health": health,
-            "topk_gaps": topk_gaps.run_gaps(conn, run_id, health, run.get("facts")),
+            "topk_gaps": topk_gaps.run_gaps(stat_bins(conn, run_id, topk_gaps.SERIES), health,
+                                            run.get("facts")),
             "imported": queries.imported_from(conn, run_id),
             "orphans": queries.orphan_requests(conn, run_id),
             "last_batch_at": queries.last_batch_at(conn, run_id),

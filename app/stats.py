@@ -17,7 +17,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from draftscope import models
+from draftscope import models, topk_gaps
 from draftscope.findings import Observation
 
 MAX_BUCKETS = 400  # per binned series and key; the pages re-bin to fewer
@@ -186,11 +186,16 @@ class _Fold:
             self._bin("steps.time", "", b, n, total)
             if seq_n:  # sequence positions over time: drift is judged at like positions
                 self._bin("steps.time_seq", "", b, seq_n, seq_total)
-        for rid, n, total, lo, hi in conn.execute(
+        lost = topk_gaps.lost_conditions(_STEPS)
+        for rid, n, total, lo, hi, *gaps in conn.execute(
                 sa.select(_STEPS.c.rid, sa.func.count(), sa.func.sum(_STEPS.c.accept_len),
-                          sa.func.min(_STEPS.c.step_index), sa.func.max(_STEPS.c.step_index))
+                          sa.func.min(_STEPS.c.step_index), sa.func.max(_STEPS.c.step_index),
+                          *(sa.func.sum(sa.case((c, 1), else_=0)) for c in lost.values()))
                 .where(*where).group_by(_STEPS.c.rid)):
             self._bin("steps.rid", rid, 0, n, total, lo, hi)
+            for part, k in zip(lost, gaps):
+                if k:  # steps that lost part of their top-k (topk_gaps)
+                    self._bin(topk_gaps.SERIES, f"{part}|{rid}", 0, k)
         seq = (_STEPS.c.seq_pos // s["seq_bin"]).label("b")
         for b, n, total in conn.execute(sa.select(seq, sa.func.count(), sa.func.sum(_STEPS.c.accept_len))
                                         .where(*where, _STEPS.c.seq_pos.is_not(None)).group_by(seq)):

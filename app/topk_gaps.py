@@ -15,9 +15,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from draftscope import models
-
-_STEPS = models.VerifyStep.__table__
 # part of a step's top-k -> (what the page calls it, the drop counter that loses it, why)
 PARTS = {
     "target": ("the target's top-k", "summary_ring_full",
@@ -28,6 +25,7 @@ PARTS = {
                     "more than 16 sampled requests shared the batch; the step tap reads 16"),
 }
 REQUESTS_LISTED = 20
+SERIES = "steps.topk_lost"  # run_stat_bins series: key "part|rid", n steps (draftscope.stats)
 
 
 def later_positions_read(facts: dict[str, Any] | None) -> bool:
@@ -52,32 +50,42 @@ def _null(column: sa.Column) -> sa.ColumnElement:
     return sa.or_(column.is_(None), sa.cast(column, sa.Text) == "null")
 
 
-def run_gaps(conn: sa.Connection, run_id: str, health: dict[str, Any] | None,
+def lost_conditions(steps: sa.Table) -> dict[str, sa.ColumnElement]:
+    """SQL conditions on verify_steps rows, per PARTS key, plus ``any`` (any part) and
+    ``any_but_later`` (target or position 1: the count that holds when positions 2.. are not read).
+    ``stats`` folds their counts per request into run_stat_bins (SERIES) as steps arrive."""
+    drafted = sa.func.json_array_length(steps.c.drafted_tokens)
+    no_draft = _null(steps.c.draft_topk)
+    target = _null(steps.c.target_topk)
+    first = sa.or_(no_draft, sa.cast(steps.c.draft_topk, sa.Text).like("[[]%"))
+    later = sa.case((no_draft, drafted > 1), else_=sa.func.json_array_length(steps.c.draft_topk) < drafted)
+    return {"target": target, "draft_first": first, "draft_later": later,
+            "any": sa.or_(target, first, later), "any_but_later": sa.or_(target, first)}
+
+
+def run_gaps(bins: list[dict[str, Any]], health: dict[str, Any] | None,
              facts: dict[str, Any] | None) -> dict[str, Any] | None:
     """How many stored steps of which requests lack which top-k, with the drop counts that explain
-    them; None when the latest health record counts no such drop (then none was lost that way)."""
+    them, from the run's SERIES bins (key ``part|rid``); None when the latest health record counts
+    no such drop (then none was lost that way)."""
     drops = (health or {}).get("drops") or {}
-    ring, tap = drops.get("summary_ring_full") or 0, (drops.get("draft_tap_full") or 0)
-    if not ring and not tap:
+    counted = {k: drops.get(k) or 0 for k in ("summary_ring_full", "draft_tap_full")}
+    if not any(counted.values()):
         return None
-    draft = sa.cast(_STEPS.c.draft_topk, sa.Text)
-    lost = {"target": _null(_STEPS.c.target_topk) if ring else sa.false(),
-            "draft_first": sa.or_(_null(_STEPS.c.draft_topk), draft.like("[[]%")) if ring else sa.false(),
-            "draft_later": sa.case((_null(_STEPS.c.draft_topk), True),
-                                   else_=sa.func.json_array_length(_STEPS.c.draft_topk)
-                                   < sa.func.json_array_length(_STEPS.c.drafted_tokens))
-            if tap and later_positions_read(facts) else sa.false()}
-    counts = [sa.func.sum(sa.case((cond, 1), else_=0)) for cond in lost.values()]
-    rows = conn.execute(sa.select(_STEPS.c.rid, sa.func.count(), *counts)
-                        .where(_STEPS.c.run_id == run_id, sa.or_(*lost.values()))
-                        .group_by(_STEPS.c.rid).order_by(sa.func.count().desc(), _STEPS.c.rid)).all()
-    parts = []
-    for i, key in enumerate(PARTS):
-        what, counter, why = PARTS[key]
-        steps = sum(int(r[2 + i] or 0) for r in rows)
-        if steps:
-            parts.append({"part": key, "what": what, "steps": steps, "why": why, "counter": counter,
-                          "drops": drops.get(counter) or 0})
-    return {"steps": sum(r[1] for r in rows), "requests": len(rows), "parts": parts,
-            "listed": [{"rid": r[0], "steps": r[1]} for r in rows[:REQUESTS_LISTED]],
-            "drops": {"summary_ring_full": ring, "draft_tap_full": tap}}
+    later = later_positions_read(facts)
+    total_key = "any" if later else "any_but_later"
+    per_part: dict[str, int] = {}
+    per_rid: dict[str, int] = {}
+    for b in bins:
+        part, _, rid = b["key"].partition("|")
+        if part == total_key:
+            per_rid[rid] = per_rid.get(rid, 0) + b["n"]
+        elif part in PARTS and (later or part != "draft_later"):
+            per_part[part] = per_part.get(part, 0) + b["n"]
+    parts = [{"part": key, "what": what, "steps": per_part[key], "why": why, "counter": counter,
+              "drops": counted[counter]}
+             for key, (what, counter, why) in PARTS.items() if per_part.get(key)]
+    ranked = sorted(per_rid.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"steps": sum(per_rid.values()), "requests": len(per_rid), "parts": parts,
+            "listed": [{"rid": rid, "steps": n} for rid, n in ranked[:REQUESTS_LISTED]],
+            "drops": counted}
