@@ -35,12 +35,12 @@ def later_positions_read(facts: dict[str, Any] | None) -> bool:
 
 
 def step_gaps(step: dict[str, Any], facts: dict[str, Any] | None) -> list[str]:
-    """The PARTS this stored step lacks."""
+    """The PARTS this stored step lacks (as ``lost_conditions`` counts them)."""
     gaps = [] if step.get("target_topk") is not None else ["target"]
     draft, drafted = step.get("draft_topk"), len(step.get("drafted_tokens") or [])
     if drafted and not (draft and draft[0]):
         gaps.append("draft_first")
-    if drafted > 1 and later_positions_read(facts) and not (draft and len(draft) >= drafted and all(draft[1:])):
+    if drafted > 1 and later_positions_read(facts) and not (draft and len(draft) >= drafted):
         gaps.append("draft_later")
     return gaps
 
