@@ -33,7 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.tracer_overhead import bootstrap_interval, request_id
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, too
+
+from bench.tracer_overhead import bootstrap_interval, request_id  # noqa: E402
 
 WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"}}
@@ -75,15 +77,19 @@ def _one_round(handle, prompts: list[str], r: int) -> float:
 def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampling) -> float:
     """Completion tokens per wall second of ``work`` ((request id, prompt) pairs), ``concurrency`` at a time."""
     todo = iter(work)
-    tokens, lock = [0], threading.Lock()
+    tokens, failed, lock = [0], [], threading.Lock()
 
     def worker():
-        while True:
+        while not failed:
             with lock:
                 nxt = next(todo, None)
             if nxt is None:
                 return
-            meta = handle.generate(nxt[1], new_tokens, rid=nxt[0], **sampling)["meta_info"]
+            try:
+                meta = handle.generate(nxt[1], new_tokens, rid=nxt[0], **sampling)["meta_info"]
+            except Exception as exc:  # noqa: BLE001 - raised below: a failed request is no measurement
+                failed.append(exc)
+                return
             with lock:
                 tokens[0] += meta["completion_tokens"]
 
@@ -93,6 +99,8 @@ def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampl
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
     return tokens[0] / (time.perf_counter() - t0)
 
 
@@ -100,7 +108,8 @@ def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS
     """Rounds over ``handles`` (name -> ``ServerHandle``) at each of ``levels`` until ``deadline``
     (``time.monotonic``: no round starts that the longest so far would carry past it). ``prompt(seed)`` gives a
     prompt; request ``j`` of a level is sampled at 1 in 16 exactly when ``j % 16 == 0``."""
-    rng, names, rounds, longest = random.Random(0), list(handles), [], 0.0
+    rng, rounds, longest = random.Random(0), [], 0.0
+    names = sorted(handles, key=lambda n: list(CONFIGS).index(n) if n in CONFIGS else len(CONFIGS))
     while time.monotonic() + longest < deadline:
         t0, r, row = time.monotonic(), len(rounds), {}
         for level, (n, new_tokens) in levels.items():

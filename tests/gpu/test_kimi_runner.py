@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_throughput
-from draftscope_tracer.sampling import request_sampled
+from draftscope_tracer.engine.sampling import request_sampled
 from testbed.gpu import kimi_models, kimi_phase
 from testbed.gpu.runner import Bed, Spec
 from testbed.server import PORT_ATTEMPTS
@@ -60,6 +60,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+ThreadingHTTPServer.request_queue_size = 128  # 64 requests at once, as uvicorn takes them
 ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
 '''
 
