@@ -10,8 +10,10 @@ busy run is not re-analysed on every batch; its last batch is still refreshed, `
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -28,11 +30,12 @@ POLL_WINDOW_S = 60.0  # batches received this recently are re-checked (writers' 
 class RunRefresher:
     """One thread; ``notify`` never blocks; ``drain`` waits until every known change is folded."""
 
-    def __init__(self, engine: sa.Engine, *, poll_s: float = 1.0, debounce_s: float = 2.0):
-        self.engine, self.poll_s, self.debounce_s = engine, poll_s, debounce_s
+    def __init__(self, engine: sa.Engine, *, poll_s: float = 1.0, debounce_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.engine, self.poll_s, self.debounce_s, self.clock = engine, poll_s, debounce_s, clock
         self._cond = threading.Condition()
         self._dirty: set[str] = set()
-        self._last: dict[str, float] = {}  # run -> monotonic time of its last refresh
+        self._last: dict[str, float] = {}  # run -> ``clock()`` at its last refresh
         self._asked = self._done = 0  # drain tickets
         self._stopping = False
         self.errors = 0
@@ -88,20 +91,25 @@ class RunRefresher:
                 self._done = max(self._done, ticket)
                 self._cond.notify_all()
 
+    def _since_last(self, run_id: str, now: float) -> float:
+        """Seconds since the run's last refresh; infinite for a run never refreshed (due at once,
+        however recently the clock started)."""
+        return now - self._last.get(run_id, -math.inf)
+
     def _wait_s(self) -> float:
-        now = time.monotonic()
-        due = [self._last.get(r, 0.0) + self.debounce_s - now for r in self._dirty]
+        now = self.clock()
+        due = [self.debounce_s - self._since_last(r, now) for r in self._dirty]
         return max(0.0, min([self.poll_s, *due]))
 
     def _due(self) -> bool:
-        now = time.monotonic()
-        return any(now - self._last.get(r, 0.0) >= self.debounce_s for r in self._dirty)
+        now = self.clock()
+        return any(self._since_last(r, now) >= self.debounce_s for r in self._dirty)
 
     def _take(self, force: bool) -> list[str]:
         """Dirty runs whose debounce has passed (all of them when ``force``), marked clean."""
         with self._cond:
-            now = time.monotonic()
-            runs = [r for r in self._dirty if force or now - self._last.get(r, 0.0) >= self.debounce_s]
+            now = self.clock()
+            runs = [r for r in self._dirty if force or self._since_last(r, now) >= self.debounce_s]
             for r in runs:
                 self._dirty.discard(r)
                 self._last[r] = now

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from draftscope_tracer.sqlite_sink import SqliteSink
+from draftscope_tracer.transport.sqlite_sink import SqliteSink
 from tests.fixtures.store import make_batch, run_record, sample_record, settle
 
 AUX_OFF_FACTS = {"algorithm": "EAGLE3",
@@ -84,17 +84,25 @@ def test_batches_the_tracer_wrote_straight_into_the_store_are_diagnosed(client, 
 
 
 def test_a_busy_run_is_refreshed_at_most_once_per_debounce() -> None:
+    """Driven by a clock the test sets (the refresher's thread is not started), from 5 s: a clock
+    that started recently (a machine just booted) must not hold back a run never refreshed."""
     from draftscope.refresh import RunRefresher
 
+    now = [5.0]
     engine = sa.create_engine("sqlite://")
     try:
-        refresher = RunRefresher(engine, debounce_s=3600)  # its thread is not started: no timing
+        refresher = RunRefresher(engine, debounce_s=60, clock=lambda: now[0])
         refresher.notify("run-a")
-        assert refresher._take(force=False) == ["run-a"]
+        assert refresher._due() and refresher._take(force=False) == ["run-a"]  # never refreshed: at once
         refresher.notify("run-a")
+        now[0] += 59.9
         refresher.notify("run-b")
         assert refresher._take(force=False) == ["run-b"]  # run-a waits out its debounce
+        assert not refresher._due() and refresher._wait_s() == pytest.approx(0.1)
+        now[0] += 0.1
+        assert refresher._due() and refresher._take(force=False) == ["run-a"]  # its debounce has passed
+        refresher.notify("run-a")
         assert refresher._take(force=True) == ["run-a"]  # drain() forces it
-        assert refresher._take(force=True) == []
+        assert refresher._take(force=True) == [] and not refresher._due()
     finally:
         engine.dispose()
