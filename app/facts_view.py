@@ -1,4 +1,4 @@
-"""A run's attach-time facts (``RunRecord.facts``, recorded by ``draftscope_tracer.facts``) as
+"""A run's attach-time facts (``RunRecord.facts``, recorded by ``draftscope_tracer.engine.facts``) as
 labelled rows for a definition list: the facts that decide whether the draft gets what it was
 trained on."""
 

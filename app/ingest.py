@@ -1,6 +1,6 @@
 """Store one wire batch: validate it, then write all of it in one transaction, or nothing.
 
-Rows follow ``draftscope_tracer.wire.TABLE_COLUMNS`` (as the tracer's direct SQLite sink writes them:
+Rows follow ``draftscope_tracer.transport.wire.TABLE_COLUMNS`` (as the tracer's direct SQLite sink writes them:
 one column per record field, absent fields NULL, JSON columns as JSON text) and go in with one DBAPI
 ``executemany`` per table; runs and requests are upserts.
 """
@@ -25,8 +25,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from draftscope import models
 from draftscope.stats import PG_WRITE_LOCK
 from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
-from draftscope_tracer import wire
-from draftscope_tracer.redact import redact_server_args
+from draftscope_tracer.transport import wire
+from draftscope_tracer.transport.redact import redact_server_args
 
 MAX_ERRORS_SHOWN = 5
 _RUNS = models.Run.__table__

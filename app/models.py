@@ -1,4 +1,4 @@
-"""Store tables: one per record kind of ``draftscope_tracer.wire``, same table and column names.
+"""Store tables: one per record kind of ``draftscope_tracer.transport.wire``, same table and column names.
 
 ``runs.id`` is the wire ``run_id``; record tables have an integer primary key and a foreign key to
 their run. ``ingest_batches`` remembers every batch id so that a batch sent twice is stored once.

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from draftscope import models, stats
 from draftscope.spec_diff import expected_widths
-from draftscope_tracer.redact import redact_server_args
+from draftscope_tracer.transport.redact import redact_server_args
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__

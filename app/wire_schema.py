@@ -1,4 +1,4 @@
-"""Pydantic mirrors of the wire TypedDicts in ``draftscope_tracer.wire``: what ingest accepts.
+"""Pydantic mirrors of the wire TypedDicts in ``draftscope_tracer.transport.wire``: what ingest accepts.
 
 Strict types and ``extra="forbid"``: a misspelt field or a string where a number belongs is an
 error that names the field, not a silent NULL in the store. Ingest decodes with ``FastBatch``, the
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 
 SUPPORTED_SCHEMA_VERSIONS = (wire.SCHEMA_VERSION,)
 Id = Field(min_length=1, max_length=200)

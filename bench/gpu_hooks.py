@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draftscope_tracer.health import Health  # noqa: E402
-from draftscope_tracer.records import topk_list  # noqa: E402
+from draftscope_tracer.transport.records import topk_list  # noqa: E402
 from draftscope_tracer.stats import merged_stats  # noqa: E402
-from draftscope_tracer.summaries import Summaries  # noqa: E402
+from draftscope_tracer.device.summaries import Summaries  # noqa: E402
 from testbed.gpu.hooks_path import HooksPath, gpu_sleep_cycles_per_ms  # noqa: E402  (the checkout, by path)
 
 ITERATIONS, WARMUP, FORWARD_MS = 300, 30, 3.0

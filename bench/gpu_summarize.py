@@ -1,4 +1,4 @@
-"""GPU proof and benchmark of the tracer's device-side summariser (``tracer/summarize.py``).
+"""GPU proof and benchmark of the tracer's device-side summariser (``tracer/device/summarize.py``).
 
 Run on a CUDA machine with torch and Triton, the tracer importable as ``draftscope_tracer`` (the checkout
 installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runner.py`` runs it)::
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import triton
 
-from draftscope_tracer import summarize  # needs only torch and Triton
+from draftscope_tracer.device import summarize# needs only torch and Triton
 
 H, K, V, N, TOPK = 7168, 3, 163_840, 4, 8
 BATCHES = (1, 8, 64)

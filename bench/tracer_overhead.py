@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from draftscope import db as store_db  # noqa: E402
-from draftscope_tracer.sampling import request_sampled  # noqa: E402
+from draftscope_tracer.engine.sampling import request_sampled  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
 from testbed.server import REPO_ROOT, start_dashboard, start_server, venv_python  # noqa: E402
 

@@ -85,7 +85,7 @@ def parse(raw: Path) -> dict:
 def scheduler_and_recorder(pid: int) -> tuple[psutil.Process, psutil.Process | None]:
     procs = psutil.Process(pid).children(recursive=True)
     scheduler = next(p for p in procs if "scheduler" in " ".join([p.name(), *p.cmdline()]))
-    recorder = next((p for p in procs if "draftscope_tracer.recorder" in " ".join(p.cmdline())), None)
+    recorder = next((p for p in procs if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())), None)
     return scheduler, recorder
 
 

@@ -225,7 +225,7 @@ def test_gpu_image_stage_builds_on_a_stand_in_base(docker, tmp_path) -> None:
                  "[e.value for e in entry_points(group='sglang.srt.plugins')])\"")
         run = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", tag, "-c", probe],
                              capture_output=True, text=True, env=docker.env, timeout=300)
-        assert run.stdout == "secret-from-dashboard ['draftscope_tracer.plugin:register']\n", run
+        assert run.stdout == "secret-from-dashboard ['draftscope_tracer.engine.plugin:register']\n", run
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, env=docker.env)
 

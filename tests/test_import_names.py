@@ -46,7 +46,7 @@ def folder_imports(source: str) -> list[str]:
 
 def test_the_scan_sees_python_files_of_every_kind() -> None:
     names = {p.relative_to(REPO).as_posix() for p in python_files()}
-    assert {"tracer/wire.py", "bench/gpu_hooks.py", "testbed/gpu/hooks_path.py", "scripts/record-demo"} <= names
+    assert {"tracer/transport/wire.py", "bench/gpu_hooks.py", "testbed/gpu/hooks_path.py", "scripts/record-demo"} <= names
 
 
 @pytest.mark.parametrize("source, found", [

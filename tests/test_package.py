@@ -150,7 +150,7 @@ def test_base_install_has_no_dashboard_dependency(base_bin) -> None:
     probe = "import importlib.util as u; print([m for m in ('typer', 'rich', 'fastapi', 'pydantic') if u.find_spec(m)])"
     assert subprocess.run([str(base_bin / "python"), "-c", probe], capture_output=True, text=True,
                           check=True).stdout.strip() == "[]"
-    subprocess.run([str(base_bin / "python"), "-c", "import draftscope_tracer.plugin"], check=True)
+    subprocess.run([str(base_bin / "python"), "-c", "import draftscope_tracer.engine.plugin"], check=True)
 
 
 def test_base_help_and_dashboard_commands_say_what_to_install(base_bin) -> None:

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlmodel import SQLModel
 
 from draftscope import models  # noqa: F401
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 
 
 def test_record_tables_have_the_wire_columns() -> None:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, create_model
 from draftscope import wire_schema
 from draftscope.ingest import IngestError, parse_batch
 from draftscope.wire_schema import Batch, FastBatch
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 DECODE = msgspec.json.Decoder(FastBatch)

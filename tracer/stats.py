@@ -1,7 +1,7 @@
 """Summaries as plain data, and the arithmetic the recorder process does on them (numpy, no torch).
 
 A summary handle crosses from the scheduler process to the recorder process (``recorder.py``) by
-pickling: a device :class:`~draftscope_tracer.summarize.Pending` is read on the relay thread and
+pickling: a device :class:`~draftscope_tracer.device.summarize.Pending` is read on the relay thread and
 travels as a :class:`Resolved` :class:`Summary`; a CPU launch travels as :class:`RowCopies` (the
 copied rows and their top-k), which the recorder reduces. Nothing here imports torch, so the recorder
 starts fast and small.

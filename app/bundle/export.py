@@ -23,7 +23,7 @@ from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
 from draftscope.bundle.readme import readme_text
 from draftscope.bundle.text import load_tokenizer, text_line
 from draftscope.spec import SpecError, read_draft, read_target
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 
 Progress = Callable[[int], None]  # called with the number of records just written
 _RUNS = models.Run.__table__

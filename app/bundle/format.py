@@ -2,7 +2,7 @@
 
 A bundle is a zip holding ``manifest.json``, ``README.md``, ``run.json`` (the run record) and one
 JSON-lines member per record table, each line one record with the fields of
-``draftscope_tracer.wire`` (the tracer's wire format), plus ``text.jsonl`` when exported with
+``draftscope_tracer.transport.wire`` (the tracer's wire format), plus ``text.jsonl`` when exported with
 ``--include-text``. docs/bundles.md describes every member.
 """
 

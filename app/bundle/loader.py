@@ -22,7 +22,7 @@ from draftscope.bundle import format as fmt
 from draftscope.bundle.reader import Bundle, BundleError, gc_paused
 from draftscope.ingest import BatchWriter, IngestError
 from draftscope.wire_schema import FastBatch
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 
 RECORDS_PER_BATCH = 20_000
 _IMPORTS = models.BundleImport.__table__

@@ -1,6 +1,6 @@
 """What a bundle leaves out: secrets (whatever the store holds) and, by default, home paths.
 
-Server args go through the tracer's allow-list (``draftscope_tracer.redact``); facts and the
+Server args go through the tracer's allow-list (``draftscope_tracer.transport.redact``); facts and the
 draft's config through a deny pass on secret-looking names; paths under the exporting user's home
 become ``~/...`` unless kept.
 """
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from draftscope_tracer.redact import redact_server_args
+from draftscope_tracer.transport.redact import redact_server_args
 
 # A name is secret when one of its words (split on _ - . and case changes) is one of SECRET_WORDS,
 # or its last word is one of SECRET_LAST (``api_key``, ``hf_token``; not ``num_key_value_heads``,

@@ -33,12 +33,12 @@ class Finding:
 class Observation:
     """What the tracer saw in one run, condensed for the runtime rules.
 
-    ``facts`` is ``RunRecord.facts`` and ``server_args`` ``RunRecord.server_args`` (tracer/wire.py). Widths are the distinct widths seen per
+    ``facts`` is ``RunRecord.facts`` and ``server_args`` ``RunRecord.server_args`` (tracer/transport/wire.py). Widths are the distinct widths seen per
     sample point and phase; ``aux_l2_mean`` is the mean row L2 norm of ``target.aux[i]``.
     """
 
     facts: dict[str, Any] = field(default_factory=dict)
-    server_args: dict[str, Any] = field(default_factory=dict)  # the run's, redacted (tracer/redact.py)
+    server_args: dict[str, Any] = field(default_factory=dict)  # the run's, redacted (tracer/transport/redact.py)
     draft_input_widths: dict[str, list[int]] = field(default_factory=dict)  # phase -> widths
     aux_widths: dict[int, int] = field(default_factory=dict)  # aux index -> width
     aux_l2_mean: dict[int, float] = field(default_factory=dict)

@@ -26,10 +26,10 @@ from typing import Dict, Optional
 
 import torch
 
-from draftscope_tracer import plugin
+from draftscope_tracer.engine import plugin
 from draftscope_tracer.config import TracerConfig
-from draftscope_tracer.relay import POLL_S, _Pickler
-from draftscope_tracer.runtime import Tracer
+from draftscope_tracer.transport.relay import POLL_S, _Pickler
+from draftscope_tracer.engine.runtime import Tracer
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from draftscope_tracer.sampling import request_sampled
+from draftscope_tracer.engine.sampling import request_sampled
 
 from bench import gpu_throughput
 from testbed.gpu import traces

@@ -10,8 +10,9 @@ from testbed.server import REPO_ROOT, server_env, venv_python
 
 SCRIPT = r"""
 import json
-from draftscope_tracer import coverage, plugin
-from draftscope_tracer.hooks import HookHandle, register
+from draftscope_tracer.engine import coverage
+from draftscope_tracer.engine import plugin
+from draftscope_tracer.engine.hooks import HookHandle, register
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker

@@ -8,12 +8,12 @@ import math
 
 import torch
 
-from draftscope_tracer.file_sink import FileSink
+from draftscope_tracer.transport.file_sink import FileSink
 from draftscope_tracer.health import Health
-from draftscope_tracer.records import topk_list
+from draftscope_tracer.transport.records import topk_list
 from draftscope_tracer.stats import merged_stats
-from draftscope_tracer.summaries import Summaries
-from draftscope_tracer.writer import Writer
+from draftscope_tracer.device.summaries import Summaries
+from draftscope_tracer.transport.writer import Writer
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from draftscope_tracer.health import Health
-from draftscope_tracer.host_reduce import host_rows
+from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.stats import DeviceBytes, RowCopies
-from draftscope_tracer.summaries import Summaries
-from draftscope_tracer.summarize import Summarizer
+from draftscope_tracer.device.summaries import Summaries
+from draftscope_tracer.device.summarize import Summarizer
 
 
 def _adversarial_hidden() -> torch.Tensor:

@@ -13,9 +13,9 @@ import uuid
 
 from draftscope import db as store_db
 from draftscope_tracer.health import Health
-from draftscope_tracer.outage import Outage
-from draftscope_tracer.sqlite_sink import SqliteSink
-from draftscope_tracer.writer import Writer
+from draftscope_tracer.transport.outage import Outage
+from draftscope_tracer.transport.sqlite_sink import SqliteSink
+from draftscope_tracer.transport.writer import Writer
 from tests.fixtures.disk import fill
 from tests.fixtures.store import step_record
 

@@ -13,13 +13,15 @@ import time
 
 import torch
 
-from draftscope_tracer import records, relay as relay_mod
+from draftscope_tracer.transport import records
+from draftscope_tracer.transport import relay as relay_mod
 from draftscope_tracer.config import TracerConfig
-from draftscope_tracer.devicecopy import HostInts
+from draftscope_tracer.device.devicecopy import HostInts
 from draftscope_tracer.health import Health
-from draftscope_tracer.host_reduce import host_rows
-from draftscope_tracer.recorder import Shared, frame
-from draftscope_tracer.relay import Relay
+from draftscope_tracer.device.host_reduce import host_rows
+from draftscope_tracer.transport.recorder import frame
+from draftscope_tracer.shared import Shared
+from draftscope_tracer.transport.relay import Relay
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}
 N = 4  # draft tokens per verify step
@@ -78,7 +80,7 @@ def test_records_are_built_in_the_recorder_from_what_crossed_the_pipe(tmp_path):
 
 
 def test_the_recorder_imports_no_torch():
-    code = ("import sys, draftscope_tracer.recorder, draftscope_tracer.records; "
+    code = ("import sys, draftscope_tracer.transport.recorder, draftscope_tracer.transport.records; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -113,7 +115,7 @@ def test_a_vanished_scheduler_ends_the_run_as_crashed_and_a_bad_frame_costs_one_
     """End of input without ``close``: the recorder flushes and marks the run crashed."""
     path = tmp_path / "trace.jsonl"
     cfg = TracerConfig(file=str(path), flush_interval_s=30)
-    rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"], stdin=subprocess.PIPE)
+    rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.transport.recorder"], stdin=subprocess.PIPE)
     job = lambda step: frame(pickle.dumps([_verify_call(step, Shared("k", lambda: list(range(40))))]))  # noqa: E731
     rec.stdin.write(frame(pickle.dumps(("start", cfg, dict(RUN), "r1"))) + job(0) + frame(b"not a pickle") + job(1))
     rec.stdin.close()

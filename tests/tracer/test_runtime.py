@@ -15,13 +15,13 @@ import pytest
 
 from draftscope import db as store_db
 from draftscope.ingest import BatchWriter
-from draftscope_tracer import wire
+from draftscope_tracer.transport import wire
 from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
 from draftscope_tracer.health import Health
-from draftscope_tracer.http_sink import HttpSink
-from draftscope_tracer.sampling import request_fraction, request_sampled, step_sampled
-from draftscope_tracer.sqlite_sink import SqliteSink, StoreNotReady
-from draftscope_tracer.writer import Writer
+from draftscope_tracer.transport.http_sink import HttpSink
+from draftscope_tracer.engine.sampling import request_fraction, request_sampled, step_sampled
+from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
+from draftscope_tracer.transport.writer import Writer
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
        "started_at": 1.0, "facts": {"a": 1}}
@@ -245,8 +245,8 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
 
 def test_topk_probabilities_that_are_not_finite_become_null():
     """Uninitialised draft weights give NaN probabilities; the batch must still be valid JSON."""
-    from draftscope_tracer.records import topk_list
-    from draftscope_tracer.wire import to_json
+    from draftscope_tracer.transport.records import topk_list
+    from draftscope_tracer.transport.wire import to_json
 
     top = topk_list([(2, float("nan")), (0, 0.5)], id_map=[10, 11, 12])
     assert json.loads(to_json({"target_topk": [top]})) == {"target_topk": [[[12, None], [10, 0.5]]]}

@@ -143,7 +143,7 @@ def _kill_recorder(server) -> None:
     while "HTTP sink (" not in open(server.log_path).read() and time.monotonic() < deadline:
         time.sleep(0.2)
     procs = [p for p in psutil.Process(server.pid).children(recursive=True)
-             if "draftscope_tracer.recorder" in " ".join(p.cmdline())]
+             if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
     assert len(procs) == 1, procs
     procs[0].kill()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from draftscope_tracer.shutdown import SigtermChain
+from draftscope_tracer.engine.shutdown import SigtermChain
 
 
 def test_a_sigterm_inside_result_processing_waits_for_its_end():

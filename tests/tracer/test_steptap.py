@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from draftscope_tracer import steptap
-from draftscope_tracer.steptap import StepTap
+from draftscope_tracer.device import steptap
+from draftscope_tracer.device.steptap import StepTap
 
 STEPS, BS, V = 3, 5, 40
 

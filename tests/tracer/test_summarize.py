@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftscope_tracer.summarize import Summarizer
+from draftscope_tracer.device.summarize import Summarizer
 
 K, H = 3, 64
 

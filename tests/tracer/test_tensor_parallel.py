@@ -31,7 +31,7 @@ def test_tp2_records_one_stream(tmp_path):
     with start_server(models.target, models.draft, ["--tp-size", "2"], tmp_path / "server.log", env=env,
                       timeout=480) as server:
         children = psutil.Process(server.pid).children(recursive=True)
-        recorders = [p for p in children if "draftscope_tracer.recorder" in " ".join(p.cmdline())]
+        recorders = [p for p in children if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
         outs = [server.generate(p, max_new_tokens=12) for p in PROMPTS]
         time.sleep(1.5)
     assert len(recorders) == 1, recorders  # only TP rank 0 records

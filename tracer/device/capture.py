@@ -9,12 +9,12 @@ from typing import Callable, Optional
 
 import torch
 
-from . import devicecopy
-from .devicecopy import later_list
-from .health import Health
-from .recorder import Shared
-from .steptap import StepTap
-from .summaries import Summaries, capacity
+from draftscope_tracer.device import devicecopy
+from draftscope_tracer.device.devicecopy import later_list
+from draftscope_tracer.health import Health
+from draftscope_tracer.shared import Shared
+from draftscope_tracer.device.steptap import StepTap
+from draftscope_tracer.device.summaries import Summaries, capacity
 
 PREPARED_REQUESTS = 64  # sampled requests per batch the summary buffers are built for at attach (more: built late)
 

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .stats import Resolved
+from draftscope_tracer.stats import Resolved
 
 INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
 INDEX_SLOT_INTS = 1024  # longest index list staged through a slot (longer ones are refused, counted)

@@ -2,7 +2,7 @@
 process reduces the copies with numpy.
 
 On a CPU the "device" is the host and there is nothing to overlap. :func:`host_rows` is the CPU
-stand-in for a :class:`~draftscope_tracer.summarize.Summarizer` launch: in the hook it copies the
+stand-in for a :class:`~draftscope_tracer.device.summarize.Summarizer` launch: in the hook it copies the
 selected rows with numpy indexing (SGLang reuses its buffers) and takes the top-k of their logits
 (softmax, then ``topk``: two torch operations, several times cheaper than numpy's partition). The
 :class:`~draftscope_tracer.stats.RowCopies` it returns are pickled to the recorder process, whose
@@ -17,8 +17,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .devicecopy import host_view
-from .stats import RowCopies
+from draftscope_tracer.device.devicecopy import host_view
+from draftscope_tracer.stats import RowCopies
 
 
 def host_rows(hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *, chunk_width: int,

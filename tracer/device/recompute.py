@@ -20,7 +20,6 @@ from typing import Optional
 
 import torch
 
-from .facts import _fc_in_features
 
 
 def fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:
@@ -30,7 +29,7 @@ def fc(model, h: torch.Tensor) -> Optional[torch.Tensor]:
     embed = getattr(inner, "embed_tokens", None)
     if fc_layer is None or embed is None or h.shape[0] == 0 or h.shape[-1] == embed.weight.shape[-1]:
         return None
-    if _fc_in_features(fc_layer) != h.shape[-1]:
+    if fc_in_features(fc_layer) != h.shape[-1]:
         return None  # fc would raise in the draft itself; draft.input records the width
     with torch.no_grad():
         x = h
@@ -67,3 +66,13 @@ def logits(model, h: torch.Tensor) -> Optional[torch.Tensor]:
         if cap:
             out = cap * torch.tanh(out / cap)
         return out
+
+
+def fc_in_features(fc) -> Optional[int]:
+    """The input width of the draft's ``fc`` (a torch ``Linear`` or SGLang's parallel linear), if it has one."""
+    if fc is None:
+        return None
+    for attr in ("in_features", "input_size"):
+        if isinstance(getattr(fc, attr, None), int):
+            return getattr(fc, attr)
+    return None

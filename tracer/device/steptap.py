@@ -23,8 +23,8 @@ from typing import List, Optional
 
 import torch
 
-from .devicecopy import HostSlots, device_index
-from .stats import Resolved
+from draftscope_tracer.device.devicecopy import HostSlots, device_index
+from draftscope_tracer.stats import Resolved
 
 ROWS = 16  # sampled requests per batch whose draft steps are read
 READS = 256  # reads in flight (held until the relay thread reads them), in pinned slots allocated at install

@@ -14,13 +14,13 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from .config import REDUCE_MODES
-from .devicecopy import device_index
-from .health import Health
-from .host_reduce import host_rows
-from .stats import RowCopies
-from .summarize import Pending, Summarizer
-from .summary_ring import Layout
+from draftscope_tracer.config import REDUCE_MODES
+from draftscope_tracer.device.devicecopy import device_index
+from draftscope_tracer.health import Health
+from draftscope_tracer.device.host_reduce import host_rows
+from draftscope_tracer.stats import RowCopies
+from draftscope_tracer.device.summarize import Pending, Summarizer
+from draftscope_tracer.device.summary_ring import Layout
 
 RING_BYTES = 16 * 2**20  # pinned bytes per layout's ring: unread launches before launches drop
 RING_SLOTS = (128, 4096)  # at least / at most, whatever the layout's size (`summary_ring_full` past that)

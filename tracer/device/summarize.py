@@ -29,7 +29,7 @@ must be issued on the stream that produced the tensors (``torch.cuda.current_str
 
 Usage::
 
-    from draftscope_tracer.summarize import Summarizer
+    from draftscope_tracer.device.summarize import Summarizer
 
     summ = Summarizer(max_rows=16, width=3 * 7168, chunk_width=7168, vocab_size=163840,
                       device="cuda")                      # once, at attach time
@@ -59,9 +59,9 @@ from typing import Any, Optional
 
 import torch
 
-from .summary_ring import Layout, Pending, Ring
-from .summary_torch import TorchPath
-from .summary_triton import TritonPath, triton
+from draftscope_tracer.device.summary_ring import Layout, Pending, Ring
+from draftscope_tracer.device.summary_torch import TorchPath
+from draftscope_tracer.device.summary_triton import TritonPath, triton
 
 __all__ = ["Pending", "Summarizer"]
 

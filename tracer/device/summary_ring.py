@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 import torch
 
-from .stats import DeviceBytes, Resolved, Summary, decode
-from .summary_torch import SUMS
+from draftscope_tracer.stats import DeviceBytes, Resolved, Summary, decode
+from draftscope_tracer.device.summary_torch import SUMS
 
 
 class Layout:

@@ -14,8 +14,9 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from . import environment
-from .redact import is_allowed, redact_message, redact_server_args
+from draftscope_tracer.engine import environment
+from draftscope_tracer.device.recompute import fc_in_features
+from draftscope_tracer.transport.redact import is_allowed, redact_message, redact_server_args
 
 # Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
@@ -71,7 +72,7 @@ def draft_facts(draft_worker, target_runner) -> Dict[str, Any]:
         "architecture": type(model).__name__,
         "hidden_size": _safe(lambda: cfg.hidden_size),
         "embed_width": _safe(lambda: int(embed.weight.shape[1])),
-        "fc_in_features": _fc_in_features(fc),
+        "fc_in_features": fc_in_features(fc),
         "lm_head_rows": _safe(lambda: int(lm_head.weight.shape[0])),
         "config_draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
         "lm_head_shared_with_target": bool(lm_head is not None and target_head is not None and _safe(
@@ -90,15 +91,6 @@ def _checkpoint_config_value(path: Optional[str], key: str) -> Any:
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
     return (config.get("transformer_layer_config") or config).get(key)
-
-
-def _fc_in_features(fc) -> Optional[int]:
-    if fc is None:
-        return None
-    for attr in ("in_features", "input_size"):
-        if isinstance(getattr(fc, attr, None), int):
-            return getattr(fc, attr)
-    return None
 
 
 def hot_token_facts(draft_worker, path: Optional[str], target_vocab: Optional[int]) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The SGLang plugin entry point (``sglang.srt.plugins``: ``draftscope = draftscope_tracer.plugin:register``).
+"""The SGLang plugin entry point (``sglang.srt.plugins``: ``draftscope = draftscope_tracer.engine.plugin:register``).
 
 Dormant unless DRAFTSCOPE_URL, DRAFTSCOPE_DB or DRAFTSCOPE_FILE is set; DRAFTSCOPE_DISABLE=1 turns it off. Attaches only in
 scheduler processes, never raises into SGLang, and refuses (one log line) when a hook target is missing.
@@ -10,8 +10,8 @@ import logging
 import sys
 from typing import List, Optional
 
-from .config import TracerConfig
-from .hooks import HookHandle, register as register_hooks, unresolved
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.engine.hooks import HookHandle, register as register_hooks, unresolved
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -65,7 +65,7 @@ def _register(in_scheduler: Optional[bool] = None) -> None:
         log.error("draftscope: tracer not attached: SGLang %s lacks %s (supported: 0.5.23)",
                   version, ", ".join(missing))
         return
-    from .runtime import Tracer
+    from draftscope_tracer.engine.runtime import Tracer
 
     HANDLES[:] = [HookHandle(TARGETS[name], fn) for name, fn in _AROUND.items()]
     TRACER = Tracer(config, version, hooks=dict(zip(_AROUND, HANDLES)))

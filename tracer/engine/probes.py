@@ -12,12 +12,13 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import recompute, records
-from .capture import Capture
-from .devicecopy import HostInts, device_index
-from .health import Health
-from .requests import Sampled
-from .transport import Transport
+from draftscope_tracer.device import recompute
+from draftscope_tracer.transport import records
+from draftscope_tracer.device.capture import Capture
+from draftscope_tracer.device.devicecopy import HostInts, device_index
+from draftscope_tracer.health import Health
+from draftscope_tracer.engine.requests import Sampled
+from draftscope_tracer.transport.outbox import Transport
 
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
 # Points that describe the draft's wiring rather than each step's input are recorded at every

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .sampling import step_sampled
+from draftscope_tracer.engine.sampling import step_sampled
 
 Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed drafts]
 

@@ -24,17 +24,20 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import coverage, records, requests, wire
-from . import facts as facts_mod
-from .capture import Capture, device_plan
-from .config import TracerConfig
-from .health import Health
-from .probes import TensorProbes
-from .relay import Relay
-from .requests import Sampled
-from .sampling import request_sampled
-from .shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
-from .transport import Transport
+from draftscope_tracer.engine import coverage
+from draftscope_tracer.transport import records
+from draftscope_tracer.engine import requests
+from draftscope_tracer.transport import wire
+from draftscope_tracer.engine import facts as facts_mod
+from draftscope_tracer.device.capture import Capture, device_plan
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.health import Health
+from draftscope_tracer.engine.probes import TensorProbes
+from draftscope_tracer.transport.relay import Relay
+from draftscope_tracer.engine.requests import Sampled
+from draftscope_tracer.engine.sampling import request_sampled
+from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
+from draftscope_tracer.transport.outbox import Transport
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -101,7 +104,7 @@ class Tracer:
     # -- attach -----------------------------------------------------------------------------------
     def attach(self, scheduler) -> None:
         """After the scheduler built its workers: rank, facts, sink, writer, shutdown handlers."""
-        from .sinks import open_sink
+        from draftscope_tracer.transport.sinks import open_sink
 
         self.attached = True
         self.recording = _is_recording_rank()
@@ -131,7 +134,7 @@ class Tracer:
         ``crashed``, with the exception and the paths it was given, straight through the sink (the
         process is about to die with its children, a recorder included), so the dashboard says why
         it never served."""
-        from .sinks import open_sink
+        from draftscope_tracer.transport.sinks import open_sink
 
         self.attached = True
         if not _is_recording_rank():

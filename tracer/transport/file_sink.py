@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict
 
-from . import wire
-from .outage import Outage
+from draftscope_tracer.transport import wire
+from draftscope_tracer.transport.outage import Outage
 
 
 def _count(batch: Dict[str, Any]) -> int:

@@ -9,8 +9,8 @@ import urllib.request
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional
 
-from . import wire
-from .outage import Outage
+from draftscope_tracer.transport import wire
+from draftscope_tracer.transport.outage import Outage
 
 log = logging.getLogger("draftscope.tracer")
 

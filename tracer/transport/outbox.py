@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from . import records
-from .relay import Relay
+from draftscope_tracer.transport import records
+from draftscope_tracer.transport.relay import Relay
 
 
 class Transport:

@@ -1,6 +1,6 @@
 """The recorder process: builds records from the scheduler's summaries and writes them to the sink.
 
-``python -m draftscope_tracer.recorder`` is started by the scheduler's ``relay.Relay`` and reads
+``python -m draftscope_tracer.transport.recorder`` is started by the scheduler's ``relay.Relay`` and reads
 frames from its stdin (a 4-byte little-endian length, then a pickle), a pipe that only that scheduler
 process writes to (nothing from users is unpickled):
 
@@ -19,36 +19,14 @@ import logging
 import pickle
 import struct
 import sys
-from typing import Any, Dict
+from typing import Any
 
-from .health import Health, combined
-from .sinks import open_sink
-from .writer import Writer
+from draftscope_tracer.health import Health, combined
+from draftscope_tracer.transport.sinks import open_sink
+from draftscope_tracer.transport.writer import Writer
 
 log = logging.getLogger("draftscope.tracer")
-SHARED: Dict[str, Any] = {}  # values the relay sends once (``Shared``), by key
 CLOSE_TIMEOUT_S = 10.0
-
-
-class Shared:
-    """A value every job may refer to but that crosses the pipe once per recorder (e.g. ``hot_token_id``
-    as a list): ``load`` runs on the relay thread the first time; later jobs carry only ``key``."""
-
-    def __init__(self, key: str, load):
-        self.key, self.load = key, load
-
-    def __reduce__(self):
-        return _remember, (self.key, self.load())
-
-
-def _remember(key: str, value: Any) -> Any:
-    SHARED[key] = value
-    return value
-
-
-def recall(key: str) -> Any:
-    """A value sent earlier (what a :class:`Shared` pickles as once the recorder has it)."""
-    return SHARED[key]
 
 
 def frame(payload: bytes) -> bytes:
@@ -105,6 +83,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":  # run the package's module, not this ``__main__`` copy: one SHARED table
-    from draftscope_tracer.recorder import main as package_main
+    from draftscope_tracer.transport.recorder import main as package_main
 
     sys.exit(package_main())

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from .stats import merged_stats
-from .writer import Records
+from draftscope_tracer.stats import merged_stats
+from draftscope_tracer.transport.writer import Records
 
 
 def sample_record(point: str, phase: str, at: float, rid: Optional[str], step: Optional[int],

@@ -22,10 +22,11 @@ import sys
 import time
 from typing import Optional
 
-from .config import TracerConfig
-from .health import Health
-from .recorder import Shared, frame, recall
-from .writer import JobQueue
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.health import Health
+from draftscope_tracer.transport.recorder import frame
+from draftscope_tracer.shared import Shared, recall
+from draftscope_tracer.transport.writer import JobQueue
 
 log = logging.getLogger("draftscope.tracer")
 RESTART_S = 5.0
@@ -36,7 +37,7 @@ POLL_S = 0.1
 
 
 class _Pickler(pickle.Pickler):
-    """Sends each :class:`~draftscope_tracer.recorder.Shared` value once per recorder."""
+    """Sends each :class:`~draftscope_tracer.shared.Shared` value once per recorder."""
 
     def __init__(self, file, sent: set):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -74,7 +75,7 @@ class Relay(JobQueue):
 
     def _start(self) -> bool:
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.recorder"],
+            self._proc = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.transport.recorder"],
                                           stdin=subprocess.PIPE, start_new_session=True)
             self._proc.stdin.write(self._start_frame)
             self._proc.stdin.flush()

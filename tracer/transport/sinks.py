@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from .config import TracerConfig
-from .file_sink import FileSink
-from .http_sink import HttpSink
-from .sqlite_sink import SqliteSink, StoreNotReady
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.transport.file_sink import FileSink
+from draftscope_tracer.transport.http_sink import HttpSink
+from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
 
 log = logging.getLogger("draftscope.tracer")
 

@@ -9,7 +9,7 @@ import sqlite3
 import time
 from typing import Any, Dict
 
-from . import wire
+from draftscope_tracer.transport import wire
 
 RUN_COLUMNS = ["id", *(c for c in wire.RunRecord.__annotations__)]
 # The store's upsert keys (see the app's models): a later record overwrites non-null fields.

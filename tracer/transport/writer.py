@@ -18,9 +18,9 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
-from . import wire
-from .health import Health
-from .outage import Outage
+from draftscope_tracer.transport import wire
+from draftscope_tracer.health import Health
+from draftscope_tracer.transport.outage import Outage
 
 log = logging.getLogger("draftscope.tracer")
 

@@ -1,0 +1,2 @@
+"""What SGLang calls: the plugin's hooks, the Tracer and its probes. Imports ``device``, ``transport`` and the
+plain modules (``config``, ``health``, ``stats``, ``shared``)."""
