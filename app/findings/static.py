@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from draftscope.findings.model import Finding
-from draftscope.spec.convention import SHORT, Reading, aux_readings, hidden_states, verdicts
+from draftscope.spec.convention import (IN_HF, OWNER, SHORT, Reading, aux_readings, hidden_states,
+                                        verdicts)
 from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
 from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations, ids_capturing
 from draftscope.spec.target import TargetSpec
@@ -167,8 +168,10 @@ def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpect
                    r: Reading, ev: dict) -> Finding:
     return Finding("captured-layers-differ", "error",
                    f"SGLang captures the output of layers {exp.captured_physical} but the draft was "
-                   f"trained on {r.physical} ({spec.aux_convention} ids {spec.aux_layer_ids}, "
-                   f"{spec.aux_convention_reason})", _reading_fix(r, target), ev,
+                   f"trained on {r.physical} (ids {spec.aux_layer_ids} in {OWNER[r.convention]} "
+                   f"convention: {IN_HF[r.convention]}; {spec.aux_convention_reason}); "
+                   + verdicts([(r.convention, r.physical)], exp.captured_physical, target.architecture),
+                   _reading_fix(r, target), ev,
                    patch=[{"op": "config_set", "path": IDS, "value": r.fix_ids},
                           {"op": "config_set", "path": RECORDED_KEY, "value": r.physical}]
                    if r.fix_ids else [])
