@@ -213,9 +213,13 @@ def _triton_matches_torch() -> None:
     logits = torch.randn(10, 3001, generator=torch.Generator().manual_seed(6)) * 3
     logits[2, 3000] = 40.0                                              # max in the padded last block
     rows = torch.tensor([7, 2, -1, 2, 9, -1])
-    got, want = (Summarizer(max_rows=6, width=K * H, chunk_width=H, vocab_size=3001, block=256, backend=b)
-                 .summarize(hidden, rows, logits, tag=b).result() for b in ("triton", "torch"))
+    summ = {b: Summarizer(max_rows=6, width=K * H, chunk_width=H, vocab_size=3001, block=256, backend=b)
+            for b in ("triton", "torch")}
+    got, want = (summ[b].summarize(hidden, rows, logits, tag=b).result() for b in ("triton", "torch"))
     _assert_same(got, want)
+    # a second launch of the same layout: each row's block tickets were reset by the first one's last block
+    _assert_same(summ["triton"].summarize(hidden, rows.flip(0), logits).result(),
+                 summ["torch"].summarize(hidden, rows.flip(0), logits).result())
     for r in got.rows:
         for c, st in enumerate(r.chunks):
             ref = _ref_chunk(hidden[r.row, c * H:(c + 1) * H].double().tolist())

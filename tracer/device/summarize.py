@@ -18,7 +18,7 @@ ring slot). When every slot is still unread, a launch is **dropped** (counted in
 :attr:`Summarizer.drops`) instead of blocking. CPU tensors work the same way (no pinning, no
 events), which is what the tests use.
 
-On CUDA, when ``triton`` imports (it ships with SGLang), three Triton kernels compute everything
+On CUDA, when ``triton`` imports (it ships with SGLang), one Triton launch computes everything
 (``summary_triton.py``). Otherwise, and after any Triton failure (counted in
 :attr:`Summarizer.fallbacks`, never raised), a per-op torch path computes the same results
 (``summary_torch.py``); ``backend="torch"`` forces it. ``summary_ring.py`` holds the host ring, the
@@ -137,7 +137,7 @@ class Summarizer:
 
     @property
     def triton_warps(self) -> dict:
-        """Warps per program of the three Triton kernels (a dict the GPU bench tunes in place)."""
+        """Warps per program of the Triton parts (a dict the GPU bench tunes in place)."""
         return self._triton.warps
 
     @property

@@ -91,6 +91,7 @@ class TorchPath:
         else:  # vocab not a multiple of the block: copy into the -inf padded buffer
             lg = self.lg
             lg[:, :self.vocab_size].copy_(logits[self.rows_c])
+            lg[:, self.vocab_size:].fill_(-math.inf)  # the last launch's exp left zeros there
         torch.amax(lg.view(R, self.nb, B), dim=-1, out=self.bmax)
         torch.topk(self.bmax, self.kb, dim=-1, sorted=False, out=(self.bval, self.bidx))
         torch.amax(self.bmax, dim=-1, keepdim=True, out=self.rmax)

@@ -1,5 +1,6 @@
-"""The Summarizer's fast path on CUDA: three Triton kernels (per row and chunk statistics in one fp32
-pass; per-block logits max / exp-sum / top-k candidates; final top-k and softmax) and their scratch."""
+"""The Summarizer's fast path on CUDA: one Triton launch per summary (per row and chunk statistics in one
+fp32 pass; per-block logits max / exp-sum / top-k candidates; the final top-k and softmax by the last block
+of each row to finish) and its scratch. A launch costs host time (~25 µs from Python): one instead of three."""
 
 from __future__ import annotations
 
@@ -20,11 +21,9 @@ def pow2_at_least(n: int) -> int:
 
 if triton is not None:
     @triton.jit
-    def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
-                             R, K, H, BLOCK_H: tl.constexpr):
-        """Program (r, c): chunk c of selected row r in one fp32 pass; also copies rows[r] out."""
-        r = tl.program_id(0)
-        c = tl.program_id(1)
+    def _hidden_stats(hidden, stride_row, n_rows, rows, rows_out, sums, absmax, r, c, R, K, H,
+                      BLOCK_H: tl.constexpr):
+        """Chunk c of selected row r in one fp32 pass; also copies rows[r] out (at c == 0)."""
         row = tl.load(rows + r)
         if c == 0:
             tl.store(rows_out + r, row)
@@ -56,11 +55,9 @@ if triton is not None:
         tl.store(absmax + out, tl.where(nan > 0, float("nan"), tl.max(acc_max, axis=0)))
 
     @triton.jit
-    def _logits_block_kernel(logits, stride_row, n_rows, rows, bmax, bsum, cand_val, cand_id,
-                             V, NB, TOPK: tl.constexpr, BLOCK_V: tl.constexpr):
-        """Program (r, b): max, sum of exp(x - max) and the top-TOPK (value, id) of one block of a row."""
-        r = tl.program_id(0)
-        b = tl.program_id(1)
+    def _logits_block(logits, stride_row, n_rows, rows, bmax, bsum, cand_val, cand_id, r, b,
+                      V, NB, TOPK: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Block b of selected row r: max, sum of exp(x - max) and the top-TOPK (value, id)."""
         row = tl.load(rows + r)
         valid = row >= 0
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
@@ -79,10 +76,9 @@ if triton is not None:
             x = tl.where(idx == i, float("-inf"), x)
 
     @triton.jit
-    def _logits_final_kernel(bmax, bsum, cand_val, cand_id, topk_p, topk_id,
-                             NB, TOPK: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
-        """Program r: row max and softmax denominator from the blocks; final top-TOPK, best first."""
-        r = tl.program_id(0)
+    def _logits_final(bmax, bsum, cand_val, cand_id, topk_p, topk_id, r,
+                      NB, TOPK: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+        """Row r: max and softmax denominator from its blocks; final top-TOPK, best first."""
         ob = tl.arange(0, NB_P2)
         bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
         bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
@@ -99,9 +95,36 @@ if triton is not None:
             tl.store(topk_p + r * TOPK + j, tl.exp(v - m) / denom)
             cv = tl.where(oc == i, float("-inf"), cv)
 
+    @triton.jit
+    def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
+                             R, K, H, BLOCK_H: tl.constexpr):
+        """Program (r, c): ``_hidden_stats`` (a layout without logits)."""
+        _hidden_stats(hidden, stride_row, n_rows, rows, rows_out, sums, absmax, tl.program_id(0),
+                      tl.program_id(1), R, K, H, BLOCK_H)
+
+    @triton.jit
+    def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, rows_out, sums, absmax,
+                        bmax, bsum, cand_val, cand_id, topk_p, topk_id, tickets, R, K, H, V, NB,
+                        BLOCK_H: tl.constexpr, TOPK: tl.constexpr, BLOCK_V: tl.constexpr,
+                        NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+        """The whole summary in one launch. Program (r, j): chunk j of row r's hidden statistics for
+        j < K, else logits block j - K; the last block of a row to finish (a ticket per row, taken with
+        an acquire-release atomic, so the other blocks' writes are visible) computes the row's final
+        top-k and resets the ticket for the next launch (graph replays included)."""
+        r = tl.program_id(0)
+        j = tl.program_id(1)
+        if j < K:
+            _hidden_stats(hidden, stride_h, n_h, rows, rows_out, sums, absmax, r, j, R, K, H, BLOCK_H)
+        else:
+            _logits_block(logits, stride_l, n_l, rows, bmax, bsum, cand_val, cand_id, r, j - K, V, NB, TOPK,
+                          BLOCK_V)
+            if tl.atomic_add(tickets + r, 1) == NB - 1:
+                _logits_final(bmax, bsum, cand_val, cand_id, topk_p, topk_id, r, NB, TOPK, NB_P2, NC_P2)
+                tl.atomic_xchg(tickets + r, 0)
+
 
 class TritonPath:
-    """Scratch and launches of the three kernels for one Summarizer layout. ``run`` returns False for
+    """Scratch and the one launch of a Summarizer layout. ``run`` returns False for
     inputs it does not take (rows not contiguous) and raises on failure; the Summarizer then runs the
     torch path (for that launch, or from then on)."""
 
@@ -110,7 +133,8 @@ class TritonPath:
         self.max_rows, self.num_chunks, self.chunk_width = max_rows, num_chunks, chunk_width
         self.vocab_size, self.topk = vocab_size, topk
         self.hblock = min(pow2_at_least(chunk_width), 8192)
-        # Warps per program of the three kernels (tuned on an H200 by bench/gpu_summarize.py).
+        # Warps per program of the three parts (tuned on an H200 by bench/gpu_summarize.py): the hidden-only
+        # kernel uses "hidden"; the one-launch summary the most of the three.
         self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
         self.block = None
         if vocab_size is None:
@@ -126,21 +150,23 @@ class TritonPath:
         self.bsum = torch.zeros(R, self.nb, dtype=torch.float32, device=device)
         self.cval = torch.zeros(R, self.nb * k, dtype=torch.float32, device=device)
         self.cid = torch.zeros(R, self.nb * k, dtype=torch.int32, device=device)
+        self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict) -> bool:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device views)."""
         if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
-        _hidden_stats_kernel[(R, K)](hidden, hidden.stride(0), hidden.shape[0], rows, out["rows"], out["sums"],
-                                     out["absmax"], R, K, self.chunk_width, BLOCK_H=self.hblock,
-                                     num_warps=self.warps["hidden"])
-        if self.vocab_size is not None:
-            nb, k = self.nb, self.topk
-            _logits_block_kernel[(R, nb)](logits, logits.stride(0), logits.shape[0], rows, self.bmax, self.bsum,
-                                          self.cval, self.cid, self.vocab_size, nb, TOPK=k, BLOCK_V=self.block,
-                                          num_warps=self.warps["block"])
-            _logits_final_kernel[(R,)](self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
-                                       nb, TOPK=k, NB_P2=pow2_at_least(nb), NC_P2=pow2_at_least(nb * k),
-                                       num_warps=self.warps["final"])
+        if self.vocab_size is None:
+            _hidden_stats_kernel[(R, K)](hidden, hidden.stride(0), hidden.shape[0], rows, out["rows"], out["sums"],
+                                         out["absmax"], R, K, self.chunk_width, BLOCK_H=self.hblock,
+                                         num_warps=self.warps["hidden"])
+            return True
+        nb, k = self.nb, self.topk
+        _summary_kernel[(R, K + nb)](hidden, hidden.stride(0), hidden.shape[0], logits, logits.stride(0),
+                                     logits.shape[0], rows, out["rows"], out["sums"], out["absmax"], self.bmax,
+                                     self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"], self.tickets,
+                                     R, K, self.chunk_width, self.vocab_size, nb, BLOCK_H=self.hblock, TOPK=k,
+                                     BLOCK_V=self.block, NB_P2=pow2_at_least(nb), NC_P2=pow2_at_least(nb * k),
+                                     num_warps=max(self.warps.values()))
         return True
