@@ -8,8 +8,8 @@ import json
 import logging
 import os
 import sqlite3
-import time
 import uuid
+from contextlib import closing
 
 from draftscope import db as store_db
 from draftscope_tracer.health import Health
@@ -18,9 +18,15 @@ from draftscope_tracer.transport.sqlite_sink import SqliteSink
 from draftscope_tracer.transport.writer import Writer
 from tests.fixtures.disk import fill
 from tests.fixtures.store import step_record
+from tests.fixtures.wait import until
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
        "started_at": 1.0}
+
+
+def _steps(path, rid: str) -> int:
+    with closing(sqlite3.connect(path, timeout=30)) as conn:
+        return conn.execute("select count(*) from verify_steps where rid = ?", (rid,)).fetchone()[0]
 
 
 def _warnings(caplog) -> list[str]:
@@ -54,14 +60,13 @@ def test_full_disk_is_reported_as_full_and_the_run_is_not_left_running(tiny_disk
         writer = Writer(sink, health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05,
                         max_batch_items=64)
         writer.submit(lambda: {"steps": [step_record("a", 0)]})
-        time.sleep(0.3)  # the run and a first step are stored
+        until(lambda: _steps(path, "a"), "the run and a first step are stored")
         filler = fill(tiny_disk)
         for i in range(1, 400):  # large enough records that the store must grow
             writer.submit(lambda i=i: {"steps": [step_record("a", i, drafted_tokens=list(range(500)))]})
-        time.sleep(0.5)
+        until(lambda: health.drops.get("sink_error"), "a write failed on the full disk")
         os.remove(filler)
         writer.submit(lambda: {"steps": [step_record("b", 0)]})
-        time.sleep(0.3)
         writer.close(5.0, "ended")
     lines = _warnings(caplog)
     assert lines[0].startswith(f"draftscope: the SQLite sink ({path}) failed: OperationalError: database or disk "
@@ -84,7 +89,7 @@ def test_a_disk_full_to_the_end_says_the_status_was_lost(tiny_disk, caplog):
     run_id = uuid.uuid4().hex
     writer = Writer(SqliteSink(str(path)), Health(), lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
     writer.submit(lambda: {"steps": [step_record("a", 0)]})
-    time.sleep(0.3)
+    until(lambda: _steps(path, "a"), "the run and a first step are stored")
     fill(tiny_disk)
     with caplog.at_level(logging.WARNING, "draftscope.tracer"):
         for i in range(1, 300):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import torch
 
 from draftscope_tracer.transport import records
@@ -22,6 +23,7 @@ from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.transport.recorder import frame
 from draftscope_tracer.shared import Shared
 from draftscope_tracer.transport.relay import Relay
+from tests.fixtures.wait import until
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running", "started_at": 1.0}
 N = 4  # draft tokens per verify step
@@ -85,6 +87,13 @@ def test_the_recorder_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_a_killed_recorder_is_replaced_and_its_losses_counted(tmp_path, monkeypatch):
     monkeypatch.setattr(relay_mod, "RESTART_S", 1.0)
     relay, health, path = _relay(tmp_path)
@@ -96,7 +105,7 @@ def test_a_killed_recorder_is_replaced_and_its_losses_counted(tmp_path, monkeypa
         time.sleep(0.05)
     first = relay.pid
     os.kill(first, signal.SIGKILL)
-    time.sleep(0.1)
+    until(lambda: _dead(first), "the killed recorder is dead (its pipe closed)", 10)
     relay.submit(_verify_call(1, hot))  # the relay finds the recorder dead: dropped, counted
     deadline = time.monotonic() + 10
     while relay.pid in (None, first) and time.monotonic() < deadline:

@@ -108,11 +108,11 @@ def test_writer_flushes_on_interval():
 
 
 def test_submit_never_blocks_and_counts_queue_full():
-    gate = threading.Event()
+    taken, gate = threading.Event(), threading.Event()
     sink, health = ListSink(), Health()
     w = _writer(sink, health, max_queue_items=2)
-    w.submit(lambda: gate.wait(5) and None)  # occupies the writer thread
-    time.sleep(0.1)
+    w.submit(lambda: taken.set() or gate.wait(5) and None)  # occupies the writer thread
+    assert taken.wait(10), "the writer thread never took the first job"
     results = [w.submit(lambda: None) for _ in range(5)]
     assert results[:2] == [True, True] and results[2:] == [False, False, False]
     assert health.drops["queue_full"] == 3
