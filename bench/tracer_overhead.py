@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import sqlite3
 import statistics
 import subprocess
@@ -52,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from draftscope import db as store_db  # noqa: E402
-from draftscope_tracer.engine.sampling import request_sampled  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
+from testbed.overhead import bootstrap_interval, request_id  # noqa: E402
 from testbed.server import REPO_ROOT, start_dashboard, start_server, venv_python  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
@@ -86,14 +85,6 @@ def tree_cpu_seconds(pid: int) -> float:
             t = p.cpu_times()
             total += t.user + t.system
     return total
-
-
-def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
-    """A request id starting with ``name`` that the tracer samples at ``rate`` exactly when ``sampled``."""
-    j = 0
-    while request_sampled(f"{name}-{j}", rate) != sampled:
-        j += 1
-    return f"{name}-{j}"
 
 
 def run_unit(server, pool: ThreadPoolExecutor, rids: list[str], width: int, new_tokens: int) -> tuple[float, float]:
@@ -156,16 +147,6 @@ def overheads(results: dict, name: str, base: str, measure: int) -> list[list[fl
     """Per block, per round: the cost of ``name`` against ``base`` (``measure`` 0 tokens/s, 1 CPU per token)."""
     return [[b[measure] / x[measure] - 1 if measure == 0 else x[measure] / b[measure] - 1
              for b, x in zip(block[base], block[name])] for block in results.values()]
-
-
-def bootstrap_interval(groups: list[list[float]], resamples: int = 4000) -> tuple[float, float]:
-    """2.5th and 97.5th percentiles of the median, resampling groups, then values within each (seeded)."""
-    rng = random.Random(0)
-    def resample() -> list[float]:
-        return [x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))]
-
-    medians = sorted(statistics.median(resample()) for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
 
 
 def cost(groups: list[list[float]]) -> str:

@@ -34,8 +34,9 @@ import psutil  # noqa: E402
 
 from draftscope import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
+from testbed.overhead import request_id  # noqa: E402
 from testbed.server import start_server  # noqa: E402
-from tracer_overhead import UNIT, request_id, run_unit  # noqa: E402
+from tracer_overhead import UNIT, run_unit  # noqa: E402
 
 TRACER_DIR = f"{Path(draftscope_tracer.__file__).parent}/"  # the server imports the same package
 

@@ -7,7 +7,7 @@ not fit one H200), each traced (file sink, every request sampled), answering fou
 sixteen eight at a time (token ids, fixed request ids), then stopped with SIGTERM so the tracer flushes.
 
 ``kimi-throughput`` (``--only kimi-throughput``): the healthy draft's server three times at once (no
-tracer, 1 in 16, every request) and ``bench/gpu_throughput.measure_levels`` at 1, 8 and 64 concurrent
+tracer, 1 in 16, every request) and ``testbed/gpu/throughput.py``'s ``measure_levels`` at 1, 8 and 64 concurrent
 requests, in interleaved, shuffled rounds until the phase's deadline.
 """
 
@@ -22,8 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import gpu_throughput
-from testbed.gpu import kimi_models
+from testbed.gpu import kimi_models, throughput
 from testbed.gpu.runner import Spec
 
 CHAIN = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -64,7 +63,7 @@ def trace_specs(models: Path) -> dict:
 
 def throughput_specs(models: Path) -> list:
     return [Spec(name, models / "target", models / "kimi-healthy", THROUGHPUT_ARGS, tracer)
-            for name, tracer in gpu_throughput.CONFIGS.items()]
+            for name, tracer in throughput.CONFIGS.items()]
 
 
 def prompt(seed: int) -> list[int]:
@@ -177,8 +176,8 @@ def run_throughput(bed, models: Path, deadline: float) -> dict:
     print(f"[runner] kimi throughput servers: GPU memory {memory}", flush=True)
     try:
         handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
-        result = gpu_throughput.measure_levels(handles, prompt, deadline)
-        print(gpu_throughput.levels_table(result), flush=True)
+        result = throughput.measure_levels(handles, prompt, deadline)
+        print(throughput.levels_table(result), flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
         result = {"error": f"{type(exc).__name__}: {exc}"}
     time.sleep(1.0)

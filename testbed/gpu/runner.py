@@ -11,7 +11,7 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
    ``graphs`` (CUDA graphs, ``DRAFTSCOPE_SYNC_DEBUG=1``), the scenarios ``aux-off``, ``algo-eagle``,
    ``weights-dropped``, ``top-level-ids`` (graphs on) and ``tree`` (``--speculative-eagle-topk 4``).
    Each answers the demo prompts one at a time, then four at once, with fixed request ids.
-3. Throughput (``bench/gpu_throughput.py``): three servers (no tracer: the plugin is not on the path;
+3. Throughput (``testbed/gpu/throughput.py``): three servers (no tracer: the plugin is not on the path;
    1 in 16; every request), the same workload in interleaved rounds in a shuffled order; tokens/s per
    round and the ratios to no tracer per round.
 4. ``pytest -m gpu`` over the checks of the phases that ran (``PHASE_CHECKS``; and the live CUDA checks).
@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import gpu_throughput
+from testbed.gpu import throughput
 from testbed.scenarios import SCENARIOS
 from testbed.server import HOST, PORT_ATTEMPTS, ServerHandle, free_port, log_tail, port_taken
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
@@ -92,7 +92,7 @@ def check_specs(kit: Path) -> list:
 
 
 def throughput_specs(kit: Path) -> list:
-    return [eagle3(kit, name, "draft", *CHAIN, tracer=tracer) for name, tracer in gpu_throughput.CONFIGS.items()]
+    return [eagle3(kit, name, "draft", *CHAIN, tracer=tracer) for name, tracer in throughput.CONFIGS.items()]
 
 
 class Bed:
@@ -276,8 +276,8 @@ def main() -> int:
         state = bed.start_all(throughput_specs(a.kit))
         try:
             handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
-            results["throughput"] = gpu_throughput.measure(handles, DEMO_PROMPTS)
-            print(gpu_throughput.table(results["throughput"]), flush=True)
+            results["throughput"] = throughput.measure(handles, DEMO_PROMPTS)
+            print(throughput.table(results["throughput"]), flush=True)
         except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
             results["throughput"] = {"error": f"{type(exc).__name__}: {exc}"}
         bed.stop_all(state)

@@ -1,8 +1,10 @@
 """Tracer overhead in tokens/s on the GPU test bed: real SGLang 0.5.23 servers on CUDA, graphs on.
 
-Three servers started together (``testbed/gpu/runner.py``'s ``Bed``): **no tracer** (the plugin's folder
-is not on the server's path), **1 in 16** and **every request** sampled (file sink). Each round sends the
-same workload to each server, in a shuffled order, and tokens/s = completion tokens / wall time.
+The runner's throughput phases measure with this module (``bench/gpu_throughput.py`` prints their tables
+again from a saved ``results.json``). Three servers started together (``testbed/gpu/runner.py``'s ``Bed``):
+**no tracer** (the plugin's folder is not on the server's path), **1 in 16** and **every request** sampled
+(file sink). Each round sends the same workload to each server, in a shuffled order, and tokens/s =
+completion tokens / wall time.
 
 - ``measure`` (the runner's ``throughput`` phase, tiny models): 32 greedy demo prompts x 64 new tokens,
   8 at a time, fixed request ids; 12 rounds, the first 3 warm-up; the ratio to no tracer per round.
@@ -11,31 +13,17 @@ same workload to each server, in a shuffled order, and tokens/s = completion tok
   64 x 32 tokens of random token ids), request ids chosen so that exactly 1 in 16 is sampled; the order
   of the servers shuffled per level and round; rounds until the phase's deadline, the first a warm-up.
   Cost = no tracer's tokens/s over the server's, minus 1, per round: the median with a 95% bootstrap
-  interval (``bench/tracer_overhead.py``), against ``TARGETS``.
-
-On the device, from the kit::
-
-    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # tiny models; results.json -> throughput
-    bash .cache/gpu-kit/run.sh --only kimi-throughput       # Kimi-shaped; results.json -> kimi_throughput
-
-Printed again from a saved ``results.json`` (both tables, where present)::
-
-    python bench/gpu_throughput.py results.json
+  interval (``testbed.overhead``), against ``TARGETS``.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, too
-
-from bench.tracer_overhead import bootstrap_interval, request_id  # noqa: E402
+from testbed.overhead import bootstrap_interval, request_id
 
 WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"}}
@@ -163,23 +151,3 @@ def levels_table(result: dict) -> str:
                          f"{f'<= {100 * target:.0f}%' if target and cost else ''} |")
     warm = result["workload"]["warmup_rounds"]
     return "\n".join(lines) + f"\n({max(0, len(result['rounds']) - warm)} measured rounds after {warm} warm-up)"
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
-    saved = json.loads(Path(argv[0]).read_text())
-    tables = [table(saved["throughput"]) if "median_tokens_per_s" in (saved.get("throughput") or {}) else None,
-              levels_table(saved["kimi_throughput"]) if "levels" in (saved.get("kimi_throughput") or {}) else None]
-    if not any(tables):
-        errors = [(saved.get(k) or {}).get("error") for k in ("throughput", "kimi_throughput")]
-        print(f"no throughput result in {argv[0]}: {', '.join(filter(None, errors)) or 'no phase ran'}",
-              file=sys.stderr)
-        return 1
-    print("\n\n".join(filter(None, tables)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 
 The device run (``bash .cache/gpu-kit/run.sh --only kimi-throughput``) measures the Kimi-K2.5-shaped
 healthy server (bf16, CUDA graphs) with no tracer, 1 in 16 and every request sampled, in interleaved
-rounds at 1, 8 and 64 concurrent requests (``bench/gpu_throughput.py``), then runs these checks over
+rounds at 1, 8 and 64 concurrent requests (``testbed/gpu/throughput.py``), then runs these checks over
 ``DRAFTSCOPE_GPU_RUN``. Elsewhere they are skipped.
 """
 
@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from draftscope_tracer.engine.sampling import request_sampled
 
-from bench import gpu_throughput
-from testbed.gpu import traces
+from testbed.gpu import throughput, traces
 
 RUN = os.environ.get("DRAFTSCOPE_GPU_RUN")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -37,20 +36,20 @@ def test_every_level_ran_interleaved_for_all_three(results):
     tp, servers = results["kimi_throughput"], results["kimi_throughput_servers"]
     assert all(s["ok"] for s in servers.values()), {n: s.get("error") for n, s in servers.items()}
     assert len(tp["rounds"]) - tp["workload"]["warmup_rounds"] >= MIN_MEASURED_ROUNDS, len(tp["rounds"])
-    assert set(tp["levels"]) == set(gpu_throughput.LEVELS), tp["levels"].keys()
+    assert set(tp["levels"]) == set(throughput.LEVELS), tp["levels"].keys()
     for level, row in tp["levels"].items():
-        assert set(row["median_tokens_per_s"]) == set(gpu_throughput.CONFIGS), (level, row)
-    assert all(set(r[lv]) == set(gpu_throughput.CONFIGS) for r in tp["rounds"] for lv in r), tp["rounds"]
+        assert set(row["median_tokens_per_s"]) == set(throughput.CONFIGS), (level, row)
+    assert all(set(r[lv]) == set(throughput.CONFIGS) for r in tp["rounds"] for lv in r), tp["rounds"]
 
 
-@pytest.mark.parametrize("level", list(gpu_throughput.LEVELS))
-@pytest.mark.parametrize("name", list(gpu_throughput.TARGETS))
+@pytest.mark.parametrize("level", list(throughput.LEVELS))
+@pytest.mark.parametrize("name", list(throughput.TARGETS))
 def test_tracer_cost_is_within_its_target(results, name, level):
     """Issue 19: at most 1% of tokens/s at 1 in 16 and 3% at every request (median of the rounds)."""
     cost = results["kimi_throughput"]["levels"][level]["cost_vs_no_tracer"][name]
-    assert cost["median"] <= gpu_throughput.TARGETS[name], \
+    assert cost["median"] <= throughput.TARGETS[name], \
         f"{name} at {level} concurrent: {100 * cost['median']:+.1f}% [{100 * cost['low']:+.1f}, " \
-        f"{100 * cost['high']:+.1f}] against a target of {100 * gpu_throughput.TARGETS[name]:.0f}%"
+        f"{100 * cost['high']:+.1f}] against a target of {100 * throughput.TARGETS[name]:.0f}%"
 
 
 @pytest.mark.parametrize("name", ["1/16", "every"])

@@ -1,0 +1,43 @@
+"""Tracer overhead in tokens/s on the GPU test bed: the tables of a saved run.
+
+The GPU runner measures (``testbed/gpu/throughput.py``: no tracer, 1 in 16 and every request sampled,
+interleaved rounds; tiny models, and the Kimi-K2.5-shaped server at 1, 8 and 64 concurrent requests)
+and saves the figures in ``results.json``. On the device, from the kit::
+
+    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # tiny models; results.json -> throughput
+    bash .cache/gpu-kit/run.sh --only kimi-throughput       # Kimi-shaped; results.json -> kimi_throughput
+
+The tables docs/benchmarks.md shows, from a saved ``results.json`` (both, where present)::
+
+    python bench/gpu_throughput.py results.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, too
+
+from testbed.gpu.throughput import levels_table, table  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    saved = json.loads(Path(argv[0]).read_text())
+    tables = [table(saved["throughput"]) if "median_tokens_per_s" in (saved.get("throughput") or {}) else None,
+              levels_table(saved["kimi_throughput"]) if "levels" in (saved.get("kimi_throughput") or {}) else None]
+    if not any(tables):
+        errors = [(saved.get(k) or {}).get("error") for k in ("throughput", "kimi_throughput")]
+        print(f"no throughput result in {argv[0]}: {', '.join(filter(None, errors)) or 'no phase ran'}",
+              file=sys.stderr)
+        return 1
+    print("\n\n".join(filter(None, tables)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,29 @@
+"""What the tracer-overhead measurements share (``bench/tracer_overhead.py``, the GPU bed's throughput
+phases in ``testbed/gpu/throughput.py``): request ids the tracer samples or not, by choice, and the
+bootstrap interval of a median cost."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from draftscope_tracer.engine.sampling import request_sampled
+
+
+def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
+    """A request id starting with ``name`` that the tracer samples at ``rate`` exactly when ``sampled``."""
+    j = 0
+    while request_sampled(f"{name}-{j}", rate) != sampled:
+        j += 1
+    return f"{name}-{j}"
+
+
+def bootstrap_interval(groups: list[list[float]], resamples: int = 4000) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles of the median, resampling groups, then values within each (seeded)."""
+    rng = random.Random(0)
+
+    def resample() -> list[float]:
+        return [x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))]
+
+    medians = sorted(statistics.median(resample()) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
