@@ -114,6 +114,40 @@ class DeviceBytes:
         return self._summary
 
 
+class ArrayBytes:
+    """Small host arrays as they cross to the recorder process: the scheduler's relay thread copies their
+    bytes (no decoding under the scheduler's GIL); ``result()`` decodes them there, once, with ``decode``
+    (``"step_topk"`` or ``"ints"``) over ``arrays`` = ``[(bytes, numpy dtype, shape), ...]``."""
+
+    def __init__(self, decode: str, arrays: list, extra: Any):
+        self._decode, self._arrays, self._extra = decode, arrays, extra
+        self._value: Any = None
+
+    def result(self) -> Any:
+        if self._value is None:
+            arrays = [np.frombuffer(data, dtype=dtype).reshape(shape) for data, dtype, shape in self._arrays]
+            self._value = DECODERS[self._decode](arrays, self._extra)
+            self._arrays = []
+        return self._value
+
+
+def step_topk_lists(arrays: list, n: int) -> list:
+    """The step tap's probs/ids ``[steps, rows, k]`` as ``[position][row] = [(id, prob), ...]`` for the first
+    ``n`` rows, best first (ties by id); ids < 0 (nothing written) left out."""
+    probs, ids = arrays
+    return [[sorted(((t, q) for t, q in zip(i, p) if t >= 0), key=lambda e: (-e[1], e[0]))
+             for i, p in zip(step_ids[:n], step_probs[:n])]
+            for step_ids, step_probs in zip(ids.tolist(), probs.tolist())]
+
+
+def indexed_ints(arrays: list, indexes: list) -> list:
+    """``array[index]`` of each array and its index list, as one flat list of ints."""
+    return np.concatenate([a[i].astype(np.int64) for a, i in zip(arrays, indexes)]).tolist()
+
+
+DECODERS = {"step_topk": step_topk_lists, "ints": indexed_ints}
+
+
 def decode(h: dict, chunk_width: int, tag: Any) -> Summary:
     """A launch's result views (numpy arrays or tensors) as a ``Summary``: padding rows (-1) left out, only
     rows up to the last used one read (a Summarizer's capacity may be far above what a launch uses), top-k

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from draftscope_tracer.stats import Resolved
+from draftscope_tracer.stats import ArrayBytes, Resolved, indexed_ints
 
 INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
 INDEX_SLOT_INTS = 1024  # longest index list staged through a slot (longer ones are refused, counted)
@@ -186,18 +186,27 @@ class HostInts:
         self.event = slots.record(slot)
 
     def __reduce__(self):
-        return Resolved, (self.result(),)
+        """Pickled as the tensors' bytes and the index lists (decoded in the recorder process)."""
+        if self._values is not None:
+            return Resolved, (self._values,)
+        self._wait()
+        arrays = [(h.numpy().tobytes(), str(h.numpy().dtype), tuple(h.shape)) for h, _ in self._parts]
+        indexes = [index for _, index in self._parts]
+        self.release()
+        return ArrayBytes, ("ints", arrays, indexes)
 
     def result(self) -> list:
         if self._values is None:
-            if not self.ok:
-                raise RuntimeError("HostInts: no pinned slot was free; this read was dropped")
-            if self.event is not None:
-                self.event.synchronize()
-            self._values = np.concatenate([host.numpy()[index].astype(np.int64)
-                                           for host, index in self._parts]).tolist()
+            self._wait()
+            self._values = indexed_ints([h.numpy() for h, _ in self._parts], [i for _, i in self._parts])
             self.release()
         return self._values
+
+    def _wait(self) -> None:
+        if not self.ok or self._parts is None:
+            raise RuntimeError("HostInts: no pinned slot was free, or this read was released; it was dropped")
+        if self.event is not None:
+            self.event.synchronize()
 
     def release(self) -> None:
         """Give the slot back (after reading, or when the record is dropped). Safe to call twice."""

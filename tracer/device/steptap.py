@@ -24,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from draftscope_tracer.device.devicecopy import HostSlots, device_index
-from draftscope_tracer.stats import Resolved
+from draftscope_tracer.stats import ArrayBytes, Resolved, step_topk_lists
 
 ROWS = 16  # sampled requests per batch whose draft steps are read
 READS = 256  # reads in flight (held until the relay thread reads them), in pinned slots allocated at install
@@ -104,7 +104,7 @@ class StepTap:
 
 class StepTopk:
     """Host copies of one draft's step top-k: ``result()[position - 2][row]`` = ``[(id, prob), ...]``
-    best first (ties by id), for the first ``n`` rows. Pickles as the decoded lists (waits for the copy)."""
+    best first (ties by id), for the first ``n`` rows. Pickles as the arrays' bytes (waits for the copy)."""
 
     def __init__(self, probs: torch.Tensor, ids: torch.Tensor, n: int, slots: HostSlots, slot: int, views: tuple):
         self._p, self._i = views
@@ -115,18 +115,26 @@ class StepTopk:
         self._value: Optional[list] = None
 
     def __reduce__(self):
-        return Resolved, (self.result(),)
+        """Pickled as the arrays' bytes (decoded in the recorder process): waits for the copy first."""
+        if self._value is not None:
+            return Resolved, (self._value,)
+        self._wait()
+        arrays = [(t.numpy().tobytes(), str(t.numpy().dtype), tuple(t.shape)) for t in (self._p, self._i)]
+        self.release()
+        return ArrayBytes, ("step_topk", arrays, self._n)
 
     def result(self) -> list:
         if self._value is None:
-            if self.event is not None:
-                self.event.synchronize()
-            n = self._n
-            self._value = [[sorted(((t, q) for t, q in zip(i, p) if t >= 0), key=lambda e: (-e[1], e[0]))
-                            for i, p in zip(ids[:n], probs[:n])]
-                           for ids, probs in zip(self._i.tolist(), self._p.tolist())]
+            self._wait()
+            self._value = step_topk_lists([self._p.numpy(), self._i.numpy()], self._n)
             self.release()
         return self._value
+
+    def _wait(self) -> None:
+        if self._slot is None:
+            raise RuntimeError("this step top-k was released without being read")
+        if self.event is not None:
+            self.event.synchronize()
 
     def release(self) -> None:
         """Give the slot back (after reading, or when the step is dropped). Safe to call twice."""
