@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from testbed.gpu import kimi_models, throughput
-from testbed.gpu.runner import Spec
+from testbed.gpu.bed import Spec
 
 CHAIN = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]

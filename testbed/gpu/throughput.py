@@ -1,7 +1,7 @@
 """Tracer overhead in tokens/s on the GPU test bed: real SGLang 0.5.23 servers on CUDA, graphs on.
 
 The runner's throughput phases measure with this module (``bench/gpu_throughput.py`` prints their tables
-again from a saved ``results.json``). Three servers started together (``testbed/gpu/runner.py``'s ``Bed``):
+again from a saved ``results.json``). Three servers started together (``testbed/gpu/bed.py``'s ``Bed``):
 **no tracer** (the plugin's folder is not on the server's path), **1 in 16** and **every request** sampled
 (file sink). Each round sends the same workload to each server, in a shuffled order, and tokens/s =
 completion tokens / wall time.

@@ -16,7 +16,7 @@ import pytest
 from bench import gpu_throughput
 from draftscope_tracer.engine.sampling import request_sampled
 from testbed.gpu import kimi_models, kimi_phase, throughput
-from testbed.gpu.runner import Bed, Spec
+from testbed.gpu.bed import Bed, Spec
 from testbed.server import PORT_ATTEMPTS
 
 # Answers /model_info and /generate as SGLang does (token ids in, as many ids out as asked); each launch that
