@@ -1,5 +1,6 @@
-"""Ingest's wire schema: the same record shape as the tracer's TypedDicts (field by field), and its
-msgspec fast path accepts exactly what the pydantic schema accepts."""
+"""Ingest's wire schema and the store's tables: the same record shape as the tracer's TypedDicts (field by
+field), and ingest's msgspec fast path accepts exactly what the pydantic schema accepts. (The tables
+against the migrations: tests/test_migrations.py.)"""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any, NotRequired, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 import pytest
+import sqlalchemy as sa
 from pydantic import BaseModel, create_model
+from sqlmodel import SQLModel
 
-from draftscope import wire_schema
+from draftscope import models, wire_schema  # noqa: F401  (models: the store's tables)
 from draftscope.ingest import IngestError, parse_batch
 from draftscope.wire_schema import Batch, FastBatch
 from draftscope_tracer.transport import wire
@@ -132,3 +135,27 @@ def test_the_comparison_sees_each_kind_of_difference(change) -> None:
     assert schema_fields(create_model("Same", **fields)) == wire_fields(wire.StepRecord)
     change(fields)
     assert schema_fields(create_model("Changed", **fields)) != wire_fields(wire.StepRecord)
+
+
+COLUMN_TYPES = {str: (sa.String, sa.Text), int: (sa.Integer,), float: (sa.Float,), bool: (sa.Boolean,)}
+
+
+def column_fields(table: str) -> list[tuple]:
+    """(name, column type, nullable) per column of a store table, in order, less its keys."""
+    return [(c.name, type(c.type), c.nullable) for c in SQLModel.metadata.tables[table].columns
+            if c.name not in ("id", "run_id")]
+
+
+def wire_columns(record: type) -> list[tuple]:
+    """The columns a tracer TypedDict asks for: JSON for lists and objects, NULL where it may be absent or null."""
+    return [(name, sa.JSON if isinstance(shape, tuple) else shape, nullable)
+            for name, shape, _, nullable in wire_fields(record)]
+
+
+@pytest.mark.parametrize("key", list(RECORDS))
+def test_each_store_table_has_the_records_columns_types_and_nullability(key) -> None:
+    table = "runs" if key == "run" else wire.RECORD_TABLES[key]
+    got, want = column_fields(table), wire_columns(getattr(wire, RECORDS[key]))
+    assert [(n, nullable) for n, _, nullable in got] == [(n, nullable) for n, _, nullable in want], table
+    for (name, column, _), (_, kind, _) in zip(got, want):
+        assert issubclass(column, COLUMN_TYPES.get(kind, (kind,))), f"{table}.{name}: {column.__name__} for {kind}"
