@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import triton
 
-from draftscope_tracer.device import summarize# needs only torch and Triton
+from draftscope_tracer.device import summarize  # needs only torch and Triton
 
 H, K, V, N, TOPK = 7168, 3, 163_840, 4, 8
 BATCHES = (1, 8, 64)
