@@ -42,7 +42,6 @@ EVERY = {"DRAFTSCOPE_SAMPLE_RATE": "1"}
 NEW_TOKENS = 32
 START_TIMEOUT_S = 300
 WAVE_MIN_START_S, WAVE_AFTER_START_S = 90, 60  # a wave's servers need ~70-100 s to start, then requests and stop
-REQUEST_TIMEOUT_S = 90
 
 
 def make_models(work: Path) -> tuple[Path, dict]:
