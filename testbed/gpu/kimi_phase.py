@@ -24,6 +24,7 @@ from pathlib import Path
 
 from testbed.gpu import kimi_models, throughput
 from testbed.gpu.bed import Spec
+from testbed.scenarios import FINDINGS
 
 CHAIN = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
@@ -141,6 +142,11 @@ def wait_gpu_free(limit_mib: int = 4000, timeout_s: float = 30.0) -> None:
         time.sleep(0.5)
 
 
+def crashes(name: str) -> bool:
+    """Whether the CPU bed's twin of scenario ``name`` ends its server serving (``testbed.scenarios.FINDINGS``)."""
+    return FINDINGS[kimi_models.SCENARIOS[name][1]][2]
+
+
 def run_traces(bed, models: Path, deadline: float) -> dict:
     """The ``kimi`` phase's servers, wave by wave, none started that could not be up and stopped by ``deadline``
     (``time.monotonic``); ``{"servers": ..., "answers": ...}`` as the checks read them."""
@@ -155,10 +161,12 @@ def run_traces(bed, models: Path, deadline: float) -> dict:
         state = bed.start_all([specs[n] for n in wave], min(START_TIMEOUT_S, left))
         memory = gpu_memory(state)
         print(f"[runner] kimi wave {wave}: GPU memory {memory}", flush=True)
-        threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, requests(n, s["handle"])))
-                   for n, s in state.items() if s["ok"]]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
+        # a scenario that may crash its server (a device-side assert) is served after the others are done
+        for last in (False, True):
+            threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, requests(n, s["handle"])))
+                       for n, s in state.items() if s["ok"] and crashes(n) == last]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
         time.sleep(1.0)  # flush intervals: every finished request reaches the file before SIGTERM
         bed.stop_all(state)
         for s in state.values():

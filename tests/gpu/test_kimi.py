@@ -19,6 +19,7 @@ import pytest
 from draftscope.findings.runtime import ACCEPTANCE
 
 from testbed.gpu import kimi_models, traces
+from testbed.gpu.kimi_phase import crashes
 from testbed.scenarios import FINDINGS
 
 RUN = os.environ.get("DRAFTSCOPE_GPU_RUN")
@@ -39,10 +40,6 @@ def server(results: dict, name: str) -> dict:
     s = results["kimi"]["servers"].get(name)
     assert s and s["ok"], f"server {name} did not start: {s and s.get('error')}\n{s and s.get('log_tail', '')}"
     return s
-
-
-def crashes(name: str) -> bool:
-    return FINDINGS[kimi_models.SCENARIOS[name][1]][2]
 
 
 def answers(results: dict, name: str) -> list:
