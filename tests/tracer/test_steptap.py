@@ -85,3 +85,16 @@ def test_more_rows_than_the_tap_holds_are_cut():
     w = _worker([torch.zeros(BS, V)])
     tap = StepTap(w, 2, _guard([]))
     assert tap.select(list(range(steptap.ROWS + 3))) == steptap.ROWS
+
+
+def test_rows_left_from_a_larger_batch_are_clamped_to_the_batch():
+    """A draft-decode graph replays for every batch of its size, armed or not, with whatever the row buffer
+    holds: rows of an earlier, larger batch must not index past this one's logits (on a GPU that is a
+    device-side assert, which kills the server; seen on the H200 with the Kimi-shaped server at 1 in 16)."""
+    errors = []
+    w = _worker([torch.randn(2, V) for _ in range(STEPS - 1)])  # this batch: 2 requests
+    tap = StepTap(w, 3, _guard(errors))
+    assert tap.select([4]) == 1  # row 4 of an earlier batch of 5
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert errors == []
+    assert len(tap.read(1).result()) == STEPS - 1

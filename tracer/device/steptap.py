@@ -76,9 +76,12 @@ class StepTap:
 
     def _write(self, i: int, logits: torch.Tensor) -> None:
         """Top-k of step ``i``'s logits at the selected rows (device operations only: graph-capturable).
-        Unused row slots hold 0: they read row 0, and ``read`` leaves them out."""
+        Unused row slots hold 0 and ``read`` leaves them out. The rows are clamped to this batch: a graph
+        replays for every batch of its size, armed or not, and the row buffer may still hold the rows of
+        a larger batch (an index past the end is a device-side assert, which kills the server)."""
         k = min(self.k, logits.shape[-1])
-        probs = torch.softmax(logits.index_select(0, self.rows).float(), dim=-1)
+        rows = self.rows.clamp(0, logits.shape[0] - 1)
+        probs = torch.softmax(logits.index_select(0, rows).float(), dim=-1)
         torch.topk(probs, k, dim=-1, out=(self.probs[i, :, :k], self.ids[i, :, :k]))
 
     def select(self, rows: List[int]) -> int:
