@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
+from typing import Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_STANDINS = REPO_ROOT / "testbed" / "cpu_standins"
@@ -108,13 +109,15 @@ def server_env(env: dict | None) -> dict:
 
 
 class ServerHandle:
-    """A running server in its own process group; `stop()` (or leaving `with`) ends the group."""
+    """A running server in its own process group; `stop()` (or leaving `with`) ends the group.
+    ``failed``: a request got no answer (the server may be dying: a scenario that crashes it)."""
 
     def __init__(self, process: subprocess.Popen, url: str, log_path: Path, api_key: str | None = None):
         self.process = process
         self.url = url
         self.log_path = log_path
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.failed = False
 
     @property
     def pid(self) -> int:
@@ -142,7 +145,10 @@ class ServerHandle:
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read())
-        except urllib.error.HTTPError as e:
+        except OSError as e:  # HTTPError and URLError included
+            self.failed = True
+            if not isinstance(e, urllib.error.HTTPError):
+                raise
             raise RuntimeError(
                 f"POST {path} -> HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}\n"
                 f"server log tail ({self.log_path}):\n{log_tail(self.log_path)}"
@@ -158,14 +164,24 @@ class ServerHandle:
         except (urllib.error.URLError, OSError):
             return False
 
+    def pause(self) -> None:
+        """SIGSTOP the process group: an idle scheduler polls and costs a good part of a core. The
+        tracer's recorder runs in a session of its own and keeps flushing."""
+        _signal_group(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        _signal_group(self.process.pid, signal.SIGCONT)
+
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the process group, wait, then SIGKILL it. Safe to call twice."""
+        """SIGTERM the process group (resumed, were it paused), wait, then SIGKILL it. Safe to call
+        twice."""
         try:
             pgid = os.getpgid(self.process.pid)
         except ProcessLookupError:
             pgid = None
         if pgid is not None:
             _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGCONT)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and _group_alive(pgid):
                 self.process.poll()
@@ -276,30 +292,58 @@ def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path:
         raise
 
 
+DRAFTSCOPE = (sys.executable, "-m", "draftscope.cli")
+
+
 @contextlib.contextmanager
-def start_dashboard(store: Path, log_path: Path, timeout: float = 60.0):
-    """A real ``draftscope serve`` on the migrated SQLite ``store``; yields its URL once it answers and
-    stops its process group on exit."""
-    port = free_port()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "draftscope.cli", "serve", "--db", f"sqlite:///{store}",
-                                    "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    url = f"http://{HOST}:{port}"
+def start_dashboard(store: Path | str, log_path: Path, timeout: float = 60.0, *,
+                    command: Sequence[str] = DRAFTSCOPE, args: Sequence[str] = (), **popen):
+    """A real ``draftscope serve`` (``command``: another install's) on ``store`` (a migrated SQLite
+    file, or a database URL), with more ``args``; yields its URL once ``/healthz`` answers and stops
+    its process group on exit. A port another process took first is retried on a new one."""
+    db = str(store) if "://" in str(store) else f"sqlite:///{store}"
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port()
+        with open(log_path, "w") as log:
+            process = subprocess.Popen([*command, "serve", "--db", db, "--port", str(port), *args], stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        url = f"http://{HOST}:{port}"
+        try:
+            _wait_answers(url + "/healthz", process, log_path, timeout)
+            break
+        except PortTaken:
+            continue
+        except BaseException:
+            _end_group(process)
+            raise
+    else:
+        raise RuntimeError(f"draftscope serve: the port was taken {PORT_ATTEMPTS} times in a row:\n{log_tail(log_path)}")
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(url + "/", timeout=1)
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"draftscope serve did not answer at {url}:\n{log_tail(log_path)}")
-                time.sleep(0.3)
         yield url
     finally:
-        _signal_group(process.pid, signal.SIGTERM)
-        process.wait(10)
+        _end_group(process)
+
+
+def _wait_answers(url: str, process: subprocess.Popen, log_path: Path, timeout: float) -> None:
+    """Until ``url`` answers (any HTTP status); PortTaken when the process exits on a taken port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if process.poll() is not None and "address already in use" in log_path.read_text(errors="replace"):
+                raise PortTaken(url) from None
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"draftscope serve did not answer at {url}:\n{log_tail(log_path)}") from None
+            time.sleep(0.3)
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    _signal_group(process.pid, signal.SIGTERM)
+    process.wait(10)
 
 
 def _failure(what: str, log_path: Path) -> str:

@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.sglang_server",
     "tests.fixtures.demo_store",
     "tests.fixtures.disk",
+    "tests.fixtures.compose",
 ]

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -15,7 +11,7 @@ from typer.testing import CliRunner
 
 from draftscope import db
 from draftscope.cli import app
-from tests.fixtures.store import _free_port
+from testbed.server import start_dashboard
 
 runner = CliRunner()
 
@@ -61,28 +57,12 @@ def test_db_upgrade_then_current(sqlite_url) -> None:
     assert current.exit_code == 0 and f"revision {db.head_revision()}" in current.output
 
 
-def test_serve_upgrade_starts_a_working_dashboard(sqlite_url) -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from draftscope.main import main; main()", "serve", "--db", sqlite_url,
-         "--port", str(port), "--upgrade"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
-                    health = json.load(resp)
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read().decode()
-                assert time.monotonic() < deadline, "dashboard did not answer within 60 s"
-                time.sleep(0.2)
-        assert health == {"status": "ok", "db_revision": db.head_revision(),
-                          "head_revision": db.head_revision()}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+def test_serve_upgrade_starts_a_working_dashboard(sqlite_url, tmp_path) -> None:
+    main = (sys.executable, "-c", "from draftscope.main import main; main()")
+    with start_dashboard(sqlite_url, tmp_path / "serve.log", command=main, args=["--upgrade"]) as url:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as resp:
+            health = json.load(resp)
+    assert health == {"status": "ok", "db_revision": db.head_revision(), "head_revision": db.head_revision()}
 
 
 def test_serve_names_the_address_to_open() -> None:

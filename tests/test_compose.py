@@ -7,109 +7,27 @@ load; both runs appear through the JSON API and the broken one carries its findi
 `gpu`: its configuration resolves, and its image builds on a stand-in base (running it needs
 SGLang's image and an NVIDIA GPU).
 
-Needs a Docker engine: the one at DOCKER_HOST or /var/run/docker.sock (reused, and said so), else
-the workplace's `../shared/tools/docker-here`, started here and stopped at the end. Images install
-from ./wheels, built on the host by scripts/wheelhouse (emptied at the end when this test filled
-it). Every compose project started here is taken down with its volumes; the images stay as a build
-cache, and the end of the run says so.
+Needs a Docker engine, and the images install from ./wheels (built on the host by
+scripts/wheelhouse): the ``docker`` fixture (tests/fixtures/compose.py) starts or reuses the engine,
+fills ./wheels and builds the images in the background from the session's start. Every compose
+project started here is taken down with its volumes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
-
 import pytest
 
-from tests.fixtures.store import _free_port
+from testbed.server import free_port
+from tests.fixtures.compose import REPO, Docker
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKER_HERE = REPO.parent / "shared" / "tools" / "docker-here"
-WHEELS = REPO / "wheels"
 OFFLINE_HINT = "scripts/wheelhouse && DRAFTSCOPE_PIP_NO_INDEX=1 docker compose up --build"
 pytestmark = pytest.mark.compose
-
-
-class Docker:
-    """A Docker engine for this module, and what the module changed, to undo or report at the end."""
-
-    def __init__(self, say):
-        self.say = say
-        self.env = dict(os.environ)
-        self.started_engine = False
-        self.filled_wheels = False
-        self.images: set[str] = set()
-
-    def start(self) -> None:
-        if shutil.which("docker") and self._answers():
-            self.say(f"reusing the running Docker engine ({self.env.get('DOCKER_HOST', 'default socket')})")
-            return
-        if not DOCKER_HERE.exists():
-            pytest.skip("no Docker engine answers and ../shared/tools/docker-here is not here")
-        subprocess.run([str(DOCKER_HERE), "start"], check=True, capture_output=True, text=True)
-        exports = subprocess.run([str(DOCKER_HERE), "env"], check=True, capture_output=True, text=True).stdout
-        for part in exports.replace("export ", "").split():
-            key, _, value = part.partition("=")
-            self.env[key] = value.strip("'\"")
-        self.started_engine = True
-        self.say("started a Docker engine with ../shared/tools/docker-here (stopped at the end)")
-
-    def _answers(self) -> bool:
-        return subprocess.run(["docker", "info"], capture_output=True, env=self.env).returncode == 0
-
-    def wheels(self, live: bool) -> None:
-        """./wheels for building without PyPI (containers here cannot reach it)."""
-        marker = "sglang-*.whl" if live else "fastapi-*.whl"
-        if any(WHEELS.glob(marker)):
-            self.say(f"reusing the wheels already in {WHEELS}")
-        else:
-            self.filled_wheels |= not any(p.name != ".keep" for p in WHEELS.iterdir())
-            subprocess.run([str(REPO / "scripts" / "wheelhouse"), *(["live"] if live else [])],
-                           check=True, capture_output=True, cwd=REPO)
-            self.say(f"built {WHEELS} with scripts/wheelhouse{' live' if live else ''}"
-                     + (" (emptied at the end)" if self.filled_wheels else ""))
-        self.env["DRAFTSCOPE_PIP_NO_INDEX"] = "1"
-
-    def compose(self, project: str, *args: str, env: dict | None = None, timeout: float = 3600,
-                check: bool = True) -> subprocess.CompletedProcess:
-        command = ["docker", "compose", "-p", project, "-f", str(REPO / "docker-compose.yml"), *args]
-        return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                              env={**self.env, **(env or {})}, check=check)
-
-    def finish(self) -> None:
-        if self.filled_wheels:
-            for path in WHEELS.iterdir():
-                if path.name != ".keep":
-                    path.unlink()
-        if self.images:
-            self.say(f"kept images {', '.join(sorted(self.images))} as a build cache "
-                     f"(docker image rm {' '.join(sorted(self.images))})")
-        if self.started_engine:
-            subprocess.run([str(DOCKER_HERE), "stop"], capture_output=True)
-            self.say("stopped the Docker engine started for these tests (docker-here)")
-
-
-@pytest.fixture(scope="module")
-def docker(pytestconfig):
-    reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def say(line: str) -> None:  # shown even when the tests pass
-        with capture.global_and_fixture_disabled():
-            reporter.write_line(f"[compose tests] {line}")
-
-    engine = Docker(say)
-    try:
-        engine.start()
-        yield engine
-    finally:
-        engine.finish()
 
 
 def _get(url: str, **kw) -> tuple[int, bytes]:
@@ -120,21 +38,29 @@ def _get(url: str, **kw) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+PORT_TAKEN = ("address already in use", "port is already allocated")
+
+
 def _up(docker: Docker, *profiles: str):
-    """`docker compose [--profile P] up -d --build --wait` on a free port; yields (url, project)
-    and takes the project down with its volumes."""
-    port = _free_port()
-    project = f"draftscope-test-{port}"
-    env = {"DRAFTSCOPE_PORT": str(port), "DRAFTSCOPE_INGEST_TOKEN": ""}
+    """`docker compose [--profile P] up -d --build --wait` on a free port (another, should another
+    process take it first); yields (url, project) and takes the project down with its volumes."""
     flags = [a for p in profiles for a in ("--profile", p)]
-    try:
-        up = docker.compose(project, *flags, "up", "-d", "--build", "--wait", "--wait-timeout", "300",
-                            env=env, check=False)
-        docker.images |= {"draftscope:local", *(f"draftscope-{p}:local" for p in profiles)}
-        assert up.returncode == 0, f"docker compose up failed:\n{up.stdout}\n{up.stderr}"
-        yield f"http://127.0.0.1:{port}", project
-    finally:
-        docker.compose(project, *flags, "down", "-v", "--remove-orphans", env=env, check=False)
+    for _ in range(3):
+        port = free_port()
+        project = f"draftscope-test-{port}"
+        env = {"DRAFTSCOPE_PORT": str(port), "DRAFTSCOPE_INGEST_TOKEN": ""}
+        try:
+            up = docker.compose(project, *flags, "up", "-d", "--build", "--wait", "--wait-timeout", "300",
+                                env=env, check=False)
+            docker.images |= {"draftscope:local", *(f"draftscope-{p}:local" for p in profiles)}
+            if up.returncode != 0 and any(s in up.stderr for s in PORT_TAKEN):
+                continue
+            assert up.returncode == 0, f"docker compose up failed:\n{up.stdout}\n{up.stderr}"
+            yield f"http://127.0.0.1:{port}", project
+            return
+        finally:
+            docker.compose(project, *flags, "down", "-v", "--remove-orphans", env=env, check=False)
+    pytest.fail(f"docker compose up: the port was taken 3 times in a row:\n{up.stderr}")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`draftscope doctor --fix` proven on the real CPU SGLang 0.5.23 server: for every fixable
 test-bed scenario, doctor -> fix -> serve the fixed copy with the printed flags -> the accept
-length is the healthy draft's and doctor finds nothing in the copy.
+length is the healthy draft's (the session's healthy server: ``healthy_demo``) and doctor finds
+nothing in the copy.
 
 Greedy decoding of the demo prompts: a fixed draft that SGLang feeds exactly as the healthy one
 proposes the same tokens, so the accept lengths agree to well within the 5% allowed.
@@ -19,23 +20,26 @@ from testbed import scenarios
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from testbed.server import start_server
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scenario("healthy")]
 
 FIXABLE = ["aux-off", "algo-eagle", "weights-dropped", "d2t-absolute", "top-level-ids", "short-context"]
 NO_TRACER = {"DRAFTSCOPE_DISABLE": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
 
 
-def accept_length(target, draft, args: list[str], log) -> float:
+def accept_length(answers: list[dict]) -> float:
     """Completion tokens per verify step over the demo prompts (SGLang's own counters)."""
-    with start_server(target, draft, args, log, env=NO_TRACER) as server:
-        metas = [server.generate(p, DEMO_NEW_TOKENS)["meta_info"] for p in DEMO_PROMPTS]
+    metas = [a["meta_info"] for a in answers]
     return sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
 
 
+def served_accept_length(target, draft, args: list[str], log) -> float:
+    with start_server(target, draft, args, log, env=NO_TRACER) as server:
+        return accept_length([server.generate(p, DEMO_NEW_TOKENS) for p in DEMO_PROMPTS])
+
+
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory) -> float:
-    s = scenarios.prepare("healthy")
-    return accept_length(s.target_dir, s.draft_dir, [], tmp_path_factory.mktemp("healthy") / "server.log")
+def healthy(healthy_demo) -> float:
+    return accept_length(healthy_demo)
 
 
 @pytest.mark.parametrize("name", FIXABLE)
@@ -51,6 +55,6 @@ def test_fix_restores_the_healthy_accept_length(name, healthy, tmp_path):
     assert fix["after"]["findings"] == [], fix  # doctor is clean on the fixed copy
     flags = shlex.split(fix["server_flags"])
     assert flags[-2:] == ["--speculative-draft-model-path", str(tmp_path / "fixed")]
-    fixed = accept_length(s.target_dir, tmp_path / "fixed", flags[:-2], tmp_path / "server.log")
+    fixed = served_accept_length(s.target_dir, tmp_path / "fixed", flags[:-2], tmp_path / "server.log")
     print(f"{name}: healthy accept length {healthy:.3f}, after doctor --fix {fixed:.3f}")
     assert abs(fixed - healthy) <= 0.05 * healthy, (name, healthy, fixed, fix["changes"])

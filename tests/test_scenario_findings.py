@@ -109,7 +109,7 @@ def first_finding_on_run_page(url: str, run_id: str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2)) if found else None
 
 
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.scenario(n)) for n in EXPECTED])
 def test_runtime_diagnosis_matches_doctor(name, sglang_server):
     static_cause, runtime_cause, crashes = EXPECTED[name]
     prepared = scenarios.prepare(name)

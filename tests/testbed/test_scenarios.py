@@ -43,7 +43,7 @@ def per_prompt(results: list[dict]) -> list[float]:
     return [r["meta_info"]["completion_tokens"] / r["meta_info"]["spec_verify_ct"] for r in results]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline():
     """The cached target (HF) and the draft in the pure-PyTorch reimplementation."""
     from safetensors.torch import load_file
@@ -67,53 +67,54 @@ def offline():
     return simulate
 
 
-@pytest.fixture(scope="module")
-def healthy(sglang_server):
-    return run_demo(sglang_server("healthy"))
+@sglang
+@pytest.mark.scenario("healthy")
+def test_healthy_draft_is_accepted(healthy_demo):
+    assert all(r["meta_info"]["completion_tokens"] == DEMO_NEW_TOKENS for r in healthy_demo)
+    assert mean_accept(healthy_demo) >= HEALTHY_FLOOR
 
 
 @sglang
-def test_healthy_draft_is_accepted(healthy):
-    assert all(r["meta_info"]["completion_tokens"] == DEMO_NEW_TOKENS for r in healthy)
-    assert mean_accept(healthy) >= HEALTHY_FLOOR
-
-
-@sglang
-def test_server_acceptance_equals_the_reimplemented_draft(healthy, offline):
+@pytest.mark.scenario("healthy")
+def test_server_acceptance_equals_the_reimplemented_draft(healthy_demo, offline):
     ids = json.loads((models.ensure_models().draft / "config.json").read_text())["eagle_config"][
         "eagle_aux_hidden_state_layer_ids"
     ]
-    assert per_prompt(healthy) == pytest.approx(offline(ids), abs=1e-6)
+    assert per_prompt(healthy_demo) == pytest.approx(offline(ids), abs=1e-6)
 
 
 @sglang
-def test_aux_off_collapses_silently(sglang_server, healthy, offline):
+@pytest.mark.scenario("aux-off")
+def test_aux_off_collapses_silently(sglang_server, healthy_demo, offline):
     results = run_demo(sglang_server("aux-off"))
-    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]  # verification hides it
-    assert mean_accept(results) <= COLLAPSED_CEILING < mean_accept(healthy)
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy_demo]  # verification hides it
+    assert mean_accept(results) <= COLLAPSED_CEILING < mean_accept(healthy_demo)
     # What the server fed the draft is the target's final post-norm hidden, not aux states.
     assert per_prompt(results) == pytest.approx(offline(None), abs=1e-6)
 
 
 @sglang
-def test_algo_eagle_collapses_silently(sglang_server, healthy):
+@pytest.mark.scenario("algo-eagle")
+def test_algo_eagle_collapses_silently(sglang_server, healthy_demo):
     results = run_demo(sglang_server("algo-eagle"))
-    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy_demo]
     assert mean_accept(results) <= COLLAPSED_CEILING
 
 
 @sglang
-def test_dropped_weights_collapse_silently(sglang_server, healthy):
+@pytest.mark.scenario("weights-dropped")
+def test_dropped_weights_collapse_silently(sglang_server, healthy_demo):
     results = run_demo(sglang_server("weights-dropped"))
-    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy_demo]
     assert mean_accept(results) <= 1.1
 
 
 @sglang
-def test_top_level_ids_fall_back_to_sglangs_default_layers(sglang_server, healthy, offline):
+@pytest.mark.scenario("top-level-ids")
+def test_top_level_ids_fall_back_to_sglangs_default_layers(sglang_server, healthy_demo, offline):
     results = run_demo(sglang_server("top-level-ids"))
-    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy]
-    assert mean_accept(results) < mean_accept(healthy)
+    assert [r["output_ids"] for r in results] == [r["output_ids"] for r in healthy_demo]
+    assert mean_accept(results) < mean_accept(healthy_demo)
     # SGLang's fallback captures layers [2, 4, 5], i.e. explicit ids [1, 3, 4].
     assert per_prompt(results) == pytest.approx(offline([1, 3, 4]), abs=1e-6)
 
@@ -128,6 +129,7 @@ def _wait_dead(server, timeout_s: float = 60.0) -> bool:
 
 
 @sglang
+@pytest.mark.scenario("last-layer-id")
 def test_last_layer_id_fails_at_the_first_request_and_the_server_exits(sglang_server):
     shape_error = "mat1 and mat2 shapes cannot be multiplied"
     try:
@@ -144,6 +146,7 @@ def test_last_layer_id_fails_at_the_first_request_and_the_server_exits(sglang_se
 
 
 @sglang
+@pytest.mark.scenario("d2t-absolute")
 def test_d2t_absolute_kills_the_server_when_a_high_draft_id_is_drafted(sglang_server):
     server = sglang_server("d2t-absolute")
     with pytest.raises((RuntimeError, OSError)):

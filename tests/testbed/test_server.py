@@ -4,17 +4,20 @@ SGLang's CPU kernels are the pure-PyTorch stand-ins in `testbed/cpu_standins/` h
 SGLang's own kernels run. Server starts are costly (~30 s of CPU each), so they are kept few.
 """
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 import testbed.server
+from draftscope import db
 from testbed.models import ensure_models
-from testbed.server import ServerStartError, server_env, start_server, venv_python
+from testbed.server import ServerStartError, server_env, start_dashboard, start_server, venv_python
 
 PROMPTS = ["Hello world, the quick brown fox", "The tiny model"]
 
@@ -53,6 +56,7 @@ def test_standins_keep_intel_amx_in_every_process(tmp_path):
 
 
 @pytest.mark.sglang
+@pytest.mark.scenario("healthy")
 def test_healthy_scenario_serves_with_eagle3(sglang_server):
     server = sglang_server("healthy")
     out = server.generate(PROMPTS[0], 16)
@@ -62,29 +66,44 @@ def test_healthy_scenario_serves_with_eagle3(sglang_server):
 
 
 @pytest.mark.sglang
-def test_greedy_output_with_speculation_equals_output_without(sglang_server, tmp_path):
+@pytest.mark.scenario("healthy")
+def test_a_taken_port_is_retried_and_greedy_speculation_equals_no_speculation(sglang_server, monkeypatch,
+                                                                               tmp_path):
+    """Two checks on one server without speculation (each start costs ~30 s of CPU). It starts while
+    the first port it is handed is taken: ``free_port`` closes its probe socket, so another process
+    can bind the port before SGLang does (seen in CI: "address already in use", exit code 3); the
+    start moves to a new port. Then greedy answers with EAGLE-3 equal its answers."""
     speculative = sglang_server("healthy")
-    models = ensure_models()
-    with start_server(models.target, None, [], tmp_path / "plain.log") as plain:
-        for prompt in PROMPTS:
-            want = plain.generate(prompt, 24)
-            assert "spec_verify_ct" not in want["meta_info"] or not want["meta_info"]["spec_verify_ct"]
-            assert speculative.generate(prompt, 24)["output_ids"] == want["output_ids"]
-
-
-@pytest.mark.sglang
-def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_path):
-    """``free_port`` closes its probe socket, so another process can bind the port before SGLang does
-    (seen in CI: "address already in use", exit code 3); the start moves to a new port."""
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     real, first = testbed.server.free_port, [taken.getsockname()[1]]
     monkeypatch.setattr(testbed.server, "free_port", lambda: first.pop() if first else real())
     try:
-        with start_server(ensure_models().target, None, [], tmp_path / "moved.log") as server:
-            assert not server.url.endswith(f":{taken.getsockname()[1]}")
-            assert server.get("/model_info")
+        with start_server(ensure_models().target, None, [], tmp_path / "plain.log") as plain:
+            assert not first and not plain.url.endswith(f":{taken.getsockname()[1]}")
+            for prompt in PROMPTS:
+                want = plain.generate(prompt, 24)
+                assert "spec_verify_ct" not in want["meta_info"] or not want["meta_info"]["spec_verify_ct"]
+                assert speculative.generate(prompt, 24)["output_ids"] == want["output_ids"]
+    finally:
+        taken.close()
+
+
+def test_a_port_taken_before_the_dashboard_binds_it_is_retried(monkeypatch, tmp_path):
+    """The same race for ``start_dashboard``: uvicorn exits on the taken port, the start moves on."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real, first = testbed.server.free_port, [taken.getsockname()[1]]
+    monkeypatch.setattr(testbed.server, "free_port", lambda: first.pop() if first else real())
+    store = tmp_path / "store.db"
+    db.upgrade(f"sqlite:///{store}")
+    try:
+        with start_dashboard(store, tmp_path / "dashboard.log") as url:
+            assert not url.endswith(f":{taken.getsockname()[1]}") and not first
+            with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+                assert json.load(response)["status"] == "ok"
     finally:
         taken.close()
 

@@ -19,7 +19,7 @@ import pytest
 from testbed.graph_emulation import BANNER
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.scenario("healthy")]  # with the other users of healthy
 
 EMULATE = {"DRAFTSCOPE_TESTBED_GRAPHS": "emulate"}
 STEPS = ("select rid, step_index, seq_pos, drafted_tokens, accept_len, accept_flags, bonus_token, draft_topk, "
