@@ -13,7 +13,6 @@ import io
 import json
 import shutil
 import sqlite3
-import time
 import uuid
 import zipfile
 from dataclasses import dataclass
@@ -38,9 +37,11 @@ from draftscope.web import create_app
 from testbed import scenarios
 from testbed.server import start_server
 from tests.fixtures.sglang_server import PROBE_WITHOUT_GENERATION
+from tests.fixtures.wait import ended
 
 pytestmark = pytest.mark.sglang
 PROMPTS = ("The quick brown fox", "Hello world, this is", "Once upon a time")
+DISTINCT_CHARS = 8  # a generated text this long is not in a bundle by coincidence (a shorter one may be)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def traced(tmp_path_factory) -> Traced:
     with start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args,
                       root / "server.log", env=env, api_key=secret) as server:
         answers = [server.generate(f"{prompt} {marker}", max_new_tokens=12) for prompt in PROMPTS]
-        time.sleep(1.5)  # a few flush intervals
+    ended(url)  # the recorder's final flush (it runs in a session of its own) is in the store
     assert secret in (root / "server.log").read_text()  # it was on SGLang's command line
     engine = db.make_engine(url)
     try:
@@ -161,11 +162,13 @@ def test_default_bundle_holds_no_secret_no_prompt_no_text(traced) -> None:
     manifest = json.loads(members["manifest.json"])
     assert manifest["server_args"]["speculative_algorithm"] == "EAGLE3"
     assert manifest["versions"]["torch"] and manifest["feature_spec"]["draft"]["k"] == 3
+    texts = [a["text"].encode() for a in traced.outputs.values() if len(a["text"].strip()) >= DISTINCT_CHARS]
+    assert texts, f"no generated text of {DISTINCT_CHARS}+ characters to look for: {traced.outputs}"
     for name, data in members.items():
         assert traced.secret.encode() not in data, name
         assert traced.marker.encode() not in data, name
-        for answer in traced.outputs.values():
-            assert answer["text"].encode() not in data, name
+        for text in texts:
+            assert text not in data, (name, text)
 
 
 def test_include_text_adds_the_generated_text(traced) -> None:

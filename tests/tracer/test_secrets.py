@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from draftscope import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_dashboard, start_server
+from tests.fixtures.wait import ended, ended_in_file
 
 pytestmark = pytest.mark.sglang
 
@@ -53,7 +53,10 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
                           api_key=secret) as server:
             for prompt in ("The quick brown fox", "Hello world, this is"):
                 server.generate(prompt, max_new_tokens=8)
-            time.sleep(1.5)  # a few flush intervals
+        if sink == "file":
+            ended_in_file(tmp_path / "store" / "trace.jsonl")
+        else:
+            ended(store)  # the tracer's final flush: every batch is in
         assert secret in (tmp_path / "server.log").read_text()  # the value really was on the command line
         if sink == "file":
             from draftscope.importer import import_files

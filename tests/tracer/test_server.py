@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 
 import psutil
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from draftscope import db as store_db
 from testbed.models import ensure_models
 from testbed.server import free_port, start_dashboard, start_server
+from tests.fixtures.wait import ended, until
 
 pytestmark = pytest.mark.sglang
 
@@ -29,16 +29,18 @@ def models():
     return ensure_models()
 
 
-def _answers(models, log, env, after_first=None):
-    """The answers to PROMPTS and the server log; ``after_first(server)`` runs after the first answer."""
+def _answers(models, log, env, after_first=None, store=None):
+    """The answers to PROMPTS and the log of the server, once stopped and (with ``store``, the
+    tracer's SQLite store) once the tracer's final flush has ended the run there;
+    ``after_first(server)`` runs after the first answer."""
     with start_server(models.target, models.draft, [], log, env=env) as server:
         outs = [server.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS)]
         if after_first is not None:
             after_first(server)
         outs += [server.generate(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS[1:]]
-        time.sleep(1.5 if env else 0)  # a few flush intervals: every finished request is delivered
-        log_text = open(log).read()
-    return outs, log_text
+    if store is not None:
+        ended(store)
+    return outs, open(log).read()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def dashboard(tmp_path_factory):
 def traced(models, dashboard, tmp_path_factory):
     url, path = dashboard
     env = {"DRAFTSCOPE_URL": url, "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
-    outs, log_text = _answers(models, tmp_path_factory.mktemp("traced") / "server.log", env)
+    outs, log_text = _answers(models, tmp_path_factory.mktemp("traced") / "server.log", env, store=path)
     return outs, log_text, sqlite3.connect(path)
 
 
@@ -139,9 +141,7 @@ def test_answers_unchanged_with_tracer(reference, traced):
 
 def _kill_recorder(server) -> None:
     """SIGKILL the tracer's recorder process (a child of the scheduler), once it has found the dashboard down."""
-    deadline = time.monotonic() + 30
-    while "HTTP sink (" not in open(server.log_path).read() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    until(lambda: "HTTP sink (" in open(server.log_path).read(), "the tracer's log says the dashboard is down", 30)
     procs = [p for p in psutil.Process(server.pid).children(recursive=True)
              if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
     assert len(procs) == 1, procs
@@ -171,7 +171,7 @@ def test_device_summariser_records_what_host_reduction_records(models, traced, t
     store_db.upgrade(f"sqlite:///{path}")
     env = {"DRAFTSCOPE_DB": str(path), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2",
            "DRAFTSCOPE_REDUCE": "device"}
-    outs, _ = _answers(models, tmp_path / "server.log", env)
+    outs, _ = _answers(models, tmp_path / "server.log", env, store=path)
     assert [o["text"] for o in outs] == [o["text"] for o in traced[0]]
     device, host = sqlite3.connect(path), traced[2]
     samples = ("select rid, point, phase, step_index, shape, dtype, rows, width, nan_count, inf_count, l2_mean, "

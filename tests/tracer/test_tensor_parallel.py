@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 
 import psutil
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from draftscope import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_server
+from tests.fixtures.wait import ended
 
 pytestmark = pytest.mark.sglang
 PROMPTS = ["The quick brown fox", "Hello world, this is"]
@@ -33,7 +33,7 @@ def test_tp2_records_one_stream(tmp_path):
         children = psutil.Process(server.pid).children(recursive=True)
         recorders = [p for p in children if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
         outs = [server.generate(p, max_new_tokens=12) for p in PROMPTS]
-        time.sleep(1.5)
+    ended(store)  # the recorder's final flush
     assert len(recorders) == 1, recorders  # only TP rank 0 records
     conn = sqlite3.connect(store)
     (facts, args, status), = conn.execute("select facts, server_args, status from runs").fetchall()
