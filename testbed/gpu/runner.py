@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--server-path", required=True,
                     help="PYTHONPATH of every server: stand-ins, installed wheels, the kit's source (their loader)")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
+    ap.add_argument("--kimi-throughput-s", type=float, default=KIMI_THROUGHPUT_BUDGET_S,
+                    help="seconds after the runner starts by which the Kimi throughput rounds end (default: %(default)s)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
                     f"checks after them unless --skip pytest: {', '.join(PHASES)}")
     a = ap.parse_args()
@@ -193,7 +195,7 @@ def main() -> int:
         results["kimi"] = kimi_phase.run_traces(bed, models, began + KIMI_BUDGET_S)
         save()
     if "kimi-throughput" not in skip:
-        results.update(kimi_phase.run_throughput(bed, models, began + KIMI_THROUGHPUT_BUDGET_S))
+        results.update(kimi_phase.run_throughput(bed, models, began + a.kimi_throughput_s))
         save()
     if "pytest" not in skip:
         save()

@@ -98,22 +98,28 @@ def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS
     prompt; request ``j`` of a level is sampled at 1 in 16 exactly when ``j % 16 == 0``."""
     rng, rounds, longest = random.Random(0), [], 0.0
     names = sorted(handles, key=lambda n: list(CONFIGS).index(n) if n in CONFIGS else len(CONFIGS))
+    stopped = None
     while time.monotonic() + longest < deadline:
         t0, r, row = time.monotonic(), len(rounds), {}
-        for level, (n, new_tokens) in levels.items():
-            work = [(request_id(f"kt{r}-c{level}-{j}", j % 16 == 0), prompt(100_000 * r + 1000 * int(level) + j))
-                    for j in range(n)]
-            order = names[:]
-            rng.shuffle(order)
-            row[level] = {name: _tokens_per_s(handles[name], work, int(level), new_tokens, ignore_eos=True)
-                          for name in order}
+        try:
+            for level, (n, new_tokens) in levels.items():
+                work = [(request_id(f"kt{r}-c{level}-{j}", j % 16 == 0),
+                         prompt(100_000 * r + 1000 * int(level) + j)) for j in range(n)]
+                order = names[:]
+                rng.shuffle(order)
+                row[level] = {name: _tokens_per_s(handles[name], work, int(level), new_tokens, ignore_eos=True)
+                              for name in order}
+        except Exception as exc:  # noqa: BLE001 - a server died: the rounds so far are kept, the checks fail on it
+            stopped = f"round {r}: {type(exc).__name__}: {exc}"[:500]
+            print(f"[gpu_throughput] stopped at {stopped}", flush=True)
+            break
         rounds.append(row)
         longest = max(longest, time.monotonic() - t0)
         print(f"[gpu_throughput] round {r} ({time.monotonic() - t0:.0f} s): " + "; ".join(
             f"c{lv} " + ", ".join(f"{k} {v:.1f}" for k, v in row[lv].items()) for lv in row), flush=True)
     measured = rounds[warmup_rounds:]
     out = {"workload": {"levels": levels, "warmup_rounds": warmup_rounds, "targets": TARGETS}, "rounds": rounds,
-           "levels": {}}
+           "levels": {}, "stopped": stopped}
     for level in levels:
         tps = {name: round(statistics.median(r[level][name] for r in measured), 1) for name in names} \
             if measured else {}

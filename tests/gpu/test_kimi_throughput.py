@@ -34,6 +34,7 @@ def results() -> dict:
 
 def test_every_level_ran_interleaved_for_all_three(results):
     tp, servers = results["kimi_throughput"], results["kimi_throughput_servers"]
+    assert tp["stopped"] is None, f"a round failed (a server died?): {tp['stopped']}"
     assert all(s["ok"] for s in servers.values()), {n: s.get("error") for n, s in servers.items()}
     assert len(tp["rounds"]) - tp["workload"]["warmup_rounds"] >= MIN_MEASURED_ROUNDS, len(tp["rounds"])
     assert set(tp["levels"]) == set(throughput.LEVELS), tp["levels"].keys()
