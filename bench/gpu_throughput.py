@@ -7,9 +7,11 @@ and saves the figures in ``results.json``. On the device, from the kit::
     bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # tiny models; results.json -> throughput
     bash .cache/gpu-kit/run.sh --only kimi-throughput       # Kimi-shaped; results.json -> kimi_throughput
 
-The tables docs/benchmarks.md shows, from a saved ``results.json`` (both, where present)::
+The tables docs/benchmarks.md shows, from a saved ``results.json`` (both, where present), or from the
+runner's log (``run.log``: the rounds it printed, for a run whose ``results.json`` lost them)::
 
     python bench/gpu_throughput.py results.json
+    python bench/gpu_throughput.py --log run.log
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, too
 
-from testbed.gpu.throughput import levels_table, table  # noqa: E402
+from testbed.gpu.throughput import levels_table, rounds_from_log, summarize_rounds, table  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--log":
+        rounds = rounds_from_log(Path(argv[1]).read_text())
+        if len(rounds) < 2:
+            print(f"no measured rounds in {argv[1]}", file=sys.stderr)
+            return 1
+        print(levels_table(summarize_rounds(rounds)))
+        return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ completion tokens / wall time.
 from __future__ import annotations
 
 import random
+import re
 import statistics
 import threading
 import time
@@ -117,9 +118,30 @@ def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS
         longest = max(longest, time.monotonic() - t0)
         print(f"[gpu_throughput] round {r} ({time.monotonic() - t0:.0f} s): " + "; ".join(
             f"c{lv} " + ", ".join(f"{k} {v:.1f}" for k, v in row[lv].items()) for lv in row), flush=True)
+    return {**summarize_rounds(rounds, levels, warmup_rounds, names), "stopped": stopped}
+
+
+ROUND_LINE = re.compile(r"\[gpu_throughput\] round (\d+) \(\d+ s\): (.*)")
+
+
+def rounds_from_log(text: str) -> list:
+    """The rounds ``measure_levels`` printed (``[gpu_throughput] round r (s): c1 name tok/s, ...; c8 ...``), for
+    a run whose ``results.json`` lost them."""
+    rounds = []
+    for m in filter(None, map(ROUND_LINE.match, text.splitlines())):
+        rounds.append({part.split(" ", 1)[0][1:]: {kv.rsplit(" ", 1)[0]: float(kv.rsplit(" ", 1)[1])
+                                                  for kv in part.split(" ", 1)[1].split(", ")}
+                       for part in m.group(2).split("; ")})
+    return rounds
+
+
+def summarize_rounds(rounds: list, levels: dict = LEVELS, warmup_rounds: int = 1, names=None) -> dict:
+    """Per level: each configuration's median tokens/s and its cost against no tracer (median of the rounds'
+    ratios, 95% bootstrap interval), over the rounds after ``warmup_rounds``."""
+    names = names or [n for n in CONFIGS if rounds and all(n in r[lv] for r in rounds for lv in r)]
     measured = rounds[warmup_rounds:]
     out = {"workload": {"levels": levels, "warmup_rounds": warmup_rounds, "targets": TARGETS}, "rounds": rounds,
-           "levels": {}, "stopped": stopped}
+           "levels": {}}
     for level in levels:
         tps = {name: round(statistics.median(r[level][name] for r in measured), 1) for name in names} \
             if measured else {}

@@ -27,9 +27,11 @@ from draftscope_tracer.stats import ArrayBytes, Resolved, indexed_ints
 
 INDEX_CACHE_SIZE = 256  # distinct index lists kept on the device (a batch's sampled rows repeat every step)
 INDEX_SLOT_INTS = 1024  # longest index list staged through a slot (longer ones are refused, counted)
-INDEX_SLOTS = 256  # index uploads in flight (the GPU may be far behind the host)
-INT_SLOT_BYTES = 128 * 1024  # HostInts: the whole small tensors of one verify step (batch x draft tokens ints)
-INT_SLOTS = 256  # HostInts reads in flight (held until the relay thread reads them: ~0.1 s of verify steps)
+INDEX_SLOTS = 1024  # index uploads in flight (the GPU may be far behind the host); 8 MiB
+INT_SLOT_BYTES = 32 * 1024  # HostInts: the small tensors of one verify step whole (up to batch 1024 x 2 tokens)
+# HostInts reads in flight, held until the relay thread reads them (~0.1 s of verify steps, more when the GPU
+# is behind); 32 MiB. 256 ran out 50 times on the H200 with 64 concurrent requests, every one sampled.
+INT_SLOTS = 1024
 
 
 def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
