@@ -71,6 +71,19 @@ def test_healthy_run_highlights_nothing(page, demo_dashboard, demo_runs):
     assert page.locator(".badge.error").count() == 0
 
 
+def test_the_seed_case_at_full_width_reads_7168_instead_of_21504(page, demo_dashboard, demo_runs):
+    """The recorded Kimi-K2.5-shaped runs (real SGLang 0.5.23 on an H200, bf16, CUDA graphs, random weights):
+    aux capture off reads as the seed's failure; the healthy draft highlights nothing."""
+    page.goto(f"{demo_dashboard}/runs/{demo_runs['kimi-aux-off']}")
+    rootcause = page.locator("#diagnosis .rootcause").inner_text()
+    assert "fc-bypassed" in rootcause and "7168 instead of 21504" in rootcause
+    assert "21504" in page.locator("#spec-diff tr[data-key='input_prefill'] td.trained").inner_text()
+    page.goto(f"{demo_dashboard}/runs/{demo_runs['kimi-healthy']}")
+    assert page.locator(".badge.error").count() == 0 and page.locator(".badge.warning").count() == 0
+    assert page.locator("#spec-diff tr.mismatch").count() == 0
+    assert "random" in page.locator("#diagnosis").inner_text()
+
+
 def test_run_page_charts_render(page, demo_dashboard, demo_runs):
     page.goto(f"{demo_dashboard}/runs/{demo_runs['healthy']}")
     page.wait_for_selector("#plot-per-position .main-svg")
