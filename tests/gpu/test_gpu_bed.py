@@ -16,6 +16,7 @@ import pytest
 from testbed.gpu import traces
 from testbed.gpu.runner import CHECKED_SCENARIOS
 from testbed.scenarios import FINDINGS
+from tests.gpu.diagnose import diagnose
 
 RUN = os.environ.get("DRAFTSCOPE_GPU_RUN")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -116,36 +117,15 @@ def test_scenario_findings_match_the_cpu_bed(results, name, tmp_path):
     """The GPU trace, imported into a store, is diagnosed as the CPU bed's is (testbed.scenarios.FINDINGS):
     the runtime rules with the draft and from the trace alone name the runtime cause, the stored
     findings (runtime plus static, as the dashboard shows them) lead with the static one."""
-    import sqlalchemy as sa
-
-    from draftscope import db, models
-    from draftscope.analyze import refresh_run
-    from draftscope.findings import runtime_findings
-    from draftscope.importer import import_files
-    from draftscope.spec import read_draft, read_target
-    from draftscope.stats import observation as run_observation
-
     static_cause, runtime_cause, _ = FINDINGS[name]
     run_name = "graphs" if name == "healthy" else name
     answers(results, run_name)
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
-    try:
-        import_files(engine, [Path(server(results, run_name)["trace"])])
-        with engine.connect() as conn:
-            run_id = conn.execute(sa.select(models.Run.id)).scalar_one()
-        stored = refresh_run(engine, run_id)
-        with engine.connect() as conn:
-            facts = conn.execute(sa.select(models.Run.facts).where(models.Run.id == run_id)).scalar()
-            observation = run_observation(conn, run_id, facts)
-    finally:
-        engine.dispose()
     kit_models = Path(results["kit"]) / "models"
     draft = kit_models / ("draft" if run_name in ("graphs", "algo-eagle") else f"scenarios/{name}")
-    spec = read_draft(draft, target_layers=read_target(kit_models / "target").num_layers)
+    with_draft, from_trace, stored, observation = diagnose(Path(server(results, run_name)["trace"]), draft,
+                                                           kit_models / "target", tmp_path / "store.db")
     serious = lambda found: [f for f in found if f.severity in ("error", "warning")]  # noqa: E731
-    runtime, alone = serious(runtime_findings(spec, observation)), serious(runtime_findings(None, observation))
+    runtime, alone = serious(with_draft), serious(from_trace)
     report = f"runtime: {[f.rule_id for f in runtime]}, trace alone: {[f.rule_id for f in alone]}, " \
              f"stored: {[(f.rule_id, f.severity) for f in stored or []]}"
     if runtime_cause is None:
