@@ -76,8 +76,11 @@ def test_the_seed_case_at_full_width_reads_7168_instead_of_21504(page, demo_dash
     aux capture off reads as the seed's failure; the healthy draft highlights nothing."""
     page.goto(f"{demo_dashboard}/runs/{demo_runs['kimi-aux-off']}")
     rootcause = page.locator("#diagnosis .rootcause").inner_text()
-    assert "fc-bypassed" in rootcause and "7168 instead of 21504" in rootcause
-    assert "21504" in page.locator("#spec-diff tr[data-key='input_prefill'] td.trained").inner_text()
+    assert "fc-bypassed" in rootcause and "7168" in rootcause, rootcause
+    prefill = page.locator("#spec-diff tr[data-key='input_prefill']")
+    assert "mismatch" in prefill.get_attribute("class")
+    assert "21504" in prefill.locator("td.trained").inner_text()
+    assert "7168" in prefill.locator("td.served").inner_text()
     page.goto(f"{demo_dashboard}/runs/{demo_runs['kimi-healthy']}")
     assert page.locator(".badge.error").count() == 0 and page.locator(".badge.warning").count() == 0
     assert page.locator("#spec-diff tr.mismatch").count() == 0
