@@ -154,6 +154,13 @@ class ServerHandle:
                 f"server log tail ({self.log_path}):\n{log_tail(self.log_path)}"
             ) from e
 
+    def flush_cache(self) -> None:
+        """Empty SGLang's prefix (radix) cache: prompts served before are computed in full again,
+        as on a server just started. Raises when SGLang refuses (requests still running)."""
+        request = urllib.request.Request(self.url + "/flush_cache", data=b"", headers=self.headers, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+
     def is_healthy(self) -> bool:
         """`/model_info` answers: the server is up. (`/health` would run a one-token generation,
         making the probe the server's first request, which some scenarios crash on.)"""
