@@ -66,7 +66,9 @@ def traced(tmp_path_factory) -> Traced:
            "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
     with start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args,
                       root / "server.log", env=env, api_key=secret) as server:
-        answers = [server.generate(f"{prompt} {marker}", max_new_tokens=12) for prompt in PROMPTS]
+        # 32 tokens: with 12, the random-marker prompts' answers decoded to 5 characters at most in one run,
+        # and test_default_bundle_holds_no_secret_no_prompt_no_text had no text of DISTINCT_CHARS to look for
+        answers = [server.generate(f"{prompt} {marker}", max_new_tokens=32) for prompt in PROMPTS]
     ended(url)  # the recorder's final flush (it runs in a session of its own) is in the store
     assert secret in (root / "server.log").read_text()  # it was on SGLang's command line
     engine = db.make_engine(url)
