@@ -23,7 +23,8 @@ from draftscope_tracer.transport.outbox import Transport
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
 # Points that describe the draft's wiring rather than each step's input are recorded at every
 # PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
-# statistics, and draft.input in draft_extend when it is the verify's target.aux rows (recorded every step).
+# statistics, draft.fc.out in draft_extend (its recompute is a GEMM), and draft.input in draft_extend when it
+# is the verify's target.aux rows (recorded every step).
 PERIODIC_STEPS = 8
 
 
