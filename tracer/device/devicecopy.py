@@ -32,6 +32,7 @@ INT_SLOT_BYTES = 32 * 1024  # HostInts: the small tensors of one verify step who
 # HostInts reads in flight, held until the relay thread reads them (~0.1 s of verify steps, more when the GPU
 # is behind); 32 MiB. 256 ran out 50 times on the H200 with 64 concurrent requests, every one sampled.
 INT_SLOTS = 1024
+PROBE = 8  # slots a reservation looks at before it gives up (counted)
 
 
 def host_view(t: torch.Tensor) -> Optional[np.ndarray]:
@@ -64,8 +65,10 @@ class HostSlots:
         return self.memory[slot * self.nbytes:(slot + 1) * self.nbytes]
 
     def reserve(self) -> Optional[int]:
+        """Slots are taken in ring order, so the oldest ones come first: only ``PROBE`` of them are looked at
+        (each look at an event is a CUDA call; scanning a full ring would cost milliseconds in a hook)."""
         held, events, n = self._held, self._events, len(self._held)
-        for i in range(n):
+        for i in range(min(n, PROBE)):
             slot = (self._next + i) % n
             if held[slot] or (events is not None and not events[slot].query()):
                 continue
