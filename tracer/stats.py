@@ -140,9 +140,11 @@ def step_topk_lists(arrays: list, n: int) -> list:
             for step_ids, step_probs in zip(ids.tolist(), probs.tolist())]
 
 
-def indexed_ints(arrays: list, indexes: list) -> list:
-    """``array[index]`` of each array and its index list, as one flat list of ints."""
-    return np.concatenate([a[i].astype(np.int64) for a, i in zip(arrays, indexes)]).tolist()
+def indexed_ints(arrays: list, parts: list) -> list:
+    """``flat[offset + index]`` for each ``(offset, index list)`` of ``parts``, ``flat`` the one array of
+    ``arrays`` (the joined tensors), as one flat list of ints."""
+    flat = arrays[0].astype(np.int64)
+    return np.concatenate([flat[offset + np.asarray(index, dtype=np.int64)] for offset, index in parts]).tolist()
 
 
 DECODERS = {"step_topk": step_topk_lists, "ints": indexed_ints}

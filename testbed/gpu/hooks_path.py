@@ -111,7 +111,7 @@ class HooksPath:
         rows = batch * N
         bf16 = dict(device=dev, dtype=torch.bfloat16)
         head = torch.nn.Linear(H, V_DRAFT, bias=False, **bf16)
-        model = SimpleNamespace(
+        self.model = model = SimpleNamespace(
             model=SimpleNamespace(fc=torch.nn.Linear(K * H, H, bias=False, **bf16), norm=torch.nn.RMSNorm(H, **bf16),
                                   embed_tokens=SimpleNamespace(weight=torch.empty(V_DRAFT, H, **bf16))),
             lm_head=head, logits_processor=SimpleNamespace(  # what SGLang's LogitsProcessor offers
@@ -137,7 +137,7 @@ class HooksPath:
         plugin.TRACER = t
         plugin._around_graphs(lambda worker: None, self.worker)  # the step tap, as before SGLang's capture
         t.capture.prepare(device=dev, dtype=torch.bfloat16, hidden=H, aux=K, vocab=V, draft_vocab=V_DRAFT, draft_tokens=N,
-                  max_requests=batch, hot=self.worker.hot_token_id)  # as attach does, after SGLang's capture
+                          max_requests=batch, hot=self.worker.hot_token_id, draft_model=model)  # as attach does
         self.graph = self._capture_draft() if graphs else None
 
     def _capture_draft(self) -> "torch.cuda.CUDAGraph":

@@ -48,3 +48,44 @@ def test_the_sync_debug_switch_catches_a_sync(cycles_per_ms):
     report = path.close()
     assert report["errors"] == {"verify": 1}, report
     assert "synchroniz" in report["last_error"]["verify"], report
+
+
+def test_graphed_recomputes_and_direct_launches_match_eager():
+    """The draft's recomputes replayed as CUDA graphs give what the eager path gives (to bf16 rounding: the
+    lm_head and fc GEMMs run on 64 / 256 rows in the graph, on the sampled rows eagerly), and a Triton
+    kernel launched directly (every launch after the first) writes the same bytes as through its JITFunction."""
+    from draftscope_tracer.device import recompute
+    from draftscope_tracer.health import Health
+    from draftscope_tracer.device.summaries import Summaries
+    from testbed.gpu.hooks_path import HooksPath
+
+    path = HooksPath(64, sample_every=16)
+    capture, model = path.tracer.capture, path.model
+    assert capture.seeds is not None and capture.fc is not None, "the recomputes were not captured"
+    eager = Summaries(Health(), topk=8)
+    rows = torch.tensor([3, 17, 40, 63], device="cuda")
+    seed_h, fc_h = path.next_draft_input.hidden_states, path.result.logits_output.hidden_states
+    fc_rows = torch.arange(32, 48, device="cuda")
+    graphed_seeds = capture.seeds.launch(seed_h, rows).result()
+    logits = recompute.logits(model, seed_h.index_select(0, rows))
+    eager_seeds = eager.launch(logits, range(4), logits=logits).result()
+    graphed_fc = capture.fc.launch(fc_h, fc_rows).result()
+    fc_out = recompute.fc(model, fc_h.index_select(0, fc_rows))
+    eager_fc = eager.launch(fc_out, range(16)).result()
+    for g, e, n in ((graphed_seeds, eager_seeds, 4), (graphed_fc, eager_fc, 16)):
+        for a, b in zip(g.rows[:n], e.rows[:n]):
+            assert a.chunks[0].l2 == pytest.approx(b.chunks[0].l2, rel=2e-2)
+            assert a.chunks[0].absmax == pytest.approx(b.chunks[0].absmax, rel=2e-2)
+            if a.topk is not None:
+                # the best draft token (a near tie may swap the first two under bf16 rounding)
+                assert a.topk[0][0] in [t for t, _ in b.topk[:3]]
+                assert a.topk[0][1] == pytest.approx(b.topk[0][1], rel=5e-2, abs=1e-3)
+    path.close()
+    # the same launch twice: through the JITFunction (first), then directly
+    summaries = Summaries(Health(), topk=8)
+    hidden = path.result.logits_output.hidden_states
+    target = path.result.logits_output.next_token_logits
+    first = summaries.launch(hidden, range(0, 256, 16), chunk_width=7168, logits=target)
+    second = summaries.launch(hidden, range(0, 256, 16), chunk_width=7168, logits=target)
+    first_bytes, second_bytes = first.__reduce__()[1][1], second.__reduce__()[1][1]
+    assert first_bytes == second_bytes

@@ -1,7 +1,9 @@
 """What the hooks run on the device, and the buffers it needs: the summaries of sampled rows, the step tap
 inside the draft-decode loop, the draft's ``hot_token_id`` read once. On a GPU everything is built for the
 server's widths when the tracer attaches (:meth:`Capture.prepare`), so no hook allocates pinned memory or
-compiles a kernel. Imports the device layer only (``summaries``, ``steptap``, ``devicecopy``)."""
+compiles a kernel; the draft's recomputes (its logits at position 1, its ``fc``) are captured as CUDA graphs
+there too (``graphed``). Imports the device layer only (``summaries``, ``steptap``, ``devicecopy``,
+``graphed``, ``recompute``)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,21 @@ from typing import Callable, Optional
 
 import torch
 
-from draftscope_tracer.device import devicecopy
+from draftscope_tracer.device import devicecopy, graphed, recompute
 from draftscope_tracer.device.devicecopy import later_list
 from draftscope_tracer.health import Health
 from draftscope_tracer.shared import Shared
 from draftscope_tracer.device.steptap import StepTap
-from draftscope_tracer.device.summaries import Summaries, capacity
+from draftscope_tracer.device.summaries import Summaries, capacity, ring_size
+from draftscope_tracer.device.summary_ring import Layout
 
 PREPARED_REQUESTS = 64  # sampled requests per batch the summary buffers are built for at attach (more: built late)
 
 
 class Capture:
     """The device side of one tracer: ``summaries`` (per tensor layout), ``step_tap`` (once installed),
-    ``hot`` (the draft's id map, sent to the recorder once), ``target_hidden`` (the width of one aux chunk)."""
+    ``hot`` (the draft's id map, sent to the recorder once), ``target_hidden`` (the width of one aux chunk),
+    ``seeds`` and ``fc`` (the draft's recomputes as CUDA graphs, when prepared on a GPU)."""
 
     def __init__(self, health: Health, topk: int, reduce: str):
         self.topk = topk
@@ -29,6 +33,8 @@ class Capture:
         self.step_tap: Optional[StepTap] = None
         self.hot: Optional[Shared] = None
         self.target_hidden: Optional[int] = None
+        self.seeds: Optional[graphed.Graphed] = None
+        self.fc: Optional[graphed.Graphed] = None
 
     def install_step_tap(self, worker, guard: Callable) -> None:
         """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain."""
@@ -36,10 +42,11 @@ class Capture:
             self.step_tap = StepTap(worker, self.topk, guard)
 
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
-                draft_vocab: Optional[int], draft_tokens: int, max_requests: int, hot=None) -> None:
+                draft_vocab: Optional[int], draft_tokens: int, max_requests: int, hot=None, draft_model=None) -> None:
         """At attach, on a GPU: the pinned slots, each summary layout's buffers and compiled kernels (verify
-        with and without aux, fc output, draft logits), and ``hot_token_id`` read once. A hook must never
-        allocate pinned memory: that can wait for the GPU (``devicecopy``)."""
+        with and without aux, fc output, draft logits), the draft's recomputes as CUDA graphs, and
+        ``hot_token_id`` read once. A hook must never allocate pinned memory: that can wait for the GPU
+        (``devicecopy``)."""
         devicecopy.prepare(device)
         requests = min(max_requests, PREPARED_REQUESTS)
         rows = capacity(requests * draft_tokens)
@@ -48,8 +55,21 @@ class Capture:
         if draft_vocab:
             layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32))
         self.summaries.prepare(device, layouts)
+        if draft_model is not None:
+            self._capture_recomputes(draft_model, device, dtype, hidden, aux, requests, rows)
         if hot is not None:
             self.hot = Shared("hot_token_id", later_list(hot))
+
+    def _capture_recomputes(self, model, device, dtype, hidden: int, aux: int, requests: int, rows: int) -> None:
+        """The draft's logits at position 1 (one row per sampled request) and its ``fc`` (on the verify's rows)."""
+        seeds_rows = capacity(requests)
+        # a summary's size does not depend on its vocabulary: 1 stands for "with top-k"
+        seeds_ring = ring_size(Layout(seeds_rows, 1, 1, self.topk).nbytes)
+        fc_ring = ring_size(Layout(rows, 1, None, self.topk).nbytes)
+        self.seeds = graphed.capture("draft logits", lambda x: recompute.logits(model, x), seeds_rows, hidden,
+                                     dtype, device, self.topk, seeds_ring, logits=True)
+        self.fc = graphed.capture("fc", lambda x: recompute.fc(model, x), rows, aux * hidden, dtype, device,
+                                  self.topk, fc_ring, logits=False)
 
     def hot_map(self, worker) -> bool:
         """Whether the draft's ids go through ``hot_token_id`` (read once; on a CPU, at first use)."""
@@ -70,6 +90,7 @@ def device_plan(scheduler, spec, safe: Callable) -> Optional[dict]:
             "aux": len(getattr(getattr(lm, "model", None), "layers_to_capture", None) or ()) or 3,
             "draft_vocab": safe(lambda: spec.draft_runner.model.logits_processor.config.vocab_size),
             "draft_tokens": getattr(spec, "speculative_num_draft_tokens", None),
-            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(spec, "hot_token_id", None)}
+            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(spec, "hot_token_id", None),
+            "draft_model": safe(lambda: spec.draft_runner.model)}
     required = ("dtype", "hidden", "vocab", "draft_tokens", "max_requests")
     return plan if all(isinstance(plan[k], (int, torch.dtype)) for k in required) else None

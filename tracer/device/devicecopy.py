@@ -7,7 +7,7 @@ from :class:`HostSlots`, carved from one allocation made when the tracer attache
 
 * :func:`device_index`: a host list as an int64 device index, staged through a slot (the tensors of recent
   lists are kept, so a batch whose sampled rows have not changed costs no copy);
-* :class:`HostInts`: selected elements of a few small device tensors, copied whole into one slot;
+* :class:`HostInts`: selected elements of a few small device tensors, joined and copied whole into one slot;
 * ``steptap.StepTopk`` and the Summarizer's ring (``summary_ring.Ring``) take their slots the same way.
 
 A slot is handed out only when no reader holds it and the last device copy that used it has completed
@@ -57,12 +57,19 @@ class HostSlots:
         self._events = [torch.cuda.Event() for _ in range(count)] if cuda else None
         self._next = 0
         self.full = 0
+        self._ints: Optional[List[torch.Tensor]] = None
 
     def __len__(self) -> int:
         return len(self._held)
 
     def buffer(self, slot: int) -> torch.Tensor:
         return self.memory[slot * self.nbytes:(slot + 1) * self.nbytes]
+
+    def ints(self, slot: int) -> torch.Tensor:
+        """Slot ``slot`` as int64 (views made once: slicing a tensor costs host time)."""
+        if self._ints is None:
+            self._ints = [self.buffer(i).view(torch.int64) for i in range(len(self._held))]
+        return self._ints[slot]
 
     def reserve(self) -> Optional[int]:
         """Slots are taken in ring order, so the oldest ones come first: only ``PROBE`` of them are looked at
@@ -161,12 +168,13 @@ def later_list(t: torch.Tensor) -> Callable[[], list]:
 class HostInts:
     """``tensor[index]`` of each ``(tensor, index)`` pair as one flat list of Python ints.
 
-    On CUDA the (small) tensors are copied whole into one pinned slot without blocking, with the slot's
-    event; the indexing happens on the host in ``result()``, on the reader's thread. ``ok`` is False when
-    no slot was free or the tensors do not fit one (the caller drops the record and counts it)."""
+    On CUDA the (small) tensors are joined on the device (one ``torch.cat``, as int64) and copied in one
+    piece into a pinned slot without blocking, with the slot's event; the indexing happens on the host in
+    ``result()``, on the reader's thread. ``ok`` is False when no slot was free or the tensors do not fit
+    one (the caller drops the record and counts it)."""
 
     def __init__(self, parts: Sequence[Tuple[torch.Tensor, List[int]]]):
-        self.event, self._parts, self._slots, self._slot = None, None, None, None
+        self.event, self._host, self._slots, self._slot = None, None, None, None
         self.ok = True
         views = [host_view(t) for t, _ in parts]
         if all(v is not None for v in views):
@@ -176,39 +184,38 @@ class HostInts:
         self._values = None
         device = next(t.device for t, _ in parts if t.device.type != "cpu")
         slots = prepare(device).ints
-        sizes = [(t.numel() * t.element_size() + 7) // 8 * 8 for t, _ in parts]
-        slot = slots.reserve() if sum(sizes) <= slots.nbytes else None
+        self._parts, at = [], 0  # (offset of the tensor in the joined one, its index list)
+        for t, index in parts:
+            self._parts.append((at, index))
+            at += t.numel()
+        slot = slots.reserve() if at * 8 <= slots.nbytes else None
         if slot is None:
             self.ok = False
             return
-        buf, at, self._parts = slots.buffer(slot), 0, []
-        for (t, index), size in zip(parts, sizes):
-            host = buf[at:at + size].view(t.dtype)[:t.numel()]
-            host.copy_(t.reshape(-1), non_blocking=True)
-            self._parts.append((host, index))
-            at += size
+        joined = torch.cat([t.view(-1) if t.dim() == 1 else t.reshape(-1) for t, _ in parts]).to(torch.int64)
+        self._host = slots.ints(slot)[:at]
+        self._host.copy_(joined, non_blocking=True)
         self._slots, self._slot = slots, slot
         self.event = slots.record(slot)
 
     def __reduce__(self):
-        """Pickled as the tensors' bytes and the index lists (decoded in the recorder process)."""
+        """Pickled as the joined tensor's bytes and the (offset, index list) pairs (decoded in the recorder)."""
         if self._values is not None:
             return Resolved, (self._values,)
         self._wait()
-        arrays = [(h.numpy().tobytes(), str(h.numpy().dtype), tuple(h.shape)) for h, _ in self._parts]
-        indexes = [index for _, index in self._parts]
+        data = self._host.numpy().tobytes()
         self.release()
-        return ArrayBytes, ("ints", arrays, indexes)
+        return ArrayBytes, ("ints", [(data, "int64", (len(data) // 8,))], self._parts)
 
     def result(self) -> list:
         if self._values is None:
             self._wait()
-            self._values = indexed_ints([h.numpy() for h, _ in self._parts], [i for _, i in self._parts])
+            self._values = indexed_ints([self._host.numpy()], self._parts)
             self.release()
         return self._values
 
     def _wait(self) -> None:
-        if not self.ok or self._parts is None:
+        if not self.ok or self._host is None:
             raise RuntimeError("HostInts: no pinned slot was free, or this read was released; it was dropped")
         if self.event is not None:
             self.event.synchronize()
@@ -216,6 +223,6 @@ class HostInts:
     def release(self) -> None:
         """Give the slot back (after reading, or when the record is dropped). Safe to call twice."""
         if self._slot is not None:
-            self._parts = None
+            self._host = None
             self._slots.release(self._slot)
             self._slot = None

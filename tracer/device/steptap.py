@@ -46,14 +46,15 @@ class StepTap:
         self.k = topk
         dev = torch.device(worker.device)
         self.rows = torch.full((ROWS,), -1, dtype=torch.int64, device=dev)
-        self.probs = torch.zeros((self.steps, ROWS, topk), dtype=torch.float32, device=dev)
-        self.ids = torch.full((self.steps, ROWS, topk), -1, dtype=torch.int64, device=dev)
+        # probs and ids in one buffer, read back with one copy (each copy costs host time)
+        self._shape = shape = (self.steps, ROWS, topk)
+        n = self.steps * ROWS * topk
+        self._buf = torch.zeros(n * 12, dtype=torch.uint8, device=dev)
+        self.probs, self.ids = _split(self._buf, shape)
+        self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
-        self._slots = HostSlots(self.probs.numel() * 4 + self.ids.numel() * 8, READS, dev)
-        split = self.probs.numel() * 4  # each slot's views, made once
-        self._views = [(b[:split].view(torch.float32).view(self.probs.shape),
-                        b[split:].view(torch.int64)[:self.ids.numel()].view(self.ids.shape))
-                       for b in map(self._slots.buffer, range(READS))]
+        self._slots = HostSlots(n * 12, READS, dev)
+        self._host = [self._slots.buffer(i)[:n * 12] for i in range(READS)]  # each slot's buffer, sliced once
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -104,17 +105,22 @@ class StepTap:
         slot = self._slots.reserve()
         if slot is None:
             return None
-        return StepTopk(self.probs, self.ids, n, self._slots, slot, self._views[slot])
+        return StepTopk(self._buf, self._shape, n, self._slots, slot, self._host[slot])
+
+
+def _split(buf: torch.Tensor, shape: tuple) -> tuple:
+    """``buf`` as float32 probs then int64 ids, each of ``shape`` (the probs' bytes are a multiple of 8: ROWS is)."""
+    n = buf.numel() // 12
+    return buf[:n * 4].view(torch.float32).view(shape), buf[n * 4:].view(torch.int64).view(shape)
 
 
 class StepTopk:
     """Host copies of one draft's step top-k: ``result()[position - 2][row]`` = ``[(id, prob), ...]``
     best first (ties by id), for the first ``n`` rows. Pickles as the arrays' bytes (waits for the copy)."""
 
-    def __init__(self, probs: torch.Tensor, ids: torch.Tensor, n: int, slots: HostSlots, slot: int, views: tuple):
-        self._p, self._i = views
-        self._p.copy_(probs, non_blocking=True)
-        self._i.copy_(ids, non_blocking=True)
+    def __init__(self, buf: torch.Tensor, shape: tuple, n: int, slots: HostSlots, slot: int, host: torch.Tensor):
+        host.copy_(buf, non_blocking=True)
+        self._host, self._shape = host, shape  # split on the reader's thread
         self.event = slots.record(slot)
         self._n, self._slots, self._slot = n, slots, slot
         self._value: Optional[list] = None
@@ -124,14 +130,15 @@ class StepTopk:
         if self._value is not None:
             return Resolved, (self._value,)
         self._wait()
-        arrays = [(t.numpy().tobytes(), str(t.numpy().dtype), tuple(t.shape)) for t in (self._p, self._i)]
+        data, split = self._host.numpy().tobytes(), self._host.numel() // 3
+        arrays = [(data[:split], "float32", self._shape), (data[split:], "int64", self._shape)]
         self.release()
         return ArrayBytes, ("step_topk", arrays, self._n)
 
     def result(self) -> list:
         if self._value is None:
             self._wait()
-            self._value = step_topk_lists([self._p.numpy(), self._i.numpy()], self._n)
+            self._value = step_topk_lists([t.numpy() for t in _split(self._host, self._shape)], self._n)
             self.release()
         return self._value
 

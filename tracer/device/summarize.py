@@ -190,7 +190,21 @@ class Summarizer:
         self._torch.run(hidden, rows, logits, self._dev)
 
     def _check(self, hidden, rows, logits) -> None:
-        """Shape/dtype/device checks only: metadata, never data (no host sync)."""
+        """Shape/dtype/device checks only: metadata, never data (no host sync). One expression on the hot path
+        (each launch pays for it); the message is worked out only when it fails."""
+        kind = self.device.type
+        if (hidden.dim() == 2 and hidden.shape[1] == self.width and hidden.shape[0] > 0 and hidden.is_floating_point()
+                and rows.shape[0] == self.max_rows and rows.dim() == 1 and rows.dtype == torch.int64
+                and hidden.device.type == kind and rows.device.type == kind
+                and (logits is None if self.vocab_size is None else
+                     (logits is not None and logits.dim() == 2 and logits.shape[0] == hidden.shape[0]
+                      and logits.shape[1] == self.vocab_size and logits.dtype == torch.float32
+                      and logits.device.type == kind))):
+            return
+        self._explain(hidden, rows, logits)
+
+    def _explain(self, hidden, rows, logits) -> None:
+        """Raise a ValueError naming the first argument ``_check`` refused."""
         def need(ok: bool, what) -> None:  # ``what``: a callable, so the message is built only on failure
             if not ok:
                 raise ValueError(f"Summarizer: {what()}")
@@ -210,3 +224,5 @@ class Summarizer:
                  and logits.dtype == torch.float32,
                  lambda: f"logits must be float32 [{hidden.shape[0]}, {self.vocab_size}], got "
                  f"{None if logits is None else (logits.dtype, list(logits.shape))}")
+        raise ValueError(f"Summarizer: arguments refused: hidden {hidden.dtype} {list(hidden.shape)}, rows "
+                         f"{rows.dtype} {list(rows.shape)}")

@@ -1,10 +1,12 @@
 """The Summarizer's fast path on CUDA: one Triton launch per summary (per row and chunk statistics in one
 fp32 pass; per-block logits max / exp-sum / top-k candidates; the final top-k and softmax by the last block
-of each row to finish) and its scratch. A launch costs host time (~25 µs from Python): one instead of three."""
+of each row to finish) and its scratch. A launch through Triton's ``JITFunction`` costs ~30 µs of host time
+(argument binding and specialisation); :class:`Launches` keeps each compiled kernel and launches it
+directly after the first time, which costs a few µs."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -13,10 +15,60 @@ try:  # Triton ships with every SGLang GPU install; without it the pure-torch pa
     import triton.language as tl
 except Exception:  # noqa: BLE001 - any import failure only disables the fast path
     triton = None
+try:  # Triton >= 3.4; before it, every launch takes the ``JITFunction`` path
+    from triton import knobs
+except Exception:  # noqa: BLE001
+    knobs = None
 
 
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _int_key(v: int) -> tuple:
+    """What Triton may specialise an int argument on (a superset: equal to 1, divisible by 16, its width)."""
+    return v == 1, v % 16 == 0, -2**31 <= v < 2**31
+
+
+def _ptr_key(t: torch.Tensor) -> tuple:
+    """What Triton specialises a tensor argument on: its dtype and 16-byte alignment."""
+    return t.dtype, t.data_ptr() % 16 == 0
+
+
+def _hooked() -> bool:
+    """Whether a Triton launch hook is set (Triton >= 3.4 keeps an empty ``HookChain`` when none is), or
+    Triton is too old for direct launches."""
+    if knobs is None:
+        return True
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class Launches:
+    """One Triton kernel's compiled variants, launched without the ``JITFunction`` dispatch.
+
+    The first launch of each variant goes through ``kernel[grid](...)`` (which compiles or finds the
+    kernel and returns it); later ones call the compiled kernel's launcher with the same arguments. The
+    caller names the variant by ``key``: every argument property Triton specialises on (``_int_key`` of
+    each int that varies between launches, ``_ptr_key`` of each tensor that does), so a kernel is never
+    launched with arguments it was not compiled for. With a Triton launch hook set (a profiler), every
+    launch takes the ``JITFunction`` path."""
+
+    def __init__(self, kernel, warps: Callable[[], int]):
+        """``warps()``: the warps per program now (a bench may tune them between launches)."""
+        self.kernel, self.warps = kernel, warps
+        self._compiled: dict = {}
+
+    def __call__(self, grid: tuple, key: tuple, *args) -> None:
+        warps = self.warps()
+        key = (warps, *key)
+        compiled = self._compiled.get(key)
+        if compiled is None or _hooked():
+            self._compiled[key] = self.kernel[grid](*args, num_warps=warps)
+            return
+        stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *args)
 
 
 if triton is not None:
@@ -137,6 +189,7 @@ class TritonPath:
         # kernel uses "hidden"; the one-launch summary the most of the three.
         self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
         self.block = None
+        self._hidden = Launches(_hidden_stats_kernel, lambda: self.warps["hidden"])
         if vocab_size is None:
             return
         V, k, R = vocab_size, topk, max_rows
@@ -151,22 +204,25 @@ class TritonPath:
         self.cval = torch.zeros(R, self.nb * k, dtype=torch.float32, device=device)
         self.cid = torch.zeros(R, self.nb * k, dtype=torch.int32, device=device)
         self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
+        self._summary = Launches(_summary_kernel, lambda: max(self.warps.values()))
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict) -> bool:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device views)."""
         if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
+        sh, nh = hidden.stride(0), hidden.shape[0]
         if self.vocab_size is None:
-            _hidden_stats_kernel[(R, K)](hidden, hidden.stride(0), hidden.shape[0], rows, out["rows"], out["sums"],
-                                         out["absmax"], R, K, self.chunk_width, BLOCK_H=self.hblock,
-                                         num_warps=self.warps["hidden"])
+            self._hidden((R, K), (_ptr_key(hidden), _ptr_key(rows), _int_key(sh), _int_key(nh)),
+                         hidden, sh, nh, rows, out["rows"], out["sums"], out["absmax"], R, K, self.chunk_width,
+                         self.hblock)
             return True
         nb, k = self.nb, self.topk
-        _summary_kernel[(R, K + nb)](hidden, hidden.stride(0), hidden.shape[0], logits, logits.stride(0),
-                                     logits.shape[0], rows, out["rows"], out["sums"], out["absmax"], self.bmax,
-                                     self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"], self.tickets,
-                                     R, K, self.chunk_width, self.vocab_size, nb, BLOCK_H=self.hblock, TOPK=k,
-                                     BLOCK_V=self.block, NB_P2=pow2_at_least(nb), NC_P2=pow2_at_least(nb * k),
-                                     num_warps=max(self.warps.values()))
+        sl, nl = logits.stride(0), logits.shape[0]
+        key = (_ptr_key(hidden), _ptr_key(logits), _ptr_key(rows), _int_key(sh), _int_key(nh), _int_key(sl),
+               _int_key(nl))
+        self._summary((R, K + nb), key, hidden, sh, nh, logits, sl, nl, rows, out["rows"], out["sums"],
+                      out["absmax"], self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
+                      self.tickets, R, K, self.chunk_width, self.vocab_size, nb, self.hblock, k, self.block,
+                      pow2_at_least(nb), pow2_at_least(nb * k))
         return True

@@ -29,7 +29,11 @@ PERIODIC_STEPS = 8
 
 
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
+    return _dtype_name(t.dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 class TensorProbes:
@@ -89,11 +93,23 @@ class TensorProbes:
         index = device_index(fc_sel, h.device) if fc_sel else None
         if fc_sel and index is None:
             self.health.drop("host_slots_full")
-        fc_out = None if index is None else recompute.fc(worker.draft_runner.model, h[index])
-        p_fc = None if fc_out is None else self.summaries.launch(fc_out, range(fc_out.shape[0]))
+        p_fc, fc_dtype = self._fc(worker, h, index) if index is not None else (None, None)
         self.transport.submit(phase, records.features, p_in, p_fc, rows, groups, fc_groups, phase, time.time(), width,
-                    _dtype(h), H, chunks, with_aux, input_every, None if fc_out is None else _dtype(fc_out),
-                    pendings=(p_in, p_fc))
+                    _dtype(h), H, chunks, with_aux, input_every, fc_dtype, pendings=(p_in, p_fc))
+
+    def _fc(self, worker, h: torch.Tensor, index: torch.Tensor) -> tuple:
+        """(the summary of the draft's ``fc`` on rows ``index`` of ``h``, its output dtype), or (None, None)
+        when ``fc`` would not run; its CUDA graph when the rows fit it."""
+        graph = self.capture.fc
+        if graph is not None and graph.takes(h, index.shape[0]):
+            pending = graph.launch(h, index)
+            if pending is None:
+                self.health.drop("summary_ring_full")
+            return pending, _dtype_name(graph.out_dtype)
+        fc_out = recompute.fc(worker.draft_runner.model, h.index_select(0, index))
+        if fc_out is None:
+            return None, None
+        return self.summaries.launch(fc_out, range(fc_out.shape[0])), _dtype(fc_out)
 
     def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str) -> None:
         """Top-k of the draft's logits at position 1 of each request's next verify step, recomputed from
@@ -104,19 +120,26 @@ class TensorProbes:
         if index is None:
             self.health.drop("host_slots_full")
             return
-        logits = recompute.logits(worker.draft_runner.model, h[index])
-        if logits is None:
-            return
         periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
-        pending = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic))
+        graph = self.capture.seeds
+        if graph is not None and graph.takes(h, len(rows)):
+            pending, vocab = graph.launch(h, index), graph.summary.vocab_size
+            if pending is None:
+                self.health.drop("summary_ring_full")
+        else:
+            logits = recompute.logits(worker.draft_runner.model, h.index_select(0, index))
+            if logits is None:
+                return
+            pending, vocab = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic)), \
+                int(logits.shape[-1])
         if pending is None:
             return
         mapped = self.capture.hot_map(worker)
         for j, (_, rid, _) in enumerate(rows):
             self.draft_seed[rid] = (pending, j, mapped)
         # always queued, so that every launch is read (a device launch holds a ring slot until then)
-        self.transport.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), int(logits.shape[-1]),
-                    pendings=(pending,))
+        self.transport.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), vocab,
+                              pendings=(pending,))
 
     # -- draft decode -----------------------------------------------------------------------------
     def on_draft_input(self, worker, batch) -> List[tuple]:
