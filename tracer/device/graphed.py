@@ -31,7 +31,8 @@ class Graphed:
         self.rows, self.width, self.dtype = rows, width, dtype
         self.input = torch.zeros(rows, width, dtype=dtype, device=device)
         self._views = [self.input[:n] for n in range(rows + 1)]  # slicing costs host time: made once
-        index = torch.arange(rows, dtype=torch.int64, device=device)
+        # the graph reads these rows by address: held for its lifetime
+        self._index = index = torch.arange(rows, dtype=torch.int64, device=device)
         with torch.no_grad():
             out = fn(self.input)  # eager first: Triton compiles, SGLang's modules warm up
         if out is None:

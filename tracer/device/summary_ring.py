@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from draftscope_tracer.device.devicecopy import record
 from draftscope_tracer.stats import DeviceBytes, Resolved, Summary, decode
 from draftscope_tracer.device.summary_torch import SUMS
 
@@ -84,7 +85,7 @@ class Ring:
         event = None
         if self._events is not None:
             event = self._events[slot]
-            event.record()
+            record(event)
         self.launches += 1
         return Pending(self, slot, event, tag)
 

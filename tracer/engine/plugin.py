@@ -125,6 +125,7 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
     if t is None:
         return orig(scheduler, batch, result, *args, **kwargs)
     t.health.beat("finish")
+    t.sampled.new_iteration()
     live = [(i, r) for i, r in enumerate(batch.reqs) if not (r.finished() or r.is_retracted)]
     with t.sigterm.deferred():  # SGLang answers requests in here; their records must be queued first
         out = orig(scheduler, batch, result, *args, **kwargs)

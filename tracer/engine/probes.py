@@ -177,10 +177,8 @@ class TensorProbes:
         reqs = batch.reqs
         rows = self.sampled.rows_of(reqs)
         live = self.sampled.live
-        for r in reqs:
-            n = live.get(r.rid)
-            if n is not None:
-                live[r.rid] = n + 1
+        for _, rid in self.sampled.found(reqs):
+            live[rid] += 1
         if not rows or result is None or getattr(result, "accept_lens", None) is None:
             return
         N = int(verify_input.draft_token_num)

@@ -13,18 +13,43 @@ Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed
 
 class Sampled:
     """The sampled, unfinished requests and the verify steps each has seen (``live``), and which of their
-    rows a hook records: the state the tracer and its probes share on the scheduler thread."""
+    rows a hook records: the state the tracer and its probes share on the scheduler thread.
+
+    Which rows of a batch are sampled is worked out once per iteration (the draft, verify and draft extend
+    hooks see the same ``reqs`` list): :meth:`new_iteration` forgets it, and so does any change to which
+    requests are sampled (:meth:`admit`, :meth:`finish`)."""
 
     def __init__(self, step_stride: int):
         self.live: Dict[str, int] = {}
         self.step_stride = step_stride
+        self._found: Optional[tuple] = None  # (reqs, its length, [(row, rid), ...]) of this iteration
+
+    def admit(self, rid: str) -> None:
+        self.live[rid] = 0
+        self._found = None
+
+    def finish(self, rid: str) -> bool:
+        """Forget ``rid``; whether it was sampled."""
+        self._found = None
+        return self.live.pop(rid, None) is not None
+
+    def new_iteration(self) -> None:
+        self._found = None
+
+    def found(self, reqs) -> List[tuple]:
+        """``(row, rid)`` of the sampled requests in ``reqs`` (one pass over the batch per iteration)."""
+        c = self._found
+        if c is not None and c[0] is reqs and c[1] == len(reqs):
+            return c[2]
+        live = self.live
+        out = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
+        self._found = (reqs, len(reqs), out)
+        return out
 
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
         live, stride = self.live, self.step_stride
-        # one comprehension over the batch (most requests are not sampled), then the few sampled ones
-        found = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
-        return [(i, rid, live[rid] - back) for i, rid in found
+        return [(i, rid, live[rid] - back) for i, rid in self.found(reqs)
                 if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
 
 

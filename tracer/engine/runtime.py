@@ -169,7 +169,7 @@ class Tracer:
             if rid not in self.first_seen:
                 self.first_seen[rid] = now
                 if request_sampled(rid, rate):
-                    self.sampled.live[rid] = 0
+                    self.sampled.admit(rid)
         if batch.forward_mode.is_idle():
             return []
         return self.sampled.rows_of(batch.reqs)
@@ -188,7 +188,7 @@ class Tracer:
         out = []
         for req in reqs:
             rid = req.rid
-            sampled = self.sampled.live.pop(rid, None) is not None
+            sampled = self.sampled.finish(rid)
             record, mismatch = requests.finished_record(req, sampled, self.totals.pop(rid, [0, 0, 0]),
                                                         self.first_seen.pop(rid, None), self.num_draft_tokens, now)
             if mismatch:
