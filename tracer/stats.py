@@ -43,6 +43,9 @@ class Summary:
 
     tag: Any
     rows: list[RowSummary]
+    # per selected position (padding included), when the launch gathered a verify's token ids:
+    # [draft token, target token, sequence length, accept length] (-1 for padding)
+    ints: Optional[list] = None
 
     def sample(self, chunk: int, rows: Optional[Sequence[int]] = None) -> dict[str, Any]:
         """Statistics of ``chunk`` over several summarised rows (positions in :attr:`rows`, default
@@ -175,7 +178,7 @@ def decode(h: dict, chunk_width: int, tag: Any) -> Summary:
                                      std=math.sqrt(var) if var == var else math.nan, absmax=absmax[r][c],
                                      nan_count=int(nan[r][c]), inf_count=int(nonfinite[r][c] - nan[r][c]), width=H))
         out.append(RowSummary(row=row, chunks=chunks, topk=None if topk is None else topk[r]))
-    return Summary(tag=tag, rows=out)
+    return Summary(tag=tag, rows=out, ints=h["ints"][:n].tolist() if "ints" in h else None)
 
 
 class RowCopies:

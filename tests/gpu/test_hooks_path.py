@@ -89,3 +89,20 @@ def test_graphed_recomputes_and_direct_launches_match_eager():
     second = summaries.launch(hidden, range(0, 256, 16), chunk_width=7168, logits=target)
     first_bytes, second_bytes = first.__reduce__()[1][1], second.__reduce__()[1][1]
     assert first_bytes == second_bytes
+    # a verify's token ids gathered by its summary (int64 and int32 sources) equal indexing on the host
+    vi, res, b = path.verify_input, path.result, path.batch
+    nodes = list(range(8, 16)) + list(range(200, 204))
+    got = summaries.launch(hidden, nodes, chunk_width=7168, logits=target,
+                           ints=(vi.draft_token, res.next_token_ids, b.seq_lens, res.accept_lens, 4)).result().ints
+    host = [t.tolist() for t in (vi.draft_token, res.next_token_ids, b.seq_lens, res.accept_lens)]
+    assert got[:len(nodes)] == [[host[0][r], host[1][r], host[2][r // 4], host[3][r // 4]] for r in nodes]
+    # in the order records.verify reads them: the same as the pinned host copy (HostInts) gives
+    from draftscope_tracer.device.devicecopy import HostInts
+    from draftscope_tracer.transport.records import GatheredInts
+
+    at = [2, 50]
+    nodes = [i * 4 + p for i in at for p in range(4)]
+    pending = summaries.launch(hidden, nodes, chunk_width=7168, logits=target,
+                               ints=(vi.draft_token, res.next_token_ids, b.seq_lens, res.accept_lens, 4))
+    copied = HostInts([(vi.draft_token, nodes), (res.next_token_ids, nodes), (b.seq_lens, at), (res.accept_lens, at)])
+    assert GatheredInts(pending, 2, 4).result() == copied.result()

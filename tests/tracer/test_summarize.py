@@ -243,6 +243,7 @@ def _triton_matches_torch() -> None:
     lg[1, 4095] = 99.0
     _check_topk(lg, [0, 1], k=8, block=128, backend="triton")
     _check_topk(lg, [1, 0], k=8, backend="triton")                      # default block
+    _gathered_ints_match("triton")
     ties = torch.zeros(2, 1024)
     ties[1, ::3] = 2.0
     summary = _check_topk(ties, [0, 1], k=8, block=64, exact_ids=False, backend="triton")
@@ -257,3 +258,27 @@ def test_triton_kernels_match_torch_path_in_the_interpreter():
     done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_matches_torch()"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _gathered_ints_match(backend: str) -> None:
+    """A verify's token ids read at the summary's rows (``gather``): what indexing on the host gives, -1 for
+    padding rows, from int32 and int64 tensors alike."""
+    N, bs = 4, 5
+    draft = torch.arange(100, 100 + bs * N, dtype=torch.int64)
+    target = torch.arange(200, 200 + bs * N, dtype=torch.int32)
+    seq = torch.tensor([31, 32, 33, 34, 35], dtype=torch.int64)
+    acc = torch.tensor([1, 2, 3, 4, 1], dtype=torch.int32)
+    hidden = _hidden(bs * N)[:, :H]
+    logits = torch.randn(bs * N, 300, generator=torch.Generator().manual_seed(3))
+    rows = torch.tensor([4, 5, 6, 7, 16, 17, 18, 19, -1, -1])
+    summ = Summarizer(max_rows=10, width=H, vocab_size=300, backend=backend, gather=True)
+    got = summ.summarize(hidden, rows, logits, ints=(draft, target, seq, acc, N)).result().ints
+    want = [[int(draft[r]), int(target[r]), int(seq[r // N]), int(acc[r // N])] for r in rows[:8].tolist()]
+    assert got == want
+
+
+def test_a_verify_summary_gathers_its_token_ids():
+    _gathered_ints_match("torch")
+    with pytest.raises(ValueError, match="ints missing"):
+        Summarizer(max_rows=2, width=H, vocab_size=300, gather=True).summarize(
+            _hidden(2)[:, :H], torch.tensor([0, 1]), torch.randn(2, 300))

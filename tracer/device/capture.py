@@ -50,10 +50,12 @@ class Capture:
         devicecopy.prepare(device)
         requests = min(max_requests, PREPARED_REQUESTS)
         rows = capacity(requests * draft_tokens)
-        layouts = [(aux * hidden, hidden, vocab, rows, dtype), (hidden, hidden, vocab, rows, dtype),
-                   (aux * hidden, hidden, None, rows, dtype), (hidden, hidden, None, rows, dtype)]
+        # (width, chunk, vocab, rows, dtype, gather): the verify's (with aux, and with one layer's hidden states when
+        # aux capture is off; its token ids gathered), the draft's features and fc output, the draft's logits
+        layouts = [(aux * hidden, hidden, vocab, rows, dtype, True), (hidden, hidden, vocab, rows, dtype, True),
+                   (aux * hidden, hidden, None, rows, dtype, False), (hidden, hidden, None, rows, dtype, False)]
         if draft_vocab:
-            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32))
+            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32, False))
         self.summaries.prepare(device, layouts)
         if draft_model is not None:
             self._capture_recomputes(draft_model, device, dtype, hidden, aux, requests, rows)

@@ -52,34 +52,37 @@ class Summaries:
         self._by_shape: Dict[tuple, Summarizer] = {}
 
     def prepare(self, device: torch.device, layouts: Sequence[tuple]) -> None:
-        """Build each ``(width, chunk width, vocab or None, rows, dtype)`` layout's Summarizer on ``device``
-        (CUDA) and run it once on zeros: its kernels compile and its buffers exist before the first request."""
+        """Build each ``(width, chunk width, vocab or None, rows, dtype, gather)`` layout's Summarizer on
+        ``device`` (CUDA) and run it once on zeros: its kernels compile and its buffers exist before the first
+        request (``gather``: with a verify's token ids, see ``Summarizer.summarize``)."""
         device = torch.device(device)
         if device.type != "cuda" and self.reduce == "auto":
             return
-        for width, chunk, vocab, rows, dtype in layouts:
+        for width, chunk, vocab, rows, dtype, gather in layouts:
             hidden = torch.zeros(1, width, dtype=dtype, device=device)
             logits = None if vocab is None else torch.zeros(1, vocab, dtype=torch.float32, device=device)
-            pending = self.launch(hidden, [0] * rows, chunk_width=chunk, logits=logits)
+            ints = (*(torch.zeros(1, dtype=torch.int64, device=device) for _ in range(4)), 1) if gather else None
+            pending = self.launch(hidden, [0] * rows, chunk_width=chunk, logits=logits, ints=ints)
             if pending is not None:
                 pending.result()
 
-    def _summarizer(self, width: int, chunk: int, vocab: Optional[int], n: int, device) -> Summarizer:
-        key = (width, chunk, vocab, device)
+    def _summarizer(self, width: int, chunk: int, vocab: Optional[int], n: int, device, gather: bool) -> Summarizer:
+        key = (width, chunk, vocab, device, gather)
         summ = self._by_shape.get(key)
         if summ is None or summ.max_rows < n:
             rows = capacity(n)
             topk = min(self.topk, vocab) if vocab else self.topk
-            size = ring_size(Layout(rows, width // chunk, vocab, topk).nbytes)
+            size = ring_size(Layout(rows, width // chunk, vocab, topk, gather).nbytes)
             summ = self._by_shape[key] = Summarizer(max_rows=rows, width=width, chunk_width=chunk, vocab_size=vocab,
-                                                    topk=topk, ring_size=size, device=device)
+                                                    topk=topk, ring_size=size, device=device, gather=gather)
         return summ
 
     def launch(self, hidden: torch.Tensor, rows: Sequence[int], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
-               stats: bool = True, tag=None) -> Optional[Union[Pending, RowCopies]]:
+               stats: bool = True, tag=None, ints: Optional[tuple] = None) -> Optional[Union[Pending, RowCopies]]:
         """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted).
-        ``stats=False``: only the top-k is read (the device path computes the statistics anyway)."""
+        ``stats=False``: only the top-k is read (the device path computes the statistics anyway). ``ints``: a
+        verify's token ids, read at ``rows`` on the device (``Summarizer.summarize``; device tensors only)."""
         n = len(rows)
         if n == 0 or hidden.shape[0] == 0:
             return None
@@ -90,13 +93,14 @@ class Summaries:
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
-        summ = self._summarizer(width, chunk, vocab, n, hidden.device)
+        summ = self._summarizer(width, chunk, vocab, n, hidden.device, ints is not None)
         # the padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
         index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
         if index is None:
             self.health.drop("host_slots_full")
             return None
-        pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag)
+        pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag,
+                                 ints=ints)
         if pending is None:
             self.health.drop("summary_ring_full")
         return pending

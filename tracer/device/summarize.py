@@ -90,7 +90,8 @@ class Summarizer:
 
     def __init__(self, *, max_rows: int, width: int, chunk_width: Optional[int] = None,
                  vocab_size: Optional[int] = None, topk: int = 8, ring_size: int = 4,
-                 block: Optional[int] = None, device: torch.device | str = "cpu", backend: str = "auto"):
+                 block: Optional[int] = None, device: torch.device | str = "cpu", backend: str = "auto",
+                 gather: bool = False):
         chunk_width = width if chunk_width is None else chunk_width
         if max_rows < 1 or width < 1 or chunk_width < 1 or width % chunk_width:
             raise ValueError(f"need max_rows >= 1 and chunk_width dividing width; got max_rows={max_rows}, "
@@ -109,13 +110,16 @@ class Summarizer:
         self.vocab_size, self.topk = vocab_size, topk
         self.fallbacks = 0  # launches the torch path computed because the Triton path could not
         self.fallback_error: Optional[str] = None
-        layout = Layout(max_rows, self.num_chunks, vocab_size, topk)
+        if gather and vocab_size is None:
+            raise ValueError("gather needs a vocabulary: it rides on a verify's summary (hidden states and logits)")
+        self.gather = gather
+        layout = Layout(max_rows, self.num_chunks, vocab_size, topk, gather)
         self.nbytes = layout.nbytes
         self._dev_buf = torch.zeros(layout.nbytes, dtype=torch.uint8, device=self.device)
         self._dev = layout.views(self._dev_buf)
         self._ring = Ring(layout, ring_size, self.device, chunk_width)
         self._shape = dict(max_rows=max_rows, num_chunks=self.num_chunks, chunk_width=chunk_width,
-                           vocab_size=vocab_size, topk=topk, block=block, device=self.device)
+                           vocab_size=vocab_size, topk=topk, block=block, device=self.device, gather=gather)
         use_triton = triton is not None and (backend == "triton" or (backend == "auto" and self.device.type == "cuda"))
         self._triton: Optional[TritonPath] = TritonPath(**self._shape) if use_triton else None
         self._torch: Optional[TorchPath] = None if use_triton else TorchPath(**self._shape)
@@ -150,18 +154,20 @@ class Summarizer:
         return self._dev_buf
 
     def summarize(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
-                  tag: Any = None) -> Optional[Pending]:
+                  tag: Any = None, ints: Optional[tuple] = None) -> Optional[Pending]:
         """Launch the summary of one step; returns a :class:`Pending`, or ``None`` if dropped.
 
         ``hidden [n, width]``; ``rows [max_rows]`` int64 row indices into ``hidden`` (and
         ``logits [n, vocab_size]``), ``-1`` for unused slots. ``tag`` is handed back unchanged in
-        the ``Summary``. Never synchronises with the host.
+        the ``Summary``. With ``gather``: ``ints = (draft tokens, target tokens, sequence lengths, accept
+        lengths, N)`` of a verify step (tokens per node, the others per request, node ``i`` belonging to
+        request ``i // N``), read at each selected row into ``Summary.ints``. Never synchronises with the host.
         """
         slot = self._ring.reserve()
         if slot is None:
             return None
         try:
-            self.compute(hidden, rows, logits)
+            self.compute(hidden, rows, logits, ints)
         except BaseException:
             self._ring.release(slot)
             raise
@@ -172,22 +178,27 @@ class Summarizer:
         slot = self._ring.reserve()
         return None if slot is None else self._ring.copy_out(slot, self._dev_buf, tag)
 
-    def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None) -> None:
+    def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
+                ints: Optional[tuple] = None) -> None:
         """Write the summary into the device buffer only (capturable in a CUDA graph)."""
         self._check(hidden, rows, logits)
+        if (ints is not None) != self.gather:
+            raise ValueError(f"Summarizer: ints {'missing' if self.gather else 'given'}: this layout was built "
+                             f"with gather={self.gather}")
         if self._triton is not None:
             try:
-                if self._triton.run(hidden, rows, logits, self._dev):
+                if self._triton.run(hidden, rows, logits, self._dev, ints):
                     return
                 self.fallbacks += 1
-                self.fallback_error = "hidden/logits rows are not contiguous"
+                self.fallback_error = "inputs the Triton path does not take (hidden/logits rows not contiguous, " \
+                                      "or ints not 1-D int32/int64)"
             except Exception as exc:  # noqa: BLE001 - never raise into the serving process
                 self.fallbacks += 1
                 self.fallback_error = f"{type(exc).__name__}: {exc}"
                 self._triton = None
         if self._torch is None:
             self._torch = TorchPath(**self._shape)
-        self._torch.run(hidden, rows, logits, self._dev)
+        self._torch.run(hidden, rows, logits, self._dev, ints)
 
     def _check(self, hidden, rows, logits) -> None:
         """Shape/dtype/device checks only: metadata, never data (no host sync). One expression on the hot path

@@ -15,16 +15,18 @@ from draftscope_tracer.device.summary_torch import SUMS
 
 
 class Layout:
-    """Typed views onto 8-byte-aligned regions of one byte buffer: ``rows``, ``sums``, ``absmax`` and,
-    with a vocabulary, ``topk_p``/``topk_id``."""
+    """Typed views onto 8-byte-aligned regions of one byte buffer: ``rows``, ``sums``, ``absmax``, with a
+    vocabulary ``topk_p``/``topk_id``, and with ``gather`` the verify's ``ints`` (4 per row)."""
 
-    def __init__(self, max_rows: int, num_chunks: int, vocab_size: Optional[int], topk: int):
+    def __init__(self, max_rows: int, num_chunks: int, vocab_size: Optional[int], topk: int, gather: bool = False):
         R, K = max_rows, num_chunks
         fields: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
             ("rows", torch.int64, (R,)), ("sums", torch.float32, (len(SUMS), R, K)),
             ("absmax", torch.float32, (R, K))]
         if vocab_size is not None:
             fields += [("topk_p", torch.float32, (R, topk)), ("topk_id", torch.int64, (R, topk))]
+        if gather:
+            fields.append(("ints", torch.int64, (R, 4)))
         self.fields, offset = [], 0
         for name, dtype, shape in fields:
             nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()

@@ -28,7 +28,7 @@ class TorchPath:
     """Scratch and launches of the torch path for one Summarizer layout."""
 
     def __init__(self, *, max_rows: int, num_chunks: int, chunk_width: int, vocab_size: Optional[int],
-                 topk: int, block: Optional[int], device: torch.device):
+                 topk: int, block: Optional[int], device: torch.device, gather: bool = False):
         R, K, dev = max_rows, num_chunks, device
         self.max_rows, self.num_chunks, self.chunk_width = max_rows, num_chunks, chunk_width
         self.vocab_size, self.topk = vocab_size, topk
@@ -56,13 +56,20 @@ class TorchPath:
         self.tval = torch.zeros(R, topk, device=dev)
         self.tpos = torch.zeros(R, topk, dtype=torch.int64, device=dev)
 
-    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict) -> None:
-        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views)."""
+    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict,
+            ints: Optional[tuple] = None) -> None:
+        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views), and the verify's
+        ``ints`` at them (see ``Summarizer.summarize``)."""
         out["rows"].copy_(rows)
         torch.clamp(rows, 0, hidden.shape[0] - 1, out=self.rows_c)
         self._hidden_stats(hidden, out["sums"], out["absmax"])
         if self.vocab_size is not None:
             self._topk(logits, out["topk_p"], out["topk_id"])
+        if ints is not None:
+            *tensors, n = ints
+            at = [self.rows_c, self.rows_c, self.rows_c // n, self.rows_c // n]
+            got = torch.stack([t.reshape(-1).index_select(0, i).long() for t, i in zip(tensors, at)], dim=1)
+            out["ints"].copy_(torch.where((rows >= 0)[:, None], got, -1))
 
     def _hidden_stats(self, hidden: torch.Tensor, sums: torch.Tensor, absmax: torch.Tensor) -> None:
         """Sums, NaN/Inf counts and sums of squares in one fp32 ``mv``; absmax in two steps.

@@ -155,18 +155,40 @@ if triton is not None:
                       tl.program_id(1), R, K, H, BLOCK_H)
 
     @triton.jit
+    def _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES):
+        """Row r's [draft token, target token, sequence length, accept length] (a verify's node ``row`` and
+        its request ``row // NODES``); -1 for a padding row. Each source is read as int32 words, ``m`` words
+        per element (2 for int64: its low word; ids and lengths fit in 31 bits)."""
+        row = tl.load(rows + r)
+        ok = row >= 0
+        node = tl.maximum(row, 0)
+        req = node // NODES
+        tl.store(ints_out + r * 4, tl.load(ia + node * ma, mask=ok, other=-1).to(tl.int64))
+        tl.store(ints_out + r * 4 + 1, tl.load(ib + node * mb, mask=ok, other=-1).to(tl.int64))
+        tl.store(ints_out + r * 4 + 2, tl.load(iseq + req * mseq, mask=ok, other=-1).to(tl.int64))
+        tl.store(ints_out + r * 4 + 3, tl.load(iacc + req * macc, mask=ok, other=-1).to(tl.int64))
+
+    # the int32 word counts of the gathered ints are never specialised (1 for int32 sources, 2 for int64): one
+    # compiled kernel for every mix of dtypes
+    @triton.jit(do_not_specialize=["ma", "mb", "mseq", "macc"])
     def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, rows_out, sums, absmax,
-                        bmax, bsum, cand_val, cand_id, topk_p, topk_id, tickets, R, K, H, V, NB,
+                        bmax, bsum, cand_val, cand_id, topk_p, topk_id, tickets, ia, ma, ib, mb, iseq, mseq, iacc,
+                        macc, ints_out,
+                        NODES, R, K, H, V, NB,
                         BLOCK_H: tl.constexpr, TOPK: tl.constexpr, BLOCK_V: tl.constexpr,
-                        NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+                        NB_P2: tl.constexpr, NC_P2: tl.constexpr, GATHER: tl.constexpr):
         """The whole summary in one launch. Program (r, j): chunk j of row r's hidden statistics for
         j < K, else logits block j - K; the last block of a row to finish (a ticket per row, taken with
         an acquire-release atomic, so the other blocks' writes are visible) computes the row's final
-        top-k and resets the ticket for the next launch (graph replays included)."""
+        top-k and resets the ticket for the next launch (graph replays included). With ``GATHER``, program
+        (r, 0) also reads the verify's token ids at row r (``_gather_ints``)."""
         r = tl.program_id(0)
         j = tl.program_id(1)
         if j < K:
             _hidden_stats(hidden, stride_h, n_h, rows, rows_out, sums, absmax, r, j, R, K, H, BLOCK_H)
+            if GATHER:
+                if j == 0:
+                    _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
         else:
             _logits_block(logits, stride_l, n_l, rows, bmax, bsum, cand_val, cand_id, r, j - K, V, NB, TOPK,
                           BLOCK_V)
@@ -181,7 +203,7 @@ class TritonPath:
     torch path (for that launch, or from then on)."""
 
     def __init__(self, *, max_rows: int, num_chunks: int, chunk_width: int, vocab_size: Optional[int],
-                 topk: int, block: Optional[int], device: torch.device):
+                 topk: int, block: Optional[int], device: torch.device, gather: bool = False):
         self.max_rows, self.num_chunks, self.chunk_width = max_rows, num_chunks, chunk_width
         self.vocab_size, self.topk = vocab_size, topk
         self.hblock = min(pow2_at_least(chunk_width), 8192)
@@ -206,8 +228,10 @@ class TritonPath:
         self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
         self._summary = Launches(_summary_kernel, lambda: max(self.warps.values()))
 
-    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict) -> bool:
-        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views)."""
+    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict,
+            ints: Optional[tuple] = None) -> bool:
+        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views), and the verify's
+        ``ints`` at them (``Summarizer.summarize``)."""
         if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
@@ -221,8 +245,19 @@ class TritonPath:
         sl, nl = logits.stride(0), logits.shape[0]
         key = (_ptr_key(hidden), _ptr_key(logits), _ptr_key(rows), _int_key(sh), _int_key(nh), _int_key(sl),
                _int_key(nl))
+        if ints is not None:
+            *tensors, nodes = ints
+            words = []  # each source as int32 words, and the words per element
+            for t in tensors:
+                if t.dim() != 1 or t.stride(0) != 1 or t.dtype not in (torch.int32, torch.int64):
+                    return False
+                words += [t.view(torch.int32), 2 if t.dtype == torch.int64 else 1]
+            key += tuple(_ptr_key(t) for t in words[::2]) + (_int_key(nodes),)
+        else:  # unused pointers (GATHER is off): any tensor of this device
+            words, nodes = [rows, 1] * 4, 1
         self._summary((R, K + nb), key, hidden, sh, nh, logits, sl, nl, rows, out["rows"], out["sums"],
                       out["absmax"], self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
-                      self.tickets, R, K, self.chunk_width, self.vocab_size, nb, self.hblock, k, self.block,
-                      pow2_at_least(nb), pow2_at_least(nb * k))
+                      self.tickets, *words, out.get("ints", rows), nodes, R, K, self.chunk_width,
+                      self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb), pow2_at_least(nb * k),
+                      ints is not None)
         return True

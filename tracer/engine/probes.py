@@ -184,16 +184,27 @@ class TensorProbes:
         N = int(verify_input.draft_token_num)
         nodes = [i * N + p for i, _, _ in rows for p in range(N)]
         reqs_at = [i for i, _, _ in rows]
-        ints = HostInts([(verify_input.draft_token, nodes), (result.next_token_ids, nodes),
-                         (batch.seq_lens, reqs_at), (result.accept_lens, reqs_at)])
-        if not ints.ok:
-            self.health.drop("host_slots_full", len(rows))
-            return
+        tokens = (verify_input.draft_token, result.next_token_ids, batch.seq_lens, result.accept_lens)
         lo = result.logits_output
         hidden, H = lo.hidden_states, self.capture.target_hidden
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
+        # on a GPU the summary reads the token ids at its rows (one launch, one copy); on a CPU they are read here
+        on_device = lo.next_token_logits.is_cuda and all(t.is_cuda and t.dim() == 1 for t in tokens)
+        ints = None
+        if not on_device:
+            ints = HostInts([(tokens[0], nodes), (tokens[1], nodes), (tokens[2], reqs_at), (tokens[3], reqs_at)])
+            if not ints.ok:
+                self.health.drop("host_slots_full", len(rows))
+                return
         pending = self.summaries.launch(hidden if aux else lo.next_token_logits, nodes,
-                                        chunk_width=H if aux else None, logits=lo.next_token_logits)
+                                        chunk_width=H if aux else None, logits=lo.next_token_logits,
+                                        ints=(*tokens, N) if on_device else None)
+        if on_device:
+            if pending is None:  # counted by the launch; the drafts waiting for this step go
+                for _, rid, _ in rows:
+                    self.forget(rid)
+                return
+            ints = records.GatheredInts(pending, len(rows), N)
         shape = records.VerifyShape(N, int(hidden.shape[-1]) // H if aux else 0, H if aux else None,
                                     _dtype(hidden) if aux else None)
         # the draft extend that follows reads the same rows of the same tensor as its input
@@ -201,7 +212,7 @@ class TensorProbes:
         drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}
         steps = {d[1][0] for d in drafts.values() if d[1] is not None}
         self.transport.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self.capture.hot,
-                    pendings=(pending, ints, *steps))
+                              pendings=(pending, None if on_device else ints, *steps))
 
     # -- draft extend after verify ----------------------------------------------------------------
     def draft_extend_rows(self, batch) -> tuple:

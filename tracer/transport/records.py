@@ -83,10 +83,24 @@ def step_tokens(values: List[int], requests: int, n: int) -> List[StepTokens]:
             for j in range(requests)]
 
 
+class GatheredInts:
+    """A verify's token ids as the summary gathered them on the device (``Summary.ints``, 4 per node), in
+    ``HostInts``' order: draft tokens, target tokens, then sequence and accept lengths per request. Pickled
+    with the summary it reads (the same object in one payload: decoded once)."""
+
+    def __init__(self, pending, requests: int, n: int):
+        self.pending, self.requests, self.n = pending, requests, n
+
+    def result(self) -> List[int]:
+        rows = self.pending.result().ints[:self.requests * self.n]
+        firsts = rows[::self.n]
+        return [r[0] for r in rows] + [r[1] for r in rows] + [r[2] for r in firsts] + [r[3] for r in firsts]
+
+
 def verify(ints, pending, rows: list, shape: VerifyShape, now: float, drafts: dict,
            hot: Optional[List[int]]) -> Records:
     """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
-    target.aux[i] samples. ``ints``: the step's ``HostInts`` (see :func:`step_tokens`); ``pending``: the
+    target.aux[i] samples. ``ints``: the step's ``HostInts`` or ``GatheredInts`` (see :func:`step_tokens`); ``pending``: the
     summary of its ``N`` rows per request (aux statistics, target top-k); ``drafts``: rid -> (seed, steps),
     the draft's top-k at position 1 as ``(summary, row, mapped)`` and at positions 2.. as
     ``(StepTopk, row, mapped)`` (either None), ``mapped`` when its ids go through ``hot``."""
