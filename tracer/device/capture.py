@@ -35,6 +35,7 @@ class Capture:
         self.target_hidden: Optional[int] = None
         self.seeds: Optional[graphed.Graphed] = None
         self.fc: Optional[graphed.Graphed] = None
+        self.prepared_rows: Optional[int] = None  # rows per launch the prepared Summarizers take (on a GPU)
 
     def install_step_tap(self, worker, guard: Callable) -> None:
         """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain."""
@@ -50,6 +51,7 @@ class Capture:
         devicecopy.prepare(device)
         requests = min(max_requests, PREPARED_REQUESTS)
         rows = capacity(requests * draft_tokens)
+        self.prepared_rows = rows
         # (width, chunk, vocab, rows, dtype, gather): the verify's (with aux, and with one layer's hidden states when
         # aux capture is off; its token ids gathered), the draft's features and fc output, the draft's logits
         layouts = [(aux * hidden, hidden, vocab, rows, dtype, True), (hidden, hidden, vocab, rows, dtype, True),

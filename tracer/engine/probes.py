@@ -60,8 +60,11 @@ class TensorProbes:
         starts = [0]
         for n in extend_lens[:-1]:
             starts.append(starts[-1] + n)
-        spans = [(max(starts[i], starts[i] + extend_lens[i] - ROWS_PER_REQUEST), starts[i] + extend_lens[i])
-                 for i, _, _ in rows]
+        # on a GPU, a launch takes at most the rows its Summarizer was built for at attach (a larger one would be
+        # built here, allocating pinned memory in the hook): many requests at once get fewer prompt rows each
+        cap = self.capture.prepared_rows
+        per = ROWS_PER_REQUEST if cap is None else max(1, min(ROWS_PER_REQUEST, cap // len(rows)))
+        spans = [(max(starts[i], starts[i] + extend_lens[i] - per), starts[i] + extend_lens[i]) for i, _, _ in rows]
         self._features(worker, target_hidden, rows, spans, "prefill", with_aux=True)
         h = getattr(draft_input, "hidden_states", None)
         if h is not None and h.shape[0] == len(batch.reqs):
