@@ -16,8 +16,7 @@ from draftscope_tracer.device.devicecopy import later_list
 from draftscope_tracer.health import Health
 from draftscope_tracer.shared import Shared
 from draftscope_tracer.device.steptap import StepTap
-from draftscope_tracer.device.summaries import Summaries, capacity, ring_size
-from draftscope_tracer.device.summary_ring import Layout
+from draftscope_tracer.device.summaries import Summaries, capacity
 
 PREPARED_REQUESTS = 64  # sampled requests per batch the summary buffers are built for at attach (more: built late)
 
@@ -66,14 +65,10 @@ class Capture:
 
     def _capture_recomputes(self, model, device, dtype, hidden: int, aux: int, requests: int, rows: int) -> None:
         """The draft's logits at position 1 (one row per sampled request) and its ``fc`` (on the verify's rows)."""
-        seeds_rows = capacity(requests)
-        # a summary's size does not depend on its vocabulary: 1 stands for "with top-k"
-        seeds_ring = ring_size(Layout(seeds_rows, 1, 1, self.topk).nbytes)
-        fc_ring = ring_size(Layout(rows, 1, None, self.topk).nbytes)
-        self.seeds = graphed.capture("draft logits", lambda x: recompute.logits(model, x), seeds_rows, hidden,
-                                     dtype, device, self.topk, seeds_ring, logits=True)
+        self.seeds = graphed.capture("draft logits", lambda x: recompute.logits(model, x), capacity(requests), hidden,
+                                     dtype, device, self.topk, logits=True)
         self.fc = graphed.capture("fc", lambda x: recompute.fc(model, x), rows, aux * hidden, dtype, device,
-                                  self.topk, fc_ring, logits=False)
+                                  self.topk, logits=False)
 
     def hot_map(self, worker) -> bool:
         """Whether the draft's ids go through ``hot_token_id`` (read once; on a CPU, at first use)."""

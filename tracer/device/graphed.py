@@ -18,7 +18,9 @@ from typing import Callable, Optional
 
 import torch
 
+from draftscope_tracer.device.summaries import ring_size
 from draftscope_tracer.device.summarize import Pending, Summarizer
+from draftscope_tracer.device.summary_ring import Layout
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -27,7 +29,7 @@ class Graphed:
     """``fn`` on a static ``[rows, width]`` input and the summary of its output (top-k too with ``logits``)."""
 
     def __init__(self, fn: Callable[[torch.Tensor], Optional[torch.Tensor]], rows: int, width: int,
-                 dtype: torch.dtype, device: torch.device, topk: int, ring_size: int, logits: bool):
+                 dtype: torch.dtype, device: torch.device, topk: int, logits: bool):
         self.rows, self.width, self.dtype = rows, width, dtype
         self.input = torch.zeros(rows, width, dtype=dtype, device=device)
         self._views = [self.input[:n] for n in range(rows + 1)]  # slicing costs host time: made once
@@ -38,8 +40,9 @@ class Graphed:
         if out is None:
             raise ValueError("nothing to recompute for this draft")
         out_width, self.out_dtype = int(out.shape[-1]), out.dtype
-        self.summary = Summarizer(max_rows=rows, width=out_width, vocab_size=out_width if logits else None,
-                                  topk=min(topk, out_width), ring_size=ring_size, device=device)
+        vocab, topk = (out_width if logits else None), min(topk, out_width)
+        self.summary = Summarizer(max_rows=rows, width=out_width, vocab_size=vocab, topk=topk, device=device,
+                                  ring_size=ring_size(Layout(rows, 1, vocab, topk).nbytes))
 
         def body() -> None:
             with torch.no_grad():
