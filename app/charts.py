@@ -120,20 +120,34 @@ def norms(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | None =
                                {"title": _title("mean L2 norm per row")}, height=280, shapes=bands))
 
 
+def _verdicts(step: dict[str, Any]) -> tuple[int, int, int]:
+    """(accepted, rejected, not reached) drafted tokens of a step: a chain rejects at most its first
+    position past the accepted ones; a tree rejects every node the target checked (under the root or an
+    accepted node) and refused. A tree step whose shape was not read counts its accepted ones only."""
+    flags, drafted, accepted = step["accept_flags"] or [], len(step["drafted_tokens"] or []), step["accept_len"] - 1
+    parents = step.get("tree_parents")
+    if parents:
+        rejected = sum(1 for i, p in enumerate(parents) if not flags[i] and (p == 0 or flags[p - 1]))
+    elif step["accept_flags"] == [] and drafted:
+        return accepted, 0, 0
+    else:
+        rejected = 1 if accepted < drafted else 0
+    return accepted, rejected, drafted - accepted - rejected
+
+
 def timeline(steps: list[dict[str, Any]]) -> str | None:
-    """One stacked bar per verify step: accepted drafts, the bonus token, the first rejected
-    position, and positions drafted past it. Click a bar for that step's detail."""
+    """One stacked bar per verify step: accepted drafts, the bonus token, the rejected ones (a chain: its
+    first rejected position; a tree: every node the target refused), and the ones drafted past them. Click a
+    bar for that step's detail."""
     if not steps:
         return None
     x = [s["step_index"] for s in steps]
-    accepted = [sum(bool(f) for f in s["accept_flags"] or []) for s in steps]
-    drafted = [len(s["drafted_tokens"] or []) for s in steps]
-    rejected = [1 if a < d else 0 for a, d in zip(accepted, drafted)]
-    past = [d - a - r for a, d, r in zip(accepted, drafted, rejected)]
+    accepted, rejected, past = (list(v) for v in zip(*map(_verdicts, steps)))
+    refused = "rejected" if any(s.get("tree_parents") for s in steps) else "first rejected"
     data = [{"type": "bar", "name": name, "x": x, "y": y, "marker": {"color": colour}, "customdata": x,
              "hovertemplate": "step %{x}: %{y} " + name + "<extra></extra>"}
             for name, y, colour in (("accepted", accepted, GREEN), ("bonus", [1] * len(x), BLUE),
-                                    ("first rejected", rejected, RED), ("not reached", past, GREY))]
+                                    (refused, rejected, RED), ("not reached", past, GREY))]
     return _json(data, _layout({"title": _title("verify step (click for its detail)")},
                                {"title": _title("tokens"), "dtick": 1}, height=240,
                                barmode="stack", bargap=0.15, clickmode="event"))
@@ -141,4 +155,4 @@ def timeline(steps: list[dict[str, Any]]) -> str | None:
 
 def warm_up() -> None:
     """plotly.io sets up its JSON engine on first use (~150 ms): pay that at start, not on a page."""
-    timeline([{"step_index": 0, "accept_flags": [True], "drafted_tokens": [1]}])
+    timeline([{"step_index": 0, "accept_flags": [True], "drafted_tokens": [1], "accept_len": 2}])

@@ -94,6 +94,7 @@ class VerifyStep(SQLModel, table=True):
     bonus_token: int | None = None
     draft_topk: list | None = _json()
     target_topk: list | None = _json()
+    tree_parents: list | None = _json()  # a tree's drafted nodes' parents (0: the verified token); null: a chain
 
 
 class TensorSample(SQLModel, table=True):

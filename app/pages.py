@@ -32,7 +32,7 @@ REQUEST_CSV = ("rid", "prompt_len", "output_len", "finish_reason", "sampled_step
                "spec_proposed_drafts", "traced_proposed_drafts", "spec_accept_length",
                "traced_accept_length", "started_at", "finished_at")
 STEP_CSV = ("step_index", "at", "seq_pos", "accept_len", "accept_flags", "drafted_tokens",
-            "bonus_token", "draft_topk", "target_topk")
+            "bonus_token", "draft_topk", "target_topk", "tree_parents")
 SAMPLE_CSV = ("point", "phase", "step_index", "at", "width", "rows", "dtype", "shape", "l2_mean",
               "l2_max", "mean", "std", "absmax", "nan_count", "inf_count")
 
@@ -338,12 +338,20 @@ def _sample_groups(samples: list[dict[str, Any]], expected: dict[str, int | None
 
 
 def _step_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per drafted position: the verdict (accepted, first rejected, not reached) and both top-k."""
+    """Per drafted position (a tree: per node, with its depth and parent): the verdict (accepted, first
+    rejected or rejected, not reached) and both top-k."""
     flags, rows, rejected = step["accept_flags"] or [], [], False
     draft, target = step.get("draft_topk") or [], step.get("target_topk") or []
+    parents = step.get("tree_parents")
+    depth = [0]
     for i, token in enumerate(step["drafted_tokens"] or []):
         flag = flags[i] if i < len(flags) else None
-        if rejected:
+        if parents is not None:  # a tree: a node the target checked is one under the root or an accepted node
+            parent = parents[i]
+            depth.append(depth[parent] + 1)
+            checked = parent == 0 or bool(flags[parent - 1])
+            verdict = "accepted" if flag else "rejected" if checked else "not reached"
+        elif rejected:
             verdict = "not reached"
         elif flag:
             verdict = "accepted"
@@ -352,9 +360,22 @@ def _step_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             verdict, rejected = "first rejected", True
         d, t = (draft[i] if i < len(draft) else []), (target[i] if i < len(target) else [])
-        rows.append({"position": i + 1, "token": token, "verdict": verdict, "draft_topk": d or [],
-                     "target_topk": t or [], "agree": bool(d and t and int(d[0][0]) == int(t[0][0]))})
+        rows.append({"position": depth[-1] if parents is not None else i + 1, "node": i + 1,
+                     "parent": parents[i] if parents is not None else None, "token": token, "verdict": verdict,
+                     "draft_topk": d or [], "target_topk": t or [],
+                     "agree": bool(d and t and int(d[0][0]) == int(t[0][0]))})
     return rows
+
+
+def _step_tree(rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """A tree step's nodes nested under their parents (the root's children first), for the request page's
+    drawing; None for a chain."""
+    if not rows or rows[0]["parent"] is None:
+        return None
+    nodes = {0: {"children": []}} | {r["node"]: {**r, "children": []} for r in rows}
+    for r in rows:
+        nodes.get(r["parent"], nodes[0])["children"].append(nodes[r["node"]])
+    return nodes[0]["children"]
 
 
 def _request_data(conn, run_id: str, rid: str, step_index: int | None = None) -> dict[str, Any]:
@@ -386,8 +407,9 @@ def _request_data(conn, run_id: str, rid: str, step_index: int | None = None) ->
             raise PageError(404, "Step not found", f"Request {rid!r} has no sampled verify step "
                             f"{step_index}.", ["Pick a step from the request's timeline."])
     samples = data["samples"]
+    rows = _step_rows(step) if step else []
     return {"run": run, "req": req, "steps": steps, "samples": samples, "incomplete": incomplete,
-            "step": step, "step_rows": _step_rows(step) if step else [],
+            "step": step, "step_rows": rows, "step_tree": _step_tree(rows),
             "step_samples": _sample_groups([s for s in samples if s["step_index"] == step_index],
                                            expected) if step else [],
             "sample_groups": _sample_groups(samples, expected), "expected_widths": expected,

@@ -38,6 +38,17 @@ def _insert(conn: sa.Connection):
     return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
 
 
+def _position_flags(flags: list, parents: list | None, accept_len: int) -> list:
+    """Per draft position, whether the step accepted it: a chain's flags; a tree's by depth (its accepted path
+    reaches depth d, for every depth it drafted). A tree step whose shape was not read has none."""
+    if parents is None:
+        return flags
+    depth = [0]
+    for parent in parents:
+        depth.append(depth[parent] + 1)
+    return [d <= accept_len - 1 for d in range(1, max(depth) + 1)]
+
+
 def _bucket(conn: sa.Connection, value: sa.ColumnElement, width: float) -> sa.ColumnElement:
     """floor(value / width) as an integer (values are >= 0); SQLite's CAST truncates, PG's rounds."""
     if conn.dialect.name == "postgresql":
@@ -165,10 +176,12 @@ class _Fold:
         s["verify_steps"] += totals[0]
         s["accept_len_sum"] += int(totals[1] or 0)
         flags_text = sa.cast(_STEPS.c.accept_flags, sa.Text)
+        parents_text = sa.cast(_STEPS.c.tree_parents, sa.Text)
         per_position = [list(p) for p in s["per_position"]]
-        for text, n in conn.execute(sa.select(flags_text, sa.func.count()).where(*where)
-                                    .group_by(flags_text)):
-            flags = orjson.loads(text)
+        for text, parents, accept_len, n in conn.execute(
+                sa.select(flags_text, parents_text, _STEPS.c.accept_len, sa.func.count()).where(*where)
+                .group_by(flags_text, parents_text, _STEPS.c.accept_len)):
+            flags = _position_flags(orjson.loads(text), orjson.loads(parents) if parents else None, accept_len)
             self._bin("steps.flags", text, 0, n)
             while len(per_position) < len(flags):
                 per_position.append([0, 0])
@@ -177,7 +190,7 @@ class _Fold:
                 per_position[i][1] += n if flag else 0
         s["per_position"] = per_position
         s["proposed"] = sum(p for p, _ in per_position)
-        s["accepted"] = sum(a for _, a in per_position)
+        s["accepted"] = s["accept_len_sum"] - s["verify_steps"]  # every step's accepted drafts, trees' too
         bucket = self._since_t0(_STEPS.c.at).label("b")
         for b, n, total, seq_n, seq_total in conn.execute(
                 sa.select(bucket, sa.func.count(), sa.func.sum(_STEPS.c.accept_len),

@@ -73,6 +73,7 @@ class StepRecord(_Record):
     bonus_token: int | None = None
     draft_topk: list[list[list[float | None]]] | None = None  # [id, prob]; prob null when not finite
     target_topk: list[list[list[float | None]]] | None = None
+    tree_parents: list[int] | None = None  # a tree: each drafted node's parent node (0: the verified token)
 
 
 class SampleRecord(_Record):

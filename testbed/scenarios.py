@@ -168,6 +168,12 @@ SCENARIOS: dict[str, Scenario] = {
             _layers_shifted,
         ),
         Scenario(
+            "tree",
+            "the trained draft drafting a tree: --speculative-eagle-topk 4, 8 draft tokens",
+            "healthy: each verify step checks 7 tree nodes (up to 4 children each), accept length above 1",
+            server_args=("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"),
+        ),
+        Scenario(
             "lm-head-removed",
             "lm_head.weight dropped from the checkpoint (draft_vocab_size still set)",
             "silent: SGLang keeps a randomly initialised draft head",
@@ -181,6 +187,7 @@ SCENARIOS: dict[str, Scenario] = {
 # CPU bed finds (tests/test_scenario_findings.py), and the GPU bed must find the same (tests/gpu).
 FINDINGS = {
     "healthy": (None, None, False),
+    "tree": (None, None, False),
     "aux-off": ("fc-bypassed", "fc-bypassed", False),
     "algo-eagle": ("eagle-algorithm-with-eagle3-draft", "eagle-algorithm-with-eagle3-draft", False),
     "weights-dropped": ("draft-weights-not-loaded", "draft-weights-not-loaded", False),

@@ -134,13 +134,26 @@ class ArrayBytes:
         return self._value
 
 
-def step_topk_lists(arrays: list, n: int) -> list:
-    """The step tap's probs/ids ``[steps, rows, k]`` as ``[position][row] = [(id, prob), ...]`` for the first
-    ``n`` rows, best first (ties by id); ids < 0 (nothing written) left out."""
-    probs, ids = arrays
-    return [[sorted(((t, q) for t, q in zip(i, p) if t >= 0), key=lambda e: (-e[1], e[0]))
-             for i, p in zip(step_ids[:n], step_probs[:n])]
-            for step_ids, step_probs in zip(ids.tolist(), probs.tolist())]
+class DraftSteps(NamedTuple):
+    """What one draft's step tap read: ``positions[step][row]`` = ``[(id, prob), ...]`` best first (ties by id;
+    ids < 0, nothing written, left out), rows ``request * branches + branch``; and for a tree (``branches`` >
+    1) each request's ints (its verify nodes' candidate indices, then ``parent_list``), else None."""
+
+    positions: list
+    tree: Optional[list]
+    branches: int
+
+
+def draft_steps(arrays: list, extra: tuple) -> DraftSteps:
+    """The step tap's probs/ids ``[steps, rows, k]`` (and tree ints ``[requests, width]``) as a
+    :class:`DraftSteps` for the first ``n`` requests; ``extra`` = ``(n, branches)``."""
+    probs, ids, tree = arrays
+    n, branches = extra
+    rows = n * branches
+    positions = [[sorted(((t, q) for t, q in zip(i, p) if t >= 0), key=lambda e: (-e[1], e[0]))
+                  for i, p in zip(step_ids[:rows], step_probs[:rows])]
+                 for step_ids, step_probs in zip(ids.tolist(), probs.tolist())]
+    return DraftSteps(positions, tree[:n].tolist() if branches > 1 else None, branches)
 
 
 def indexed_ints(arrays: list, parts: list) -> list:
@@ -150,7 +163,7 @@ def indexed_ints(arrays: list, parts: list) -> list:
     return np.concatenate([flat[offset + np.asarray(index, dtype=np.int64)] for offset, index in parts]).tolist()
 
 
-DECODERS = {"step_topk": step_topk_lists, "ints": indexed_ints}
+DECODERS = {"draft_steps": draft_steps, "ints": indexed_ints}
 
 
 def decode(h: dict, chunk_width: int, tag: Any) -> Summary:

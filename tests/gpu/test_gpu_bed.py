@@ -105,11 +105,21 @@ def test_traced_totals_equal_sglang_meta_info(results, name):
         assert r["traced_accepted_drafts"] == r["spec_accepted_drafts"], r
 
 
-def test_tree_drafting_is_traced(results):
-    """--speculative-eagle-topk 4, 8 draft tokens: each verify step records its 7 drafted tree nodes."""
+def test_tree_drafting_is_traced_node_by_node(results):
+    """--speculative-eagle-topk 4, 8 draft tokens, graphs on: each verify step records its 7 drafted tree
+    nodes with their parents, the draft's top-k that proposed each one (read inside the draft-decode graph:
+    the node's token is among them) and the accepted path (as many nodes as SGLang's accept_len - 1), as
+    the CPU bed does (tests/test_tree_drafting.py)."""
     t = trace(results, "tree")
-    assert t.steps and all(len(s["drafted_tokens"]) == 7 for s in t.steps.values()), t.summary()
-    assert any(s["accept_len"] > 1 for s in t.steps.values()), t.summary()
+    steps = list(t.steps.values())
+    assert steps and all(len(s["drafted_tokens"]) == 7 for s in steps), t.summary()
+    assert any(s["accept_len"] > 1 for s in steps), t.summary()
+    shaped = [s for s in steps if s.get("tree_parents")]
+    assert len(shaped) == len(steps), f"{len(steps) - len(shaped)} of {len(steps)} steps lack the tree's shape"
+    for s in shaped:
+        assert sum(s["accept_flags"]) == s["accept_len"] - 1, s
+        assert all(tok in [i for i, _ in topk][:4] for tok, topk in zip(s["drafted_tokens"], s["draft_topk"])), s
+    assert any(p > 0 for s in shaped for p in s["tree_parents"]), "no node below depth 1"
 
 
 @pytest.mark.parametrize("name", ["healthy", *CHECKED_SCENARIOS])

@@ -102,6 +102,43 @@ def test_extend_attention_is_causal_over_prefix_and_new_tokens(pass_extend_kv):
                 torch.testing.assert_close(o[starts[i] + j, h], want)
 
 
+def test_extend_attention_with_a_tree_mask_sees_the_prefix_and_each_nodes_ancestors():
+    """A verify of a draft tree (topk > 1): node i of each sequence sees the whole prefix and the nodes its
+    QLEN_ONLY mask row marks (its ancestors and itself), nothing else."""
+    heads, kv_heads, dim, pool, n = 2, 1, 8, 64, 4
+    k_buffer, v_buffer, req_to_token = kv_pool(pool, kv_heads, dim, 2, 12)
+    req_pool_indices, prefix_lens = torch.tensor([0, 1]), torch.tensor([3, 5])
+    seq_lens, starts = prefix_lens + n, torch.tensor([0, n])
+    parents = [{1: 0, 2: 0, 3: 1}, {1: 0, 2: 1, 3: 2}]  # a branching tree, then a chain
+    masks = []
+    for tree in parents:
+        m = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            node = i
+            m[i, 0] = True
+            while node:
+                m[i, node], node = True, tree[node]
+        masks.append(m)
+    q, k_ext, v_ext = randn(2 * n, heads, dim), randn(2 * n, kv_heads, dim), randn(2 * n, kv_heads, dim)
+    for i in range(2):
+        slots = req_to_token[req_pool_indices[i], prefix_lens[i]: seq_lens[i]].long()
+        k_buffer[slots], v_buffer[slots] = k_ext[starts[i]: starts[i] + n], v_ext[starts[i]: starts[i] + n]
+    o = torch.empty(2 * n, heads, dim)
+
+    ops.extend_attention_cpu(q, k_ext, v_ext, o, k_buffer, v_buffer, 1.0, 1.0, req_to_token, req_pool_indices,
+                             seq_lens, torch.tensor([n, n]), starts, n, 0.25, 0.0, False, 0, None, None,
+                             torch.cat([m.flatten() for m in masks]), True)
+
+    for i in range(2):
+        row, prefix = req_to_token[req_pool_indices[i]].tolist(), int(prefix_lens[i])
+        for j in range(n):
+            visible = row[:prefix] + [row[prefix + a] for a in range(n) if masks[i][j, a]]
+            for h in range(heads):
+                want = ref_attention(q[starts[i] + j, h], [k_buffer[s, 0] for s in visible],
+                                     [v_buffer[s, 0] for s in visible], 0.25, 0.0)
+                torch.testing.assert_close(o[starts[i] + j, h], want)
+
+
 def test_attention_rejects_what_it_does_not_implement():
     k_buffer, v_buffer, req_to_token = kv_pool(16, 1, 4, 1, 4)
     args = (randn(1, 1, 4), k_buffer, v_buffer, 1.0, 1.0, torch.empty(1, 1, 4), None, None,
@@ -180,8 +217,20 @@ def test_build_draft_decode_metadata_gives_each_request_its_row_for_chains():
     rows = ops.build_draft_decode_metadata_cpu(req_to_token, torch.tensor([3, 1]), torch.tensor([2, 5]),
                                                1, 3, 8)
     assert torch.equal(rows, req_to_token[[3, 1]])
-    with pytest.raises(NotImplementedError, match="build_draft_decode_metadata_cpu.*topk=2"):
-        ops.build_draft_decode_metadata_cpu(req_to_token, torch.tensor([0]), torch.tensor([2]), 2, 3, 8)
+
+
+def test_build_draft_decode_metadata_gives_each_branch_the_prefix_then_its_own_slots():
+    """Tree drafting: row b*topk+k is request b's prefix, then the slots assign_draft_cache_locs_contiguous
+    gave branch k (at seq_len + k*num_steps of the request's row); what follows is undefined."""
+    req_to_token = torch.randperm(4 * 32).int().view(4, 32)  # distinct slots: a misplaced copy shows
+    topk, steps, pools, seq_lens = 4, 3, [2, 0], [5, 9]
+    rows = ops.build_draft_decode_metadata_cpu(req_to_token, torch.tensor(pools), torch.tensor(seq_lens), topk, steps, 32)
+    assert rows.shape == (2 * topk, 32)
+    for b, (pool, sl) in enumerate(zip(pools, seq_lens)):
+        for k in range(topk):
+            src = req_to_token[pool]
+            expected = torch.cat([src[:sl], src[sl + k * steps: sl + (k + 1) * steps]])
+            assert torch.equal(rows[b * topk + k, :sl + steps], expected), (b, k)
 
 
 # ---------------------------------------------------------------- speculative helpers
@@ -317,7 +366,7 @@ def test_fill_accept_out_cache_loc_packs_accepted_slots_in_order():
     out_cache_loc = randint(1000, 12)
     packed = torch.zeros(12, dtype=torch.int64)
 
-    ops.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, packed, 12)
+    ops.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, packed)
 
     kept = [int(out_cache_loc[i]) for i in accept_index.flatten().tolist() if i != -1]
     assert packed.tolist() == kept + [0] * (12 - len(kept))

@@ -23,7 +23,7 @@ class _Mode:
 
 def _worker(logits_per_step):
     """A draft worker whose loop runs ``STEPS - 1`` decode forwards, returning ``logits_per_step`` in turn."""
-    worker = SimpleNamespace(speculative_num_steps=STEPS, device="cpu")
+    worker = SimpleNamespace(speculative_num_steps=STEPS, speculative_num_draft_tokens=STEPS + 1, topk=1, device="cpu")
     state = {"step": 0}
 
     def forward(forward_batch):
@@ -58,7 +58,7 @@ def test_each_step_top_k_at_the_selected_rows():
     tap = StepTap(w, 3, _guard(errors))
     assert tap.select([4, 1]) == 2
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
-    got = pickle.loads(pickle.dumps(tap.read(2))).result()
+    got = pickle.loads(pickle.dumps(tap.read(2))).result().positions
     assert not errors and len(got) == STEPS - 1
     for step, lg in enumerate(logits):
         for j, row in enumerate([4, 1]):
@@ -78,7 +78,7 @@ def test_only_draft_decode_forwards_count_and_an_unarmed_loop_writes_nothing():
     tap.select([2])
     w.draft_runner.forward(SimpleNamespace(forward_mode=_Mode(False)))  # a draft extend: not a step
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
-    assert tap.read(1).result()[0][0][0][0] == 7
+    assert tap.read(1).result().positions[0][0][0][0] == 7
 
 
 def test_more_rows_than_the_tap_holds_are_cut():
@@ -97,4 +97,58 @@ def test_rows_left_from_a_larger_batch_are_clamped_to_the_batch():
     assert tap.select([4]) == 1  # row 4 of an earlier batch of 5
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
     assert errors == []
-    assert len(tap.read(1).result()) == STEPS - 1
+    assert len(tap.read(1).result().positions) == STEPS - 1
+
+
+def _tree_worker(logits_per_step, outputs, branches: int):
+    """A tree-drafting worker (``branches`` rows per request in each draft forward) whose ``draft_forward``
+    returns ``outputs`` = (parent_list, top_scores_index) as SGLang's does, first."""
+    worker = SimpleNamespace(speculative_num_steps=STEPS, speculative_num_draft_tokens=outputs[1].shape[1] + 1,
+                             topk=branches, device="cpu")
+    state = {"step": 0}
+
+    def forward(forward_batch):
+        logits = logits_per_step[state["step"]]
+        state["step"] += 1
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+    def draft_forward(forward_batch):
+        state["step"] = 0
+        for _ in range(STEPS - 1):
+            worker.draft_runner.forward(forward_batch)
+        return (*outputs, None, None)
+
+    worker.draft_runner, worker.draft_forward = SimpleNamespace(forward=forward), draft_forward
+    return worker
+
+
+def test_a_tree_reads_every_branch_row_and_the_chosen_nodes_of_each_selected_request():
+    """topk 2: request r's branches are rows 2r, 2r+1 of each draft forward; the read also holds each selected
+    request's top_scores_index and parent_list, the ints records.draft_tree turns into nodes."""
+    torch.manual_seed(1)
+    bs, b = 3, 2
+    logits = [torch.randn(bs * b, V) for _ in range(STEPS - 1)]
+    parents = torch.tensor([[-1, 0, 1, 2, 5], [-1, 0, 1, 3, 4], [-1, 0, 1, 2, 3]])
+    chosen = torch.tensor([[0, 2, 6], [1, 4, 8], [0, 1, 3]])
+    errors = []
+    w = _tree_worker(logits, (parents, chosen), b)
+    tap = StepTap(w, 3, _guard(errors))
+    assert tap.requests == steptap.ROWS // b
+    assert tap.select([2, 0]) == 2
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    got = pickle.loads(pickle.dumps(tap.read(2))).result()
+    assert not errors and got.branches == b
+    assert got.tree == [chosen[2].tolist() + parents[2].tolist(), chosen[0].tolist() + parents[0].tolist()]
+    for step, lg in enumerate(logits):
+        for j, req in enumerate([2, 0]):
+            for branch in range(b):
+                want = torch.topk(torch.softmax(lg[req * b + branch], -1), 3)
+                assert [i for i, _ in got.positions[step][j * b + branch]] == want.indices.tolist()
+
+
+def test_a_tree_draft_forward_unselected_writes_nothing():
+    w = _tree_worker([torch.randn(2, V)] * (STEPS - 1), (torch.zeros(1, 5, dtype=torch.long),
+                                                         torch.ones(1, 3, dtype=torch.long)), 2)
+    tap = StepTap(w, 2, _guard([]))
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert (tap.tree == 0).all() and (tap.ids == -1).all()

@@ -37,8 +37,9 @@ class Capture:
         self.prepared_rows: Optional[int] = None  # rows per launch the prepared Summarizers take (on a GPU)
 
     def install_step_tap(self, worker, guard: Callable) -> None:
-        """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain."""
-        if worker.topk == 1 and worker.speculative_num_steps > 1:
+        """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain (the
+        nodes below the first of a tree)."""
+        if worker.speculative_num_steps > 1:
             self.step_tap = StepTap(worker, self.topk, guard)
 
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,

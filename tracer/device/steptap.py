@@ -1,30 +1,39 @@
-"""The draft's top-k at positions 2.. of its chain, taken inside SGLang's draft-decode loop.
+"""The draft's top-k at every drafted position of its chain, or every node of its tree, taken inside SGLang's
+draft-decode loop.
 
 SGLang runs the draft-decode loop (``EagleDraftWorker.draft_forward``: ``speculative_num_steps - 1``
-draft forwards, each followed by its argmax) as one CUDA-graph replay, and the logits of those steps
+draft forwards, each followed by its top-k) as one CUDA-graph replay, and the logits of those steps
 never leave the graph. So the tracer puts its reading into the loop itself: before SGLang captures its
 graphs (the hook on ``EagleDraftWorker.init_cuda_graphs``), :class:`StepTap` wraps the draft runner's
 ``forward`` and the worker's ``draft_forward`` on the instances. Each draft-decode forward then also
 writes the softmax top-k of its logits at the rows in a static row buffer into static result buffers:
 a few device operations on static buffers, with no host sync and no Python decision that depends on
 data, so a captured graph replays exactly what an eager run does. The draft hook fills the row buffer
-with the sampled requests' rows before the draft (unused slots -1) and, after it, copies the results
+with the sampled requests' rows before the draft (unused slots 0) and, after it, copies the results
 into pinned memory without blocking (:meth:`StepTap.read`).
+
+Tree drafting (``--speculative-eagle-topk`` k > 1): each draft forward runs k branch rows per request
+(row ``request * k + branch``), so a sampled request takes k rows; and ``draft_forward``'s return value
+says which candidates became the verify's nodes (``top_scores_index``) and whose child each candidate is
+(``parent_list``). The wrapped ``draft_forward`` copies both, at the sampled requests, into the same static
+buffer (graph-capturable too), so one copy brings back every node's draft top-k and the tree's shape
+(:func:`draftscope_tracer.transport.records.draft_tree` maps them to nodes).
 
 Costs: in every draft-decode graph replay, sampled or not, one gather of ``ROWS`` logits rows, a
 softmax and a top-k per draft step (a few microseconds of GPU time; no host time); eager runs do that
-work only when the hook has selected rows. More than ``ROWS`` sampled requests in one batch: the
-others get no positions 2.. (counted as ``draft_tap_full`` drops).
+work only when the hook has selected rows. More sampled requests in one batch than ``ROWS`` rows hold:
+the others get no positions 2.. (counted as ``draft_tap_full`` drops).
 """
 
 from __future__ import annotations
 
 from typing import List, Optional
 
+import numpy as np
 import torch
 
 from draftscope_tracer.device.devicecopy import HostSlots, device_index
-from draftscope_tracer.stats import ArrayBytes, Resolved, step_topk_lists
+from draftscope_tracer.stats import ArrayBytes, DraftSteps, Resolved, draft_steps
 
 # Sampled requests per batch whose draft steps are read: 16 lost positions 2.. of 4,464 steps on the H200 at 64
 # concurrent requests, every one sampled. Every draft-decode replay gathers this many logits rows (a few µs).
@@ -37,24 +46,34 @@ def _capturing() -> bool:
 
 
 class StepTap:
-    """Static buffers and the wrappers of one draft worker (chain drafting, more than one draft step)."""
+    """Static buffers and the wrappers of one draft worker (more than one draft step; a chain or a tree)."""
 
     def __init__(self, worker, topk: int, guard):
         """``guard(probe, fn, *args)``: the tracer's guard (counts an exception, never raises)."""
         runner = worker.draft_runner
         self.steps = worker.speculative_num_steps - 1
         self.k = topk
+        self.branches = worker.topk  # draft rows per request in each draft forward (1: a chain)
+        self.requests = ROWS // self.branches  # sampled requests one draft can read
         dev = torch.device(worker.device)
-        self.rows = torch.full((ROWS,), -1, dtype=torch.int64, device=dev)
-        # probs and ids in one buffer, read back with one copy (each copy costs host time)
+        # the logits rows each draft forward reads, then (trees) the requests' rows of draft_forward's outputs
+        self._select = torch.zeros(ROWS + self.requests, dtype=torch.int64, device=dev)
+        self.rows, self.reqs = self._select[:ROWS], self._select[ROWS:]
+        # a tree's per-request ints: its verify nodes' candidate indices (N - 1), then parent_list
+        nodes = worker.speculative_num_draft_tokens - 1
+        self._tree_width = nodes + self.branches * self.steps + 1 if self.branches > 1 else 0
+        self._nodes = nodes
+        # probs, ids and tree ints in one buffer, read back with one copy (each copy costs host time)
         self._shape = shape = (self.steps, ROWS, topk)
-        n = self.steps * ROWS * topk
-        self._buf = torch.zeros(n * 12, dtype=torch.uint8, device=dev)
-        self.probs, self.ids = _split(self._buf, shape)
+        self._tree_shape = (self.requests, self._tree_width)
+        n, t = self.steps * ROWS * topk, self.requests * self._tree_width
+        self._bytes = n * 12 + t * 8
+        self._buf = torch.zeros(self._bytes, dtype=torch.uint8, device=dev)
+        self.probs, self.ids, self.tree = _split(self._buf, shape, self._tree_shape)
         self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
-        self._slots = HostSlots(n * 12, READS, dev)
-        self._host = [self._slots.buffer(i)[:n * 12] for i in range(READS)]  # each slot's buffer, sliced once
+        self._slots = HostSlots(self._bytes, READS, dev)
+        self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -65,7 +84,10 @@ class StepTap:
 
         def counted_draft_forward(forward_batch, *args, **kwargs):
             self._step = 0
-            return draft_forward(forward_batch, *args, **kwargs)
+            out = draft_forward(forward_batch, *args, **kwargs)
+            if self.branches > 1 and (self.armed or _capturing()):
+                guard("draft_steps", self._write_tree, out)
+            return out
 
         runner.forward, worker.draft_forward = tapped_forward, counted_draft_forward
 
@@ -87,58 +109,79 @@ class StepTap:
         probs = torch.softmax(logits.index_select(0, rows).float(), dim=-1)
         torch.topk(probs, k, dim=-1, out=(self.probs[i, :, :k], self.ids[i, :, :k]))
 
+    def _write_tree(self, out) -> None:
+        """A tree's ``top_scores_index`` and ``parent_list`` (``draft_forward``'s first two outputs) at the
+        selected requests, clamped to the batch as in ``_write`` (graph-capturable)."""
+        parents, chosen = out[0], out[1]
+        reqs = self.reqs.clamp(0, chosen.shape[0] - 1)
+        self.tree[:, :self._nodes] = chosen.index_select(0, reqs)
+        self.tree[:, self._nodes:self._nodes + parents.shape[1]] = parents.index_select(0, reqs)
+
     def select(self, rows: List[int]) -> int:
-        """Rows of the next draft to read (at most ``ROWS``); how many were taken (0: no pinned slot was free
-        for the row list)."""
-        n = min(len(rows), ROWS)
-        index = device_index(rows[:n] + [0] * (ROWS - n), self.rows.device)
+        """Requests (their batch rows) of the next draft to read (at most ``requests``); how many were taken (0:
+        no pinned slot was free for the row list)."""
+        n, b = min(len(rows), self.requests), self.branches
+        logits_rows = [r * b + j for r in rows[:n] for j in range(b)]
+        index = device_index(logits_rows + [0] * (ROWS - len(logits_rows)) + rows[:n] + [0] * (self.requests - n),
+                             self._select.device)
         if index is None:
             return 0
-        self.rows.copy_(index, non_blocking=True)
+        self._select.copy_(index, non_blocking=True)
         self.armed = True
         return n
 
     def read(self, n: int) -> Optional["StepTopk"]:
-        """The results of the draft just run for the first ``n`` selected rows, copied without blocking into a
-        pinned slot; None when every slot is still unread."""
+        """The results of the draft just run for the first ``n`` selected requests, copied without blocking
+        into a pinned slot; None when every slot is still unread."""
         self.armed = False
         slot = self._slots.reserve()
         if slot is None:
             return None
-        return StepTopk(self._buf, self._shape, n, self._slots, slot, self._host[slot])
+        return StepTopk(self._buf, (self._shape, self._tree_shape, self.branches), n, self._slots, slot,
+                        self._host[slot])
 
 
-def _split(buf: torch.Tensor, shape: tuple) -> tuple:
-    """``buf`` as float32 probs then int64 ids, each of ``shape`` (the probs' bytes are a multiple of 8: ROWS is)."""
-    n = buf.numel() // 12
-    return buf[:n * 4].view(torch.float32).view(shape), buf[n * 4:].view(torch.int64).view(shape)
+def _split(buf: torch.Tensor, shape: tuple, tree_shape: tuple) -> tuple:
+    """``buf`` as float32 probs and int64 ids, each of ``shape``, then int64 tree ints of ``tree_shape`` (the
+    probs' bytes are a multiple of 8: ROWS is)."""
+    n, t = shape[0] * shape[1] * shape[2], tree_shape[0] * tree_shape[1]
+    return (buf[:n * 4].view(torch.float32).view(shape), buf[n * 4:n * 12].view(torch.int64).view(shape),
+            buf[n * 12:n * 12 + t * 8].view(torch.int64).view(tree_shape))
 
 
 class StepTopk:
-    """Host copies of one draft's step top-k: ``result()[position - 2][row]`` = ``[(id, prob), ...]``
-    best first (ties by id), for the first ``n`` rows. Pickles as the arrays' bytes (waits for the copy)."""
+    """Host copies of one draft's step top-k: ``result()`` is a :class:`~draftscope_tracer.stats.DraftSteps`
+    (per draft step and row, ``[(id, prob), ...]`` best first, ties by id; a tree's ints per request) for the
+    first ``n`` requests. Pickles as the arrays' bytes (waits for the copy)."""
 
-    def __init__(self, buf: torch.Tensor, shape: tuple, n: int, slots: HostSlots, slot: int, host: torch.Tensor):
+    def __init__(self, buf: torch.Tensor, layout: tuple, n: int, slots: HostSlots, slot: int, host: torch.Tensor):
         host.copy_(buf, non_blocking=True)
-        self._host, self._shape = host, shape  # split on the reader's thread
+        self._host, self._layout = host, layout  # split on the reader's thread
         self.event = slots.record(slot)
         self._n, self._slots, self._slot = n, slots, slot
-        self._value: Optional[list] = None
+        self._value: Optional[DraftSteps] = None
+
+    def _arrays(self) -> list:
+        """``[(bytes, numpy dtype, shape), ...]`` of probs, ids and tree ints."""
+        shape, tree_shape, _ = self._layout
+        data, n = self._host.numpy().tobytes(), shape[0] * shape[1] * shape[2]
+        return [(data[:n * 4], "float32", shape), (data[n * 4:n * 12], "int64", shape),
+                (data[n * 12:], "int64", tree_shape)]
 
     def __reduce__(self):
         """Pickled as the arrays' bytes (decoded in the recorder process): waits for the copy first."""
         if self._value is not None:
             return Resolved, (self._value,)
         self._wait()
-        data, split = self._host.numpy().tobytes(), self._host.numel() // 3
-        arrays = [(data[:split], "float32", self._shape), (data[split:], "int64", self._shape)]
+        arrays = self._arrays()
         self.release()
-        return ArrayBytes, ("step_topk", arrays, self._n)
+        return ArrayBytes, ("draft_steps", arrays, (self._n, self._layout[2]))
 
-    def result(self) -> list:
+    def result(self) -> DraftSteps:
         if self._value is None:
             self._wait()
-            self._value = step_topk_lists([t.numpy() for t in _split(self._host, self._shape)], self._n)
+            arrays = [np.frombuffer(d, dtype=t).reshape(s) for d, t, s in self._arrays()]
+            self._value = draft_steps(arrays, (self._n, self._layout[2]))
             self.release()
         return self._value
 

@@ -148,7 +148,7 @@ class TensorProbes:
     def on_draft_input(self, worker, batch) -> List[tuple]:
         """draft.input of the draft steps (periodic): the draft's own hidden state it starts from. Selects
         the sampled rows in the step tap; returns the rows it took."""
-        if batch.forward_mode.is_idle() or worker.topk != 1:
+        if batch.forward_mode.is_idle():
             return []
         rows = self.sampled.rows_of(batch.reqs)
         periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
@@ -163,7 +163,8 @@ class TensorProbes:
         return rows[:n]
 
     def on_draft_steps(self, worker, rows: List[tuple]) -> None:
-        """After the draft: the step tap's top-k of positions 2.. for ``rows``, copied without blocking."""
+        """After the draft: the step tap's top-k of positions 2.. (a tree's: of every node, and its shape) for
+        ``rows``, copied without blocking."""
         steps, mapped = self.capture.step_tap.read(len(rows)), self.capture.hot_map(worker)
         if steps is None:
             self.health.drop("host_slots_full", len(rows))
@@ -209,7 +210,7 @@ class TensorProbes:
                 return
             ints = records.GatheredInts(pending, len(rows), N)
         shape = records.VerifyShape(N, int(hidden.shape[-1]) // H if aux else 0, H if aux else None,
-                                    _dtype(hidden) if aux else None)
+                                    _dtype(hidden) if aux else None, getattr(verify_input, "topk", 1) > 1)
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = {rid: (self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)) for _, rid, _ in rows}

@@ -63,6 +63,7 @@ class VerifyShape(NamedTuple):
     aux_chunks: int  # target.aux[i] chunks in the verify's hidden states (0: no aux hidden states)
     aux_width: Optional[int]
     aux_dtype: Optional[str]
+    tree: bool = False  # tree drafting (topk > 1): nodes are not positions
 
 
 class StepTokens(NamedTuple):
@@ -97,13 +98,64 @@ class GatheredInts:
         return [r[0] for r in rows] + [r[1] for r in rows] + [r[2] for r in firsts] + [r[3] for r in firsts]
 
 
+def draft_tree(chosen: List[int], parent_list: List[int], branches: int) -> List[tuple]:
+    """Per drafted node ``1..N-1`` of a tree, ``(parent node, source)`` from ``draft_forward``'s
+    ``top_scores_index`` (``chosen``: node ``n`` is candidate ``chosen[n - 1]``) and ``parent_list``. A
+    candidate ``c`` of group ``g = c // branches`` hangs under the root when ``g == 0`` (its top-k is the
+    seed's, ``source`` None), else under the node holding candidate ``parent_list[g]``, and was proposed by
+    branch ``(g - 1) % branches`` of draft step ``(g - 1) // branches`` (``source``). A parent that is not
+    among the nodes (never seen: a parent outscores its children) is read as the root."""
+    node_of = {c: n for n, c in enumerate(chosen, start=1)}
+    out = []
+    for c in chosen:
+        g = c // branches
+        if g == 0:
+            out.append((0, None))
+        else:
+            out.append((node_of.get(parent_list[g], 0), divmod(g - 1, branches)))
+    return out
+
+
+def accepted_path(parents: List[int], drafted: List[int], target: List[int], accept_len: int) -> set:
+    """The accepted nodes of a tree: from the root, at each depth the child whose drafted token is the
+    target's token there (``target``: the accepted path's tokens first, as SGLang compacts them)."""
+    children: dict = {}
+    for n, parent in enumerate(parents, start=1):
+        children.setdefault(parent, []).append(n)
+    path, node = set(), 0
+    for d in range(accept_len - 1):
+        node = next((c for c in children.get(node, ()) if drafted[c - 1] == target[d]), None)
+        if node is None:
+            break
+        path.add(node)
+    return path
+
+
+def _draft_topk(seed, steps, hot, n: int, row: int) -> tuple:
+    """(the draft's top-k per drafted node, the tree's parents or None) of one request's step: a chain's
+    positions in order; a tree's nodes through :func:`draft_tree`."""
+    first = (topk_list(seed[0].result().rows[seed[1]].topk, hot if seed[2] else None) if seed is not None else [])
+    read = steps[0].result() if steps is not None else None
+    if read is None or read.tree is None:
+        out = [first] + ([topk_list(pos[row], hot if steps[2] else None) for pos in read.positions]
+                         if read is not None else [])
+        return out[:n], None
+    ints, b = read.tree[row], read.branches
+    shape = draft_tree(ints[:n], ints[n:], b)
+    out = [first if source is None else topk_list(read.positions[source[0]][row * b + source[1]],
+                                                  hot if steps[2] else None)
+           for _, source in shape]
+    return out, [parent for parent, _ in shape]
+
+
 def verify(ints, pending, rows: list, shape: VerifyShape, now: float, drafts: dict,
            hot: Optional[List[int]]) -> Records:
-    """One step record per sampled request (tokens, acceptance, target and draft top-k) and its
-    target.aux[i] samples. ``ints``: the step's ``HostInts`` or ``GatheredInts`` (see :func:`step_tokens`); ``pending``: the
-    summary of its ``N`` rows per request (aux statistics, target top-k); ``drafts``: rid -> (seed, steps),
-    the draft's top-k at position 1 as ``(summary, row, mapped)`` and at positions 2.. as
-    ``(StepTopk, row, mapped)`` (either None), ``mapped`` when its ids go through ``hot``."""
+    """One step record per sampled request (tokens, acceptance, target and draft top-k; a tree's parents) and
+    its target.aux[i] samples. ``ints``: the step's ``HostInts`` or ``GatheredInts`` (see :func:`step_tokens`);
+    ``pending``: the summary of its ``N`` rows per request (aux statistics, target top-k); ``drafts``: rid ->
+    (seed, steps), the draft's top-k at position 1 as ``(summary, row, mapped)`` and the step tap's read as
+    ``(StepTopk, row, mapped)`` (either None), ``mapped`` when its ids go through ``hot``. A tree's accept
+    flags are per node (the accepted path); without its shape (the step tap was not read) they are empty."""
     N = shape.draft_tokens
     s = pending.result() if pending is not None else None
     out = {"steps": [], "samples": []}
@@ -111,18 +163,24 @@ def verify(ints, pending, rows: list, shape: VerifyShape, now: float, drafts: di
         a, base = t.accept_len, j * N
         rec = {"rid": rid, "step_index": step, "at": now, "seq_pos": t.seq_pos, "drafted_tokens": t.nodes[1:],
                "accept_len": a, "accept_flags": [p <= a - 1 for p in range(1, N)], "bonus_token": t.target[a - 1]}
+        seed, steps = drafts.get(rid) or (None, None)
+        parents = None
+        if seed is not None or steps is not None:
+            rec["draft_topk"], parents = _draft_topk(seed, steps, hot, N - 1, steps[1] if steps is not None else 0)
+        if shape.tree:
+            if parents is None:
+                rec["accept_flags"] = []
+            else:
+                path = accepted_path(parents, t.nodes[1:], t.target, a)
+                rec["accept_flags"], rec["tree_parents"] = [n in path for n in range(1, N)], parents
         if s is not None:
-            rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in range(N - 1)]
+            # the target's distribution over each drafted token: at the node before it (a tree: its parent)
+            before = parents if parents is not None else range(N - 1)
+            if not shape.tree or parents is not None:
+                rec["target_topk"] = [topk_list(s.rows[base + p].topk) for p in before]
             for c in range(shape.aux_chunks):
                 out["samples"].append(sample_record(f"target.aux[{c}]", "verify", now, rid, step, [N, shape.aux_width],
                                                     shape.aux_dtype, merged_stats(s, range(base, base + N), [c])))
-        seed, steps = drafts.get(rid) or (None, None)
-        if seed is not None or steps is not None:
-            rec["draft_topk"] = [topk_list(seed[0].result().rows[seed[1]].topk, hot if seed[2] else None)
-                                 if seed is not None else []]
-            if steps is not None:
-                rec["draft_topk"] += [topk_list(pos[steps[1]], hot if steps[2] else None) for pos in steps[0].result()]
-            rec["draft_topk"] = rec["draft_topk"][:N - 1]
         out["steps"].append(rec)
     return out
 

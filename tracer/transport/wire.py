@@ -79,10 +79,11 @@ class StepRecord(TypedDict):
     seq_pos: NotRequired[int]  # sequence length before this step
     drafted_tokens: List[int]  # target-vocab ids, position 1..N-1
     accept_len: int  # accepted drafts + 1 (bonus), as SGLang's accept_lens
-    accept_flags: List[bool]  # per drafted position
+    accept_flags: List[bool]  # per drafted position (a tree: per node, the accepted path; [] when its shape was not read)
     bonus_token: NotRequired[Optional[int]]
     draft_topk: NotRequired[List[List[List[Optional[float]]]]]  # [position][k] = [target id, prob or null]; [] if not read
     target_topk: NotRequired[List[List[List[Optional[float]]]]]
+    tree_parents: NotRequired[List[int]]  # a tree: each drafted node's parent node (0: the verified token)
 
 
 class SampleRecord(TypedDict):
@@ -145,7 +146,7 @@ RECORD_TABLES = {"requests": "requests", "steps": "verify_steps", "samples": "te
                  "health": "tracer_health", "findings": "findings"}
 # Columns holding lists or objects: JSON in the store.
 JSON_COLUMNS = {"server_args", "tracer_config", "facts", "drafted_tokens", "accept_flags",
-                "draft_topk", "target_topk", "shape", "raw_shape", "drops", "errors",
+                "draft_topk", "target_topk", "tree_parents", "shape", "raw_shape", "drops", "errors",
                 "heartbeats", "disabled_probes", "evidence"}
 
 

@@ -2,8 +2,9 @@
 
 K/V live in per-layer buffers `[pool_size, kv_heads, head_dim]`; `req_to_token[req, pos]` is the pool
 slot of token `pos` of request `req`. Heads are grouped (GQA): query head h reads KV head
-`h // (heads // kv_heads)`. Supported: causal self-attention, logit soft-capping. Not supported (they
-raise): sliding windows, attention sinks, cross-attention, fp8 caches, tree masks (topk > 1).
+`h // (heads // kv_heads)`. Supported: causal self-attention, logit soft-capping, the QLEN_ONLY tree masks
+of a speculative verify with topk > 1. Not supported (they raise): sliding windows, attention sinks,
+cross-attention, fp8 caches.
 """
 
 from typing import Optional
@@ -13,7 +14,7 @@ import torch
 _NS = "sgl_kernel"
 
 
-def _reject_unsupported(op, k_buffer, is_cross_attention, window_plus_one, sinks, tree_mask=None):
+def _reject_unsupported(op, k_buffer, is_cross_attention, window_plus_one, sinks):
     reasons = []
     if is_cross_attention:
         reasons.append("cross-attention")
@@ -21,8 +22,6 @@ def _reject_unsupported(op, k_buffer, is_cross_attention, window_plus_one, sinks
         reasons.append(f"sliding window {window_plus_one - 1}")
     if sinks is not None:
         reasons.append("attention sinks")
-    if tree_mask is not None:
-        reasons.append("tree masks (speculative topk > 1)")
     if k_buffer.dtype.is_floating_point and k_buffer.dtype.itemsize == 1:
         reasons.append(f"{k_buffer.dtype} KV cache")
     if reasons:
@@ -31,10 +30,11 @@ def _reject_unsupported(op, k_buffer, is_cross_attention, window_plus_one, sinks
         )
 
 
-def attend(q, keys, values, sm_scale, logit_cap, causal_offset):
+def attend(q, keys, values, sm_scale, logit_cap, causal_offset, visible=None):
     """q `[n, H, D]`, keys/values `[L, Hkv, D]` -> `[n, H, Dv]` (float32).
 
-    With `causal_offset` c, query i sees keys `0 .. c + i`; None means every key.
+    With `causal_offset` c, query i sees keys `0 .. c + i`; None means every key, or the keys
+    `visible[i]` marks (a bool `[n, L]`) when given.
     """
     group = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(group, dim=1)
@@ -45,6 +45,7 @@ def attend(q, keys, values, sm_scale, logit_cap, causal_offset):
     if causal_offset is not None:
         n, length = q.shape[0], keys.shape[0]
         visible = torch.arange(length)[None, :] <= causal_offset + torch.arange(n)[:, None]
+    if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
 
@@ -108,9 +109,11 @@ def extend_attention_cpu(
     tree_mask: Optional[torch.Tensor],
     is_causal: bool,
 ) -> None:
-    """Each sequence's new tokens attend to its cached prefix plus (causally) to each other."""
-    _reject_unsupported("extend_attention_cpu", k_buffer, is_cross_attention, sliding_window_plus_one,
-                        sinks, tree_mask)
+    """Each sequence's new tokens attend to its cached prefix plus (causally) to each other; with a
+    `tree_mask` (a verify's draft tree, QLEN_ONLY: `n x n` per sequence, node i sees node j where set),
+    to the prefix plus their ancestors."""
+    _reject_unsupported("extend_attention_cpu", k_buffer, is_cross_attention, sliding_window_plus_one, sinks)
+    mask_at = 0
     for i in range(seq_lens.shape[0]):
         n, start, total = int(extend_seq_lens[i]), int(extend_start_loc[i]), int(seq_lens[i])
         prefix = total - n
@@ -120,6 +123,11 @@ def extend_attention_cpu(
             values = torch.cat([v_buffer[row[:prefix]], v_extend[start : start + n].to(v_buffer.dtype)])
         else:
             keys, values = k_buffer[row[:total]], v_buffer[row[:total]]
+        visible = None
+        if tree_mask is not None:
+            tree = tree_mask[mask_at : mask_at + n * n].view(n, n).bool()
+            visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool), tree], dim=1)
+            mask_at += n * n
         out = attend(q_extend[start : start + n], keys * key_scale, values * value_scale, sm_scale,
-                     logit_cap, prefix if is_causal else None)
+                     logit_cap, prefix if is_causal and visible is None else None, visible)
         o_extend[start : start + n] = out.to(o_extend.dtype)

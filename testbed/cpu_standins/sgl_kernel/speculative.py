@@ -20,17 +20,21 @@ def build_draft_decode_metadata_cpu(
     num_steps: int,
     pool_len: int,
 ) -> torch.Tensor:
-    """The `req_to_token` rows the draft decode steps read, one per (request, branch).
-
-    With a chain (topk 1) the draft tokens' slots follow the prefix in each request's own row
-    (`assign_draft_cache_locs_contiguous`), so the rows are the requests' rows.
-    """
-    if topk != 1:
-        raise NotImplementedError(
-            "sgl_kernel.build_draft_decode_metadata_cpu stand-in supports only chain drafting "
-            f"(--speculative-eagle-topk 1), got topk={topk}"
-        )
-    return req_to_token[req_pool_indices.long()].clone()
+    """The `req_to_token` rows the draft decode steps read, one per (request, branch): row
+    ``b * topk + k`` is request ``b``'s committed prefix followed by branch ``k``'s draft slots, which
+    `assign_draft_cache_locs_contiguous` lays out in the request's own row at ``seq_len + k * num_steps``
+    (a chain's, topk 1, follow the prefix). Only the first ``seq_len + num_steps`` entries of a row are
+    defined, as in the kernel."""
+    rows = req_to_token[req_pool_indices.long()]
+    if topk == 1:
+        return rows.clone()
+    out = torch.zeros((rows.shape[0] * topk, pool_len), dtype=req_to_token.dtype)
+    for b, sl in enumerate(seq_lens.tolist()):
+        for k in range(topk):
+            out[b * topk + k, :sl] = rows[b, :sl]
+            start = sl + k * num_steps
+            out[b * topk + k, sl:sl + num_steps] = rows[b, start:start + num_steps]
+    return out
 
 
 @torch.library.custom_op(
@@ -168,11 +172,12 @@ def fill_bonus_tokens_cpu(
 
 @torch.library.custom_op(f"{_NS}::fill_accept_out_cache_loc_cpu", mutates_args=("accept_out_cache_loc",))
 def fill_accept_out_cache_loc_cpu(
-    accept_index: torch.Tensor, out_cache_loc: torch.Tensor, accept_out_cache_loc: torch.Tensor, size: int
+    accept_index: torch.Tensor, out_cache_loc: torch.Tensor, accept_out_cache_loc: torch.Tensor
 ) -> None:
-    """Pack `out_cache_loc[accept_index[j]]` for every `accept_index[j] != -1`, in order."""
+    """Pack `out_cache_loc[accept_index[j]]` for every `accept_index[j] != -1`, in order (SGLang calls the
+    CPU op with these three arguments: tree drafting's accepted-path move)."""
     dst = 0
-    for src in accept_index.reshape(-1)[:size].tolist():
+    for src in accept_index.reshape(-1).tolist():
         if src > -1:
             accept_out_cache_loc[dst] = out_cache_loc[src]
             dst += 1
