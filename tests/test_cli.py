@@ -30,6 +30,38 @@ def test_serve_refuses_a_non_loopback_host_without_token(sqlite_url, monkeypatch
     assert db.current_revision(sqlite_url) is None  # refused before touching the store
 
 
+def test_serve_refuses_a_non_loopback_host_without_read_token(sqlite_url, monkeypatch) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
+    monkeypatch.delenv("DRAFTSCOPE_ALLOW_ANONYMOUS_READS", raising=False)
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, "--upgrade"])
+    assert result.exit_code == 2
+    assert "Refusing to listen on 0.0.0.0 without a read token" in result.output
+    assert all(fix in result.output for fix in ("DRAFTSCOPE_READ_TOKEN", "--read-token", "--allow-anonymous-reads"))
+    assert db.current_revision(sqlite_url) is None  # refused before touching the store
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--read-token", "read-secret"], None),
+    (["--allow-anonymous-reads"], "reads are open to anyone who reaches 0.0.0.0:8177"),
+])
+def test_serve_on_a_non_loopback_host_passes_with_a_read_token_or_when_told(sqlite_url, monkeypatch,
+                                                                          flags, said) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, *flags])
+    assert result.exit_code == 2 and "no draftscope schema" in result.output  # past the access checks
+    assert "Refusing" not in result.output
+    assert said is None or said in result.output
+
+
+def test_serve_refuses_one_token_for_reads_and_ingest(sqlite_url, monkeypatch) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "same-secret")
+    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--read-token", "same-secret"])
+    assert result.exit_code == 2
+    assert "DRAFTSCOPE_READ_TOKEN must differ from DRAFTSCOPE_INGEST_TOKEN" in result.output
+
+
 def test_serve_on_a_missing_db_exits_2_with_the_fix(sqlite_url) -> None:
     result = runner.invoke(app, ["serve", "--db", sqlite_url])
     assert result.exit_code == 2
