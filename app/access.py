@@ -105,9 +105,9 @@ def _local(target: str | None) -> str:
     return "/" if parts.scheme or parts.netloc else target
 
 
-def _login_page(request: Request, next_path: str, error: str | None, status: int = 200) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"next": next_path, "error": error},
-                                      status_code=status)
+def _login_page(request: Request, next_path: str, error: str | None) -> Response:
+    # 200 with the error shown, also for a wrong token: the form is the answer, not a failed load.
+    return templates.TemplateResponse(request, "login.html", {"next": next_path, "error": error})
 
 
 @router.get(LOGIN)
@@ -125,7 +125,7 @@ def login(request: Request, token: Annotated[str, Form()] = "",
     if expected is None:
         return RedirectResponse(target, status_code=303)
     if not _same(token, expected):
-        return _login_page(request, target, "That is not this dashboard's read token.", status=401)
+        return _login_page(request, target, "That is not this dashboard's read token.")
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(COOKIE, cookie_value(expected), max_age=COOKIE_MAX_AGE_S, path="/",
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
