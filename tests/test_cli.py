@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +17,7 @@ from draftscope.cli import app
 from testbed.server import start_dashboard
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -53,6 +57,23 @@ def test_serve_on_a_non_loopback_host_passes_with_a_read_token_or_when_told(sqli
     assert result.exit_code == 2 and "no draftscope schema" in result.output  # past the access checks
     assert "Refusing" not in result.output
     assert said is None or said in result.output
+
+
+@pytest.mark.parametrize("published, refused", [("127.0.0.1", False), ("0.0.0.0", True), ("", True)])
+def test_the_images_entry_point_opens_reads_only_when_published_on_loopback(sqlite_url, published,
+                                                                           refused) -> None:
+    """docker/dashboard-entrypoint before the image's own ``serve --host 0.0.0.0`` (compose passes
+    where it published the port as DRAFTSCOPE_PUBLISHED_ON)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
+    env |= {"DRAFTSCOPE_INGEST_TOKEN": "ingest-secret", "DRAFTSCOPE_PUBLISHED_ON": published}
+    done = subprocess.run(["sh", str(REPO / "docker" / "dashboard-entrypoint"), sys.executable, "-m",
+                           "draftscope.cli", "serve", "--host", "0.0.0.0", "--db", sqlite_url],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    if refused:
+        assert "Refusing to listen on 0.0.0.0 without a read token" in done.stderr
+    else:  # past the access checks, to the (missing) store
+        assert "reads need no token" in done.stdout and "no draftscope schema" in done.stderr
 
 
 def test_serve_refuses_one_token_for_reads_and_ingest(sqlite_url, monkeypatch) -> None:
