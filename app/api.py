@@ -1,4 +1,5 @@
-"""JSON API: batch ingest (``POST /api/v1/batches``), runs, one run, one request of a run."""
+"""JSON API: batch ingest (``POST /api/v1/batches``, ``ingest_router``: the ingest token guards it),
+runs, one run, one request of a run (``router``: the dashboard includes it behind the read token)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from draftscope import queries
 from draftscope.ingest import IngestError
 
 router = APIRouter(prefix="/api/v1")
+ingest_router = APIRouter(prefix="/api/v1")
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -25,7 +27,7 @@ def as_json(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
-@router.post("/batches")
+@ingest_router.post("/batches")
 async def post_batch(request: Request) -> Response:
     """Store one tracer batch (see ``draftscope_tracer/wire.py``); all of it or nothing."""
     settings = request.app.state.settings

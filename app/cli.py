@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 from typing import Annotated, Optional
 
+import pydantic
 import typer
 
 from draftscope import db, doctor, importer
@@ -49,25 +50,47 @@ def open_url(settings: Settings) -> str:
 
 @app.command()
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="Address to bind (default: DRAFTSCOPE_HOST or 127.0.0.1). A non-loopback address needs DRAFTSCOPE_INGEST_TOKEN.")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Address to bind (default: DRAFTSCOPE_HOST or 127.0.0.1). A non-loopback address needs DRAFTSCOPE_INGEST_TOKEN, and a read token or --allow-anonymous-reads.")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default: DRAFTSCOPE_PORT or 8177).")] = None,
     db_url: DbOption = None,
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Create or migrate the database to the current schema first.")] = False,
     demo: Annotated[Optional[Path], typer.Option(help="Folder of recorded trace files (*.jsonl) to import when the store has no runs yet.")] = None,
+    read_token: Annotated[Optional[str], typer.Option(help="Token every page, API answer, export and /metrics then needs (default: DRAFTSCOPE_READ_TOKEN; prefer the variable: a flag shows in ps). 'auto' makes one up and prints it.")] = None,
+    allow_anonymous_reads: Annotated[Optional[bool], typer.Option("--allow-anonymous-reads", help="Serve a non-loopback address without a read token: anyone who reaches it reads every run (default: DRAFTSCOPE_ALLOW_ANONYMOUS_READS).")] = None,
 ) -> None:
     """Run the dashboard and the ingest API.
 
-    DRAFTSCOPE_INGEST_TOKEN=auto makes up a random ingest token and prints it.
+    DRAFTSCOPE_INGEST_TOKEN=auto (DRAFTSCOPE_READ_TOKEN=auto) makes up a random ingest (read)
+    token and prints it. Tracers write with the ingest token; people and API clients read with the
+    read token (log in at /login, or send 'Authorization: Bearer <token>').
     """
-    settings = _settings(db_url, host=host, port=port)
+    try:
+        settings = _settings(db_url, host=host, port=port, read_token=read_token,
+                             allow_anonymous_reads=allow_anonymous_reads)
+    except pydantic.ValidationError as exc:
+        typer.echo("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()), err=True)
+        raise typer.Exit(2) from None
     if settings.ingest_token == "auto":
         settings.ingest_token = secrets.token_urlsafe(24)
         typer.echo(f"draftscope: ingest token (send as 'Authorization: Bearer ...'): {settings.ingest_token}")
+    if settings.read_token == "auto":
+        settings.read_token = secrets.token_urlsafe(24)
+        typer.echo(f"draftscope: read token (log in at /login, or send 'Authorization: Bearer ...'): "
+                   f"{settings.read_token}")
     if not is_loopback(settings.host) and settings.ingest_token is None:
         typer.echo(f"Refusing to listen on {settings.host}: a non-loopback address would let anyone "
                    "on the network write to the store. Set DRAFTSCOPE_INGEST_TOKEN=<secret> (the "
                    "tracer sends it as a Bearer token), or bind 127.0.0.1.", err=True)
         raise typer.Exit(2)
+    if not is_loopback(settings.host) and settings.read_token is None:
+        if not settings.allow_anonymous_reads:
+            typer.echo(f"Refusing to listen on {settings.host} without a read token: anyone on the "
+                       "network could read every run. Set DRAFTSCOPE_READ_TOKEN=<secret> (or "
+                       "--read-token), or pass --allow-anonymous-reads (DRAFTSCOPE_ALLOW_ANONYMOUS_READS=1) "
+                       "when something else guards the address, or bind 127.0.0.1.", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"draftscope: reads are open to anyone who reaches {settings.host}:{settings.port} "
+                   "(--allow-anonymous-reads; DRAFTSCOPE_READ_TOKEN would guard them).")
     if upgrade:
         db.upgrade(settings.database_url)
     state = db.schema_state(settings.database_url)

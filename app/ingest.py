@@ -23,10 +23,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models
+from draftscope.queries import safe_run
 from draftscope.stats import PG_WRITE_LOCK
 from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
 from draftscope_tracer.transport import wire
-from draftscope_tracer.transport.redact import redact_server_args
 
 MAX_ERRORS_SHOWN = 5
 _RUNS = models.Run.__table__
@@ -212,9 +212,9 @@ class BatchWriter:
     def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
         """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key.
 
-        ``server_args`` pass the tracer's allow-list here too: a tracer from before it sends them all."""
-        if record.get("server_args") is not None:
-            record = {**record, "server_args": redact_server_args(record["server_args"])}
+        ``server_args`` and ``tracer_config`` pass the tracer's allow-lists here too: a tracer from
+        before them sends them whole."""
+        record = safe_run(record)
         inserted = conn.execute(self._insert(_RUNS).values(id=run_id, **record)
                                 .on_conflict_do_nothing(index_elements=["id"]).returning(_RUNS.c.id))
         if inserted.first() is not None:

@@ -1,4 +1,4 @@
-"""Prometheus ``GET /metrics`` from the store, and the offline API docs at ``/docs``.
+"""Prometheus ``GET /metrics`` from the store, and the offline API docs at ``/docs`` (``/openapi.json``).
 
 Every scrape reads the per-run aggregates (``run_stats``) of the ``max_runs`` most recently
 started runs and one sum over ``ingest_batches``; nothing is kept in this process, so several
@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -137,6 +137,12 @@ def metrics(request: Request) -> Response:
         registry.register(StoreCollector(conn))
         body = generate_latest(registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+def openapi(request: Request) -> JSONResponse:
+    """The API's OpenAPI schema (what /docs shows)."""
+    return JSONResponse(request.app.openapi())
 
 
 @router.get("/docs", include_in_schema=False)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from draftscope import models, stats
 from draftscope.spec_diff import expected_widths
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope_tracer.transport.redact import redact_server_args, redact_tracer_config
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
@@ -128,15 +128,23 @@ RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "ta
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
-    """Every stored field of the run, or None. ``server_args`` pass the tracer's allow-list on the way
-    out, so a run stored before it (the whole ``vars(server_args)``, secrets included) shows none."""
+    """Every stored field of the run, or None. ``server_args`` and ``tracer_config`` pass the tracer's
+    allow-lists on the way out (``safe_run``), so a run stored before them shows no secret."""
     row = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id)).mappings().first()
     if row is None:
         return None
-    run = dict(row)
-    if run.get("server_args") is not None:
-        run["server_args"] = redact_server_args(run["server_args"])
-    return run
+    return safe_run(dict(row))
+
+
+def safe_run(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with ``server_args`` and ``tracer_config`` reduced to their allow-lists: the one
+    filter between a stored run and anything that shows it (pages, API, bundles)."""
+    out = dict(run)
+    if out.get("server_args") is not None:
+        out["server_args"] = redact_server_args(out["server_args"])
+    if out.get("tracer_config") is not None:
+        out["tracer_config"] = redact_tracer_config(out["tracer_config"])
+    return out
 
 
 def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:

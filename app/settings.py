@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./var/draftscope.db"
 
 
 class Settings(BaseSettings):
-    """Where the store lives, where the dashboard listens, and how ingest is guarded."""
+    """Where the store lives, where the dashboard listens, and how ingest and reads are guarded."""
 
     model_config = SettingsConfigDict(env_prefix="DRAFTSCOPE_", extra="ignore")
 
@@ -17,6 +17,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8177
     ingest_token: str | None = None  # when set, POST /api/v1/batches needs "Authorization: Bearer <token>"
+    read_token: str | None = None  # when set, every page, API answer, export and /metrics needs it
+    allow_anonymous_reads: bool = False  # serve on a non-loopback address without a read token
     max_batch_bytes: int = 16 * 1024 * 1024
     refresh_debounce_s: float = 2.0  # a run's aggregates and findings are refreshed at most this often
     public_url: str | None = None  # the address to open, when not host:port (e.g. a published port)
@@ -28,7 +30,14 @@ class Settings(BaseSettings):
             raise ValueError("DRAFTSCOPE_MAX_BATCH_BYTES must be a positive number of bytes")
         return value
 
-    @field_validator("ingest_token")
+    @field_validator("ingest_token", "read_token")
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @model_validator(mode="after")
+    def _separate_tokens(self) -> "Settings":
+        if self.read_token is not None and self.read_token == self.ingest_token != "auto":
+            raise ValueError("DRAFTSCOPE_READ_TOKEN must differ from DRAFTSCOPE_INGEST_TOKEN: tracers "
+                             "write with the ingest token, people read with the read token")
+        return self

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from draftscope import api, bundle_web, charts, db, metrics, pages
+from draftscope import access, api, bundle_web, charts, db, metrics, pages
 from draftscope.ingest import BatchWriter
 from draftscope.refresh import RunRefresher
 from draftscope.resources import STATIC_DIR
@@ -30,6 +30,10 @@ def _wants_html(request: Request) -> bool:
 
 def _install_error_pages(app: FastAPI) -> None:
     """Pages get error pages that say what to do next; the API and twins keep JSON errors."""
+
+    @app.exception_handler(access.NeedsLogin)
+    async def needs_login(request: Request, exc: access.NeedsLogin):
+        return access.refusal(request)
 
     @app.exception_handler(pages.PageError)
     async def page_error(request: Request, exc: pages.PageError):
@@ -93,13 +97,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if checkpointer is not None:
                 checkpointer.stop()
 
-    app = FastAPI(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None)  # /docs: metrics.py
+    # /docs and /openapi.json: metrics.py, behind the read token like every other read
+    app = FastAPI(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
     _install_error_pages(app)
-    app.include_router(api.router)
-    app.include_router(bundle_web.router)  # before pages: its .../requests/{rid}/bundle.zip is more specific
-    app.include_router(pages.router)
-    app.include_router(metrics.router)
+    # Open: ingest (its own token), the login page, /healthz and /static. Everything else reads.
+    app.include_router(api.ingest_router)
+    app.include_router(access.router)
+    app.include_router(api.router, dependencies=[access.READ])
+    # bundle_web before pages: its .../requests/{rid}/bundle.zip is more specific
+    app.include_router(bundle_web.router, dependencies=[access.READ])
+    app.include_router(pages.router, dependencies=[access.READ])
+    app.include_router(metrics.router, dependencies=[access.READ])
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/healthz")

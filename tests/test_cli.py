@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +17,7 @@ from draftscope.cli import app
 from testbed.server import start_dashboard
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -28,6 +32,55 @@ def test_serve_refuses_a_non_loopback_host_without_token(sqlite_url, monkeypatch
     assert "Refusing to listen on 0.0.0.0" in result.output
     assert "DRAFTSCOPE_INGEST_TOKEN" in result.output
     assert db.current_revision(sqlite_url) is None  # refused before touching the store
+
+
+def test_serve_refuses_a_non_loopback_host_without_read_token(sqlite_url, monkeypatch) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
+    monkeypatch.delenv("DRAFTSCOPE_ALLOW_ANONYMOUS_READS", raising=False)
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, "--upgrade"])
+    assert result.exit_code == 2
+    assert "Refusing to listen on 0.0.0.0 without a read token" in result.output
+    assert all(fix in result.output for fix in ("DRAFTSCOPE_READ_TOKEN", "--read-token", "--allow-anonymous-reads"))
+    assert db.current_revision(sqlite_url) is None  # refused before touching the store
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--read-token", "read-secret"], None),
+    (["--allow-anonymous-reads"], "reads are open to anyone who reaches 0.0.0.0:8177"),
+])
+def test_serve_on_a_non_loopback_host_passes_with_a_read_token_or_when_told(sqlite_url, monkeypatch,
+                                                                          flags, said) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, *flags])
+    assert result.exit_code == 2 and "no draftscope schema" in result.output  # past the access checks
+    assert "Refusing" not in result.output
+    assert said is None or said in result.output
+
+
+@pytest.mark.parametrize("published, refused", [("127.0.0.1", False), ("0.0.0.0", True), ("", True)])
+def test_the_images_entry_point_opens_reads_only_when_published_on_loopback(sqlite_url, published,
+                                                                           refused) -> None:
+    """docker/dashboard-entrypoint before the image's own ``serve --host 0.0.0.0`` (compose passes
+    where it published the port as DRAFTSCOPE_PUBLISHED_ON)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
+    env |= {"DRAFTSCOPE_INGEST_TOKEN": "ingest-secret", "DRAFTSCOPE_PUBLISHED_ON": published}
+    done = subprocess.run(["sh", str(REPO / "docker" / "dashboard-entrypoint"), sys.executable, "-m",
+                           "draftscope.cli", "serve", "--host", "0.0.0.0", "--db", sqlite_url],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    if refused:
+        assert "Refusing to listen on 0.0.0.0 without a read token" in done.stderr
+    else:  # past the access checks, to the (missing) store
+        assert "reads need no token" in done.stdout and "no draftscope schema" in done.stderr
+
+
+def test_serve_refuses_one_token_for_reads_and_ingest(sqlite_url, monkeypatch) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "same-secret")
+    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--read-token", "same-secret"])
+    assert result.exit_code == 2
+    assert "DRAFTSCOPE_READ_TOKEN must differ from DRAFTSCOPE_INGEST_TOKEN" in result.output
 
 
 def test_serve_on_a_missing_db_exits_2_with_the_fix(sqlite_url) -> None:

@@ -1,9 +1,12 @@
-"""Secrets in server arguments stay out of the pages and the API: a batch from an old tracer (the
-whole ``vars(server_args)``) is filtered at ingest, and a run stored before the filter at read time."""
+"""Secrets in server arguments and the tracer's config stay out of the pages, the API and bundles: a
+batch from an old tracer (the whole ``vars(server_args)``, a credentialed ``DRAFTSCOPE_URL``) is
+filtered at ingest, and a run stored before the filter at read time."""
 
 from __future__ import annotations
 
+import io
 import uuid
+import zipfile
 
 import sqlalchemy as sa
 
@@ -19,11 +22,17 @@ OLD_VARS = {"_launch_command": f"--model-path /m/t --api-key {SECRET} --speculat
             "_resolved_overrides": [["spec", {"speculative_num_steps": 3}]]}
 
 
+OLD_CONFIG = {"url": "https://alice:s3cret-5b7e@dash.example:8177/?token=tok-5b7e", "ingest_token": "tok-5b7e",
+              "step_stride": 1, "api_key": SECRET}
+
+
 def _everything(client, run_id: str) -> str:
     pages = [client.get(f"/runs/{run_id}"), client.get(f"/api/v1/runs/{run_id}"), client.get("/"),
-             client.get("/api/v1/runs")]
+             client.get("/api/v1/runs"), client.get(f"/runs/{run_id}/bundle.zip")]
     assert all(p.status_code == 200 for p in pages), [p.status_code for p in pages]
-    return "".join(p.text for p in pages)
+    with zipfile.ZipFile(io.BytesIO(pages.pop().content)) as bundle:
+        members = [bundle.read(name).decode() for name in bundle.namelist()]
+    return "".join(p.text for p in pages) + "".join(members)
 
 
 def test_old_tracer_batch_is_filtered_at_ingest(client, store_url):
@@ -52,3 +61,34 @@ def test_run_stored_before_the_filter_shows_no_secret(client, store_url):
     text = _everything(client, run_id)
     assert SECRET not in text and "_launch_command" not in text
     assert "speculative_num_steps" in client.get(f"/api/v1/runs/{run_id}").json()["run"]["server_args"]
+
+
+def _stored_config(store_url: str, run_id: str) -> dict:
+    engine = db.make_engine(store_url)
+    with engine.connect() as conn:
+        stored = conn.execute(sa.select(models.Run.__table__.c.tracer_config)
+                              .where(models.Run.__table__.c.id == run_id)).scalar_one()
+    engine.dispose()
+    return stored
+
+
+def test_credentials_in_an_old_tracers_config_are_filtered_at_ingest(client, store_url):
+    run_id = uuid.uuid4().hex
+    batch = make_batch(run_id, run=run_record(tracer_config=OLD_CONFIG))
+    assert client.post("/api/v1/batches", json=batch).status_code == 200
+    assert _stored_config(store_url, run_id) == {"url": "https://dash.example:8177", "ingest_token": True,
+                                                 "step_stride": 1}
+
+
+def test_a_credentialed_config_stored_before_the_filter_shows_none(client, store_url):
+    run_id = uuid.uuid4().hex
+    assert client.post("/api/v1/batches", json=make_batch(run_id, run=run_record())).status_code == 200
+    engine = db.make_engine(store_url)
+    with engine.begin() as conn:  # as an old dashboard wrote it
+        conn.execute(models.Run.__table__.update().where(models.Run.__table__.c.id == run_id)
+                     .values(tracer_config=OLD_CONFIG))
+    engine.dispose()
+    text = _everything(client, run_id)
+    assert "alice" not in text and "5b7e" not in text
+    assert client.get(f"/api/v1/runs/{run_id}").json()["run"]["tracer_config"]["url"] == \
+        "https://dash.example:8177"

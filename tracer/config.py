@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any, Dict, Mapping, Optional
+
+from draftscope_tracer.transport.redact import public_url, redact_tracer_config
 
 # Every environment variable the tracer reads, with its meaning (docs/tracer.md lists the same set;
 # tests/tracer/test_runtime.py::test_every_option_is_documented checks that it does).
@@ -59,11 +61,14 @@ class TracerConfig:
         return bool(self.url or self.db or self.file)
 
     def public(self) -> Dict[str, Any]:
-        """The configuration as recorded in the run record (the token is never recorded)."""
-        d = asdict(self)
-        d["ingest_token"] = bool(self.ingest_token)
-        d["fault"] = sorted(self.fault)
-        return d
+        """The configuration as recorded in the run record: allow-listed fields, the URL without
+        credentials (``redact_tracer_config``), whether a token is set but never the token."""
+        return redact_tracer_config({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @property
+    def safe_url(self) -> str:
+        """``url`` as logs and records show it: no userinfo, query or fragment."""
+        return public_url(self.url or "")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Optional["TracerConfig"]:

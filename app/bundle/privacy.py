@@ -1,8 +1,8 @@
 """What a bundle leaves out: secrets (whatever the store holds) and, by default, home paths.
 
-Server args go through the tracer's allow-list (``draftscope_tracer.transport.redact``); facts and the
-draft's config through a deny pass on secret-looking names; paths under the exporting user's home
-become ``~/...`` unless kept.
+Server args and the tracer's config go through the tracer's allow-lists (``queries.safe_run``);
+facts and the draft's config through a deny pass on secret-looking names; paths under the
+exporting user's home become ``~/...`` unless kept.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope.queries import safe_run
 
 # A name is secret when one of its words (split on _ - . and case changes) is one of SECRET_WORDS,
 # or its last word is one of SECRET_LAST (``api_key``, ``hf_token``; not ``num_key_value_heads``,
@@ -61,10 +61,11 @@ def _shorten(value: Any, home: str) -> Any:
 
 
 def private_run(run: dict[str, Any]) -> dict[str, Any]:
-    """The run record as a bundle carries it: server args allow-listed, secret names dropped."""
-    out = dict(run)
-    out["server_args"] = redact_server_args(run.get("server_args") or {})
+    """The run record as a bundle carries it: server args and tracer config allow-listed (as the
+    pages and the API show them, ``queries.safe_run``), secret names dropped."""
+    out = safe_run(run)
+    out["server_args"] = out.get("server_args") or {}
     out["facts"] = drop_secrets(run.get("facts")) if run.get("facts") is not None else None
-    out["tracer_config"] = (drop_secrets(run.get("tracer_config"))
-                            if run.get("tracer_config") is not None else None)
+    out["tracer_config"] = (drop_secrets(out["tracer_config"])
+                            if out.get("tracer_config") is not None else None)
     return out

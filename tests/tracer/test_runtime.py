@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import logging
 import re
@@ -19,6 +21,7 @@ from draftscope_tracer.transport import wire
 from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.http_sink import HttpSink
+from draftscope_tracer.transport.redact import public_url, redact_tracer_config
 from draftscope_tracer.engine.sampling import request_fraction, request_sampled, step_sampled
 from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
 from draftscope_tracer.transport.writer import Writer
@@ -45,6 +48,37 @@ def test_config_dormant_without_a_sink_and_kill_switch_wins():
 def test_config_bad_values_name_the_variable(env, needle):
     with pytest.raises(ConfigError, match=needle):
         TracerConfig.from_env(env)
+
+
+def test_public_config_is_allow_listed_and_holds_no_credential():
+    c = TracerConfig.from_env({"DRAFTSCOPE_URL": "https://alice:s3cret@dash.example:8177/base/?token=abc#x",
+                               "DRAFTSCOPE_INGEST_TOKEN": "ingest-s3cret", "DRAFTSCOPE_FAULT": "b,a"})
+    public = c.public()
+    assert set(public) == {f.name for f in dataclasses.fields(TracerConfig)}  # a new field needs a decision
+    assert public["url"] == c.safe_url == "https://dash.example:8177/base"
+    assert public["ingest_token"] is True and public["fault"] == ["a", "b"]
+    assert not re.search("alice|s3cret|abc", json.dumps(public))
+    paths = TracerConfig(db="/var/lib/ds/store.db", file="/tmp/trace.jsonl").public()
+    assert (paths["db"], paths["file"], paths["url"], paths["ingest_token"]) == \
+        ("/var/lib/ds/store.db", "/tmp/trace.jsonl", None, False)
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://127.0.0.1:8177", "http://127.0.0.1:8177"),
+    ("http://u:p@[::1]:9/x/?k=v", "http://[::1]:9/x"),
+    ("https://token@host", "https://host"),
+    ("http://h:notaport/", ""),
+    ("not a url", ""),
+])
+def test_public_url_keeps_scheme_host_port_path(url, shown):
+    assert public_url(url) == shown
+
+
+def test_a_stored_config_is_reduced_on_read():
+    stored = {"url": "https://alice:s3cret@h/?token=abc", "ingest_token": "tok", "api_key": "k",
+              "step_stride": 2, "topk": "8"}
+    assert redact_tracer_config(stored) == {"url": "https://h", "ingest_token": True, "step_stride": 2,
+                                            "topk": None}
 
 
 def test_every_option_is_documented():
@@ -176,11 +210,13 @@ def test_sqlite_sink_refuses_missing_or_unmigrated_store(tmp_path):
 class _Ingest(BaseHTTPRequestHandler):
     answers: list = []
     seen: list = []
+    paths: list = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         code = self.answers.pop(0) if self.answers else 200
         type(self).seen.append((code, body["batch_id"], self.headers.get("Authorization")))
+        type(self).paths.append(self.path)
         self.send_response(code)
         self.end_headers()
         self.wfile.write(b"{}")
@@ -191,7 +227,7 @@ class _Ingest(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def ingest_server():
-    _Ingest.answers, _Ingest.seen = [], []
+    _Ingest.answers, _Ingest.seen, _Ingest.paths = [], [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -212,6 +248,22 @@ def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
     assert [b for code, b, _ in _Ingest.seen if code == 200] == ["b0", "b1", "b2"]
     assert _Ingest.seen[0][0] == 503 and all(t == "Bearer s3cret" for _, _, t in _Ingest.seen)
     assert drops == []
+
+
+def test_http_sink_sends_url_credentials_as_basic_auth_and_shows_none(ingest_server, caplog):
+    _server, url = ingest_server
+    _Ingest.answers = [400]
+    host = url.removeprefix("http://")
+    sink = HttpSink(f"http://alice:s%40cret@{host}/base/?token=abc", lambda r, n: None)
+    with caplog.at_level(logging.INFO, "draftscope.tracer"):
+        sink.send(_batch(0))
+        sink.send(_batch(1, run=None))
+    assert _Ingest.paths == ["/base/api/v1/batches?token=abc"] * 2
+    assert _Ingest.seen[1][2] == "Basic " + base64.b64encode(b"alice:s@cret").decode()
+    assert sink.name == f"the HTTP sink ({url}/base/api/v1/batches)"
+    assert caplog.records and not re.search("alice|cret|abc", caplog.text)
+    HttpSink(f"http://alice:pw@{host}", lambda r, n: None, token="t").send(_batch(2))
+    assert _Ingest.seen[2][2] == "Bearer t"  # the ingest token wins
 
 
 def test_http_sink_outage_is_said_once_and_its_end_too(ingest_server, caplog):

@@ -1,11 +1,16 @@
 """A real SGLang server started with ``--api-key`` and a value found nowhere else: the value is in no
-sink's files, no store, no page and no API answer (one server per sink)."""
+sink's files, no store, no page, no API answer and no bundle (one server per sink). The HTTP sink's
+``DRAFTSCOPE_URL`` carries ``user:password@`` and a token in its query too: neither is found either."""
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
+import urllib.error
+import urllib.request
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,22 @@ pytestmark = pytest.mark.sglang
 
 def _files_text(folder: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix != ".log")
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _bundle(base: str, run_id: str) -> bytes:
+    """Every member of the run's bundle as the dashboard exports it, uncompressed."""
+    status, body = _get(f"{base}/runs/{run_id}/bundle.zip")
+    assert status == 200, status
+    with zipfile.ZipFile(io.BytesIO(body)) as bundle:
+        return b"".join(bundle.read(name) for name in bundle.namelist())
 
 
 def _pages(get, run_id: str) -> str:
@@ -42,12 +63,14 @@ def _pages(get, run_id: str) -> str:
 def test_api_key_is_found_nowhere(sink, tmp_path):
     models = ensure_models()
     secret = f"ds-{uuid.uuid4().hex}"
+    password, query_token = f"pw-{uuid.uuid4().hex}", f"qt-{uuid.uuid4().hex}"
     store = tmp_path / "store" / "store.db"
     store.parent.mkdir()
     store_db.upgrade(f"sqlite:///{store}")
     env = {"DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
     with start_dashboard(store, tmp_path / "dashboard.log") as url:
-        env.update({"url": {"DRAFTSCOPE_URL": url}, "db": {"DRAFTSCOPE_DB": str(store)},
+        credentialed = url.replace("http://", f"http://alice:{password}@") + f"/?token={query_token}"
+        env.update({"url": {"DRAFTSCOPE_URL": credentialed}, "db": {"DRAFTSCOPE_DB": str(store)},
                     "file": {"DRAFTSCOPE_FILE": str(tmp_path / "store" / "trace.jsonl")}}[sink])
         with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env,
                           api_key=secret) as server:
@@ -66,16 +89,16 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
             engine.dispose()
 
         def get(path):
-            import urllib.error
-            import urllib.request
-            try:
-                with urllib.request.urlopen(url + path, timeout=30) as response:
-                    return response.status, response.read().decode()
-            except urllib.error.HTTPError as e:
-                return e.code, e.read().decode()
+            status, body = _get(url + path)
+            return status, body.decode()
 
-        (run_id, args), = sqlite3.connect(store).execute("select id, server_args from runs").fetchall()
+        (run_id, args, config), = sqlite3.connect(store).execute(
+            "select id, server_args, tracer_config from runs").fetchall()
         assert json.loads(args)["speculative_algorithm"] == "EAGLE3"  # server args were recorded
+        if sink == "url":  # the tracer config was recorded, its URL without credentials
+            assert json.loads(config)["url"] == url
         pages = _pages(get, run_id)
-    assert secret not in pages
-    assert secret.encode() not in _files_text(tmp_path / "store")
+        bundle = _bundle(url, run_id)
+    stored = _files_text(tmp_path / "store")
+    for value in (secret, password, query_token):
+        assert value not in pages and value.encode() not in bundle and value.encode() not in stored

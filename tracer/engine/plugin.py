@@ -71,7 +71,7 @@ def _register(in_scheduler: Optional[bool] = None) -> None:
     TRACER = Tracer(config, version, hooks=dict(zip(_AROUND, HANDLES)))
     register_hooks(HANDLES)
     log.info("draftscope: tracer registered (sample rate %.4g, sink %s)", config.sample_rate,
-             "sqlite" if config.db else config.file or config.url)
+             "sqlite" if config.db else config.file or config.safe_url)
 
 
 def detach() -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from draftscope_tracer.transport import wire
 from draftscope_tracer.transport.outage import Outage
+from draftscope_tracer.transport.redact import public_url
 
 log = logging.getLogger("draftscope.tracer")
 
@@ -23,17 +26,36 @@ class _Retryable(Exception):
     """A 5xx answer or a connection error: the batch is kept and sent again later."""
 
 
+def _endpoint(url: str) -> Tuple[str, Optional[str]]:
+    """``{url}/api/v1/batches`` with ``url``'s query kept (a proxy's token may ride there), and the
+    ``Authorization: Basic`` value of its userinfo (urllib would read that as part of the host)."""
+    parts = urlsplit(url)
+    basic = None
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        basic = "Basic " + base64.b64encode(pair).decode()
+    netloc = parts.netloc.rpartition("@")[2]
+    path = parts.path.rstrip("/") + "/api/v1/batches"
+    return urlunsplit((parts.scheme, netloc, path, parts.query, "")), basic
+
+
 class HttpSink:
-    """Delivers batches in order to ``{url}/api/v1/batches``; never raises into the writer."""
+    """Delivers batches in order to ``{url}/api/v1/batches``; never raises into the writer.
+
+    ``token`` is sent as ``Authorization: Bearer``; without one, credentials in the URL
+    (``https://user:pass@host/``, for a proxy in front of the dashboard) go as Basic auth."""
 
     def __init__(self, url: str, drop: Callable[[str, int], None], *, token: Optional[str] = None,
                  timeout_s: float = 5.0, max_buffered_batches: int = 64,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0):
-        self.endpoint = url.rstrip("/") + "/api/v1/batches"
+        self._url, basic = _endpoint(url)
+        self.endpoint = public_url(url) + "/api/v1/batches"  # as logs show it: no credentials
         self._drop = drop
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        elif basic:
+            self._headers["Authorization"] = basic
         self.timeout_s = timeout_s
         self._buffer: Deque[Dict[str, Any]] = deque()
         self.max_buffered_batches = max_buffered_batches
@@ -94,7 +116,7 @@ class HttpSink:
 
     def _post(self, batch: Dict[str, Any]) -> None:
         body = wire.to_json(batch)
-        req = urllib.request.Request(self.endpoint, data=body, headers=self._headers, method="POST")
+        req = urllib.request.Request(self._url, data=body, headers=self._headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 resp.read()

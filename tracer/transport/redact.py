@@ -3,15 +3,18 @@
 ``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields (speculative
 settings, model and draft paths, dtypes, parallel sizes, attention backends, CUDA-graph and
 scheduling settings), then drops any name that looks secret-shaped even if the allow-list names it
-by mistake. It is used where the tracer records a run and where the dashboard reads one, so a
-store written before it existed shows no more than a new one.
+by mistake. ``redact_tracer_config`` does the same for the tracer's own configuration: named
+fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where
+the tracer records a run and where the dashboard reads one, so a store written before them shows no
+more than a new one.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
+from urllib.parse import urlsplit
 
 # Whole families SGLang groups under one prefix (spec.py, CUDA-graph fields).
 ALLOWED_PREFIXES = ("speculative_", "cuda_graph_")
@@ -105,3 +108,53 @@ def redact_message(text: str, environ: Mapping[str, str]) -> str:
             text = text.replace(value, "<redacted>")
     text = re.sub(r"(://)[^/@\s:]+:[^/@\s]+@", r"\1<redacted>@", text)
     return text[:2000]
+
+
+def public_url(url: str) -> str:
+    """``scheme://host[:port]/path`` of ``url``: no userinfo, query or fragment (a proxy's password
+    or token rides there); "" when it is not a URL with a host."""
+    try:
+        parts = urlsplit(url.strip())
+        host, port = parts.hostname, parts.port
+    except ValueError:  # an unparseable netloc or port: keep nothing of it
+        return ""
+    if not parts.scheme or not host:
+        return ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port is not None else ''}{parts.path.rstrip('/')}"
+
+
+def _url(value: Any) -> Optional[str]:
+    return (public_url(value) or None) if isinstance(value, str) else None
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _flag(value: Any) -> bool:
+    return bool(value)
+
+
+def _names(value: Any) -> list:
+    return sorted(str(v) for v in value) if isinstance(value, (list, tuple, set, frozenset)) else []
+
+
+# The tracer's recorded configuration (``TracerConfig``'s fields), each with what may be kept of it.
+# ``ingest_token`` records only whether one was set.
+TRACER_CONFIG_FIELDS: Dict[str, Callable[[Any], Any]] = {
+    "url": _url, "db": _text, "file": _text, "sample_rate": _number, "step_stride": _number,
+    "topk": _number, "ingest_token": _flag, "flush_interval_s": _number, "max_queue_items": _number,
+    "max_batch_items": _number, "health_interval_s": _number, "probe_failure_limit": _number,
+    "reduce": _text, "fault": _names, "sync_debug": _flag,
+}
+
+
+def redact_tracer_config(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The tracer configuration fit to record or show: the fields of ``TRACER_CONFIG_FIELDS`` that
+    ``config`` holds, each reduced to what is safe (a stored one from before this filter included)."""
+    return {name: keep(config[name]) for name, keep in TRACER_CONFIG_FIELDS.items() if name in config}
