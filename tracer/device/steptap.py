@@ -121,12 +121,16 @@ class StepTap:
         """Requests (their batch rows) of the next draft to read (at most ``requests``); how many were taken (0:
         no pinned slot was free for the row list)."""
         n, b = min(len(rows), self.requests), self.branches
-        logits_rows = [r * b + j for r in rows[:n] for j in range(b)]
-        index = device_index(logits_rows + [0] * (ROWS - len(logits_rows)) + rows[:n] + [0] * (self.requests - n),
-                             self._select.device)
+        if b == 1:  # a chain: the logits rows are the requests' rows, and draft_forward's outputs are not read
+            index, target = device_index(rows[:n] + [0] * (ROWS - n), self.rows.device), self.rows
+        else:
+            logits_rows = [r * b + j for r in rows[:n] for j in range(b)]
+            index = device_index(logits_rows + [0] * (ROWS - len(logits_rows)) + rows[:n] + [0] * (self.requests - n),
+                                 self._select.device)
+            target = self._select
         if index is None:
             return 0
-        self._select.copy_(index, non_blocking=True)
+        target.copy_(index, non_blocking=True)
         self.armed = True
         return n
 
