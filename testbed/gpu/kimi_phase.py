@@ -175,15 +175,16 @@ def run_traces(bed, models: Path, deadline: float) -> dict:
     return {"servers": servers, "answers": answers}
 
 
-def run_throughput(bed, models: Path, deadline: float) -> dict:
-    """The ``kimi-throughput`` phase: three servers at once, rounds until ``deadline`` (``time.monotonic``)."""
+def run_throughput(bed, models: Path, deadline: float, workload: str = "short") -> dict:
+    """The ``kimi-throughput`` phase: three servers at once, rounds of ``throughput.WORKLOADS[workload]`` until
+    ``deadline`` (``time.monotonic``)."""
     wait_gpu_free()
     state = bed.start_all(throughput_specs(models), START_TIMEOUT_S)
     memory = gpu_memory(state)
     print(f"[runner] kimi throughput servers: GPU memory {memory}", flush=True)
     try:
         handles = {name: s["handle"] for name, s in state.items() if s["ok"]}
-        result = throughput.measure_levels(handles, prompt, deadline)
+        result = throughput.measure_levels(handles, prompt, deadline, throughput.WORKLOADS[workload])
         print(throughput.levels_table(result), flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded, the check fails on it
         result = {"error": f"{type(exc).__name__}: {exc}"}

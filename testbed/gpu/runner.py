@@ -131,6 +131,8 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
     ap.add_argument("--kimi-throughput-s", type=float, default=KIMI_THROUGHPUT_BUDGET_S,
                     help="seconds after the runner starts by which the Kimi throughput rounds end (default: %(default)s)")
+    ap.add_argument("--kimi-workload", default="short", choices=["short", "long"],
+                    help="the Kimi throughput phase's requests per level (testbed/gpu/throughput.py WORKLOADS)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
                     f"checks after them unless --skip pytest: {', '.join(PHASES)}")
     a = ap.parse_args()
@@ -195,7 +197,8 @@ def main() -> int:
         results["kimi"] = kimi_phase.run_traces(bed, models, began + KIMI_BUDGET_S)
         save()
     if "kimi-throughput" not in skip:
-        results.update(kimi_phase.run_throughput(bed, models, began + a.kimi_throughput_s))
+        results.update(kimi_phase.run_throughput(bed, models, began + a.kimi_throughput_s,
+                                                    a.kimi_workload))
         save()
     if "pytest" not in skip:
         save()

@@ -10,7 +10,7 @@ completion tokens / wall time.
   8 at a time, fixed request ids; 12 rounds, the first 3 warm-up; the ratio to no tracer per round.
 - ``measure_levels`` (the ``kimi-throughput`` phase, the Kimi-K2.5-shaped server in bf16,
   ``testbed/gpu/kimi_phase.py``): at 1, 8 and 64 concurrent requests (``LEVELS``: 16 x 16, 16 x 32 and
-  64 x 32 tokens of random token ids), request ids chosen so that exactly 1 in 16 is sampled; the order
+  64 x 32 tokens of random token ids; ``WORKLOADS["long"]``: 4 x 96, 16 x 96 and 64 x 48), request ids chosen so that exactly 1 in 16 is sampled; the order
   of the servers shuffled per level and round; rounds until the phase's deadline, the first a warm-up.
   Cost = no tracer's tokens/s over the server's, minus 1, per round: the median with a 95% bootstrap
   interval (``testbed.overhead``), against ``TARGETS``.
@@ -30,6 +30,10 @@ WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, 
 CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"}}
 LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request"}
 LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -> (requests a round, new tokens)
+# The runner's --kimi-workload: "short" (LEVELS) weighs what the tracer does once per request (a sampled prompt's
+# summaries and recomputes, its finish record) against 16-32 tokens; "long" against 6x more, as production
+# requests do: the two tell a per-request cost from a per-step one.
+WORKLOADS = {"short": LEVELS, "long": {"1": (4, 96), "8": (16, 96), "64": (64, 48)}}
 TARGETS = {"1/16": 0.01, "every": 0.03}  # cost in tokens/s at production widths (issue 19)
 
 
