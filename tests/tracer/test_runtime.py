@@ -203,7 +203,7 @@ def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
     _server, url = ingest_server
     _Ingest.answers = [503]
     drops = []
-    sink = HttpSink(url, lambda r, n: drops.append((r, n)), token="s3cret", backoff_s=0.01)
+    sink = HttpSink(url, lambda r, n, _batch: drops.append((r, n)), token="s3cret", backoff_s=0.01)
     sink.send(_batch(0))
     sink.send(_batch(1, run=None))  # before the backoff expires: buffered
     time.sleep(0.05)
@@ -217,7 +217,7 @@ def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
 def test_http_sink_outage_is_said_once_and_its_end_too(ingest_server, caplog):
     _server, url = ingest_server
     _Ingest.answers = [503, 503, 503]
-    sink = HttpSink(url, lambda r, n: None, backoff_s=0.01)
+    sink = HttpSink(url, lambda r, n, _batch: None, backoff_s=0.01)
     with caplog.at_level(logging.INFO, "draftscope.tracer"):
         for i in range(6):
             sink.send(_batch(i, run=RUN if i == 0 else None))
@@ -233,7 +233,7 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
     server.shutdown()
     server.server_close()
     drops = []
-    sink = HttpSink(url, lambda r, n: drops.append(r), max_buffered_batches=2, backoff_s=0.01, timeout_s=0.5)
+    sink = HttpSink(url, lambda r, n, _batch: drops.append(r), max_buffered_batches=2, backoff_s=0.01, timeout_s=0.5)
     for i in range(4):
         sink.send(_batch(i, run=RUN if i == 0 else None, steps=[{"rid": "a"}]))
         time.sleep(0.02)
