@@ -41,6 +41,7 @@ class HttpSink:
         self._backoff0, self._max_backoff = backoff_s, max_backoff_s
         self._backoff = backoff_s
         self._retry_at = 0.0
+        self.snapshot: Optional[Callable[[], Dict[str, Any]]] = None  # the writer's health record, now
         self.name = f"the HTTP sink ({self.endpoint})"
         self.outage = Outage(self.name, f"batches are buffered (up to {max_buffered_batches}), then the "
                                         "oldest are dropped (counted)")
@@ -68,6 +69,9 @@ class HttpSink:
         self.outage.dropped(_count(old))
         if old.get("run") and self._buffer and not self._buffer[0].get("run"):
             self._buffer[0]["run"] = old["run"]  # the store needs the run before any record
+        if self.snapshot is not None and self._buffer:  # the loss travels with the newest batch
+            health = self._buffer[-1].setdefault("health", [])
+            health[-1:] = [self.snapshot()]
 
     def _deliver(self) -> bool:
         """Send buffered batches in order; False when the dashboard is unreachable for now."""

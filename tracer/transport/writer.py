@@ -111,6 +111,8 @@ class Writer(JobQueue):
         self._pending_n = 0
         self._run_sent = False
         self.outage = Outage(getattr(sink, "name", "the sink"))
+        if hasattr(sink, "snapshot"):  # a sink that evicts batches tells the store in a later one
+            sink.snapshot = lambda: self._snapshot(self.depth())
         self._thread.start()
 
     def _loop(self) -> None:
