@@ -3,7 +3,7 @@ the store, the ids of those requests and the time windows they came from.
 
 New SQLite stores are created with ``auto_vacuum=INCREMENTAL`` (``draftscope.db.make_engine``), so
 that ``draftscope prune`` gives space back in small steps; a store made before keeps the mode it was
-made with until ``draftscope prune --vacuum`` rewrites it once (docs/retention.md).
+made with until ``draftscope prune --vacuum`` rewrites it once (docs/dashboard.md, "Retention").
 
 Revision ID: 0004_gaps
 Revises: 0003_run_stats
