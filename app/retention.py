@@ -5,12 +5,13 @@ A run goes in one transaction with every row that references it (each table with
 is the bytes its live rows take: on SQLite the pages in use (``page_count - freelist_count``), on
 PostgreSQL the tuples' bytes (``pg_column_size``; indexes not counted). SQLite gives freed pages
 back in small ``incremental_vacuum`` steps, each its own short write transaction, so ingest waits
-for one step at most; a store made before incremental auto-vacuum (schema 0004) reuses freed pages
+for one step at most, with a WAL checkpoint every few steps so the WAL does not grow by what moves; a store made before incremental auto-vacuum (schema 0004) reuses freed pages
 but only shrinks after one full ``vacuum``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -28,6 +29,7 @@ _STATS = models.RunStats.__table__
 WRITING_WINDOW_S = 3600.0  # a running run with data this recent may still be written (a tracer's outage)
 RECENT_S = 60.0  # any run with a batch this recent is being written (an import, a late final batch)
 VACUUM_STEP_PAGES = 2048  # pages per incremental_vacuum step (8 MiB at 4 KiB pages)
+CHECKPOINT_EVERY = 16  # steps between WAL checkpoints, so the WAL stays within ~128 MiB
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -204,7 +206,7 @@ def reclaim(engine: sa.Engine, step_pages: int = VACUUM_STEP_PAGES) -> int:
         cur = raw.cursor()
         if cur.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
             return 0
-        while True:
+        for step in itertools.count(1):
             before = cur.execute("PRAGMA freelist_count").fetchone()[0]
             if not before:
                 break
@@ -213,6 +215,8 @@ def reclaim(engine: sa.Engine, step_pages: int = VACUUM_STEP_PAGES) -> int:
             freed += before - after
             if after >= before:
                 break
+            if step % CHECKPOINT_EVERY == 0:  # else moved pages pile up in the WAL: disk it may not have
+                cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # the file shrinks here
     finally:
         raw.close()

@@ -9,8 +9,8 @@ large store, with the ingest latency a writer sees while the prune runs.
    the same row shapes), each copy a run last written one hour earlier than the one before.
 3. Prunes to --prune-to (``retention.prune``: whole runs, oldest first) and gives the pages back
    (``retention.reclaim``), while a thread stores one small batch of a live run every 0.1 s through
-   ``BatchWriter``; prints the time of each phase, the file size before and after, and that
-   writer's latency (p50, p99, max).
+   ``BatchWriter``; prints the time of each phase, the file size before and after, the largest
+   WAL seen, and that writer's latency (p50, p99, max) in each phase.
 
     .venv/bin/python bench/store_retention.py --size 10GB --prune-to 5GB     # the figures in docs/benchmarks.md
     .venv/bin/python bench/store_retention.py --size 500MB --prune-to 250MB  # a quick look
@@ -101,8 +101,9 @@ def db_path(url: str) -> str:
 class LiveWriter(threading.Thread):
     """A live run's writer: one small batch (2 requests x 5 steps) every 0.1 s; keeps latencies."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, wal: Path):
         super().__init__(daemon=True)
+        self.wal, self.wal_max = wal, 0
         self.writer, self.run_id, self.rng = BatchWriter(engine), uuid.uuid4().hex, random.Random(1)
         self.latencies: list[float] = []
         self.stop = threading.Event()
@@ -116,6 +117,7 @@ class LiveWriter(threading.Thread):
             start = time.perf_counter()
             self.writer.write(body)
             self.latencies.append(time.perf_counter() - start)
+            self.wal_max = max(self.wal_max, self.wal.stat().st_size if self.wal.exists() else 0)
             i += 2
 
 
@@ -143,25 +145,27 @@ def main() -> None:
             print(f"  a server at {rate} requests/s sampled 1 in 16: {rate / 16 * 86400 * per_request / 1e9:,.2f} "
                   "GB per day")
         runs = grow(url, engine, template, retention.parse_size(args.size))
-        live = LiveWriter(engine)
+        live = LiveWriter(engine, Path(db_path(url) + "-wal"))
         live.start()
         file_before = os.path.getsize(db_path(url))
         start = time.perf_counter()
         report = retention.prune(engine, max_bytes=retention.parse_size(args.prune_to))
         pruned = time.perf_counter() - start
+        during_prune = sorted(live.latencies)
         start = time.perf_counter()
         freed = retention.reclaim(engine)
         reclaimed = time.perf_counter() - start
         live.stop.set()
         live.join()
-        lat = sorted(live.latencies)
+        during_reclaim = sorted(live.latencies[len(during_prune):])
         print(f"prune to {args.prune_to}: {len(report.deleted)} of {runs} runs deleted in {pruned:.1f} s "
               f"({pruned / max(len(report.deleted), 1):.2f} s per run), live bytes "
               f"{report.bytes_before / 1e9:.2f} -> {report.bytes_after / 1e9:.2f} GB")
         print(f"reclaim: {freed:,} pages given back in {reclaimed:.1f} s; file {file_before / 1e9:.2f} -> "
-              f"{os.path.getsize(db_path(url)) / 1e9:.2f} GB")
-        print(f"a live run's batches meanwhile ({len(lat)}): p50 {statistics.median(lat) * 1e3:.0f} ms, "
-              f"p99 {lat[int(0.99 * (len(lat) - 1))] * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms")
+              f"{os.path.getsize(db_path(url)) / 1e9:.2f} GB; largest WAL seen {live.wal_max / 1e9:.2f} GB")
+        for phase, lat in (("prune", during_prune), ("reclaim", during_reclaim)):
+            print(f"a live run's batches during the {phase} ({len(lat)}): p50 {statistics.median(lat) * 1e3:.0f} ms, "
+                  f"p99 {lat[int(0.99 * (len(lat) - 1))] * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms")
         engine.dispose()
     finally:
         if not args.dir:
