@@ -150,8 +150,11 @@ def prune(engine: sa.Engine, *, older_than_s: float | None = None, max_bytes: in
             break
         for run, estimate in victims:
             gone.add(run.id)
-            if dry_run or delete_run(engine, run.id, now):
+            if dry_run:
                 report.deleted.append((run, estimate))
+            elif delete_run(engine, run.id, now):
+                report.deleted.append((run, estimate))
+                _checkpoint(engine)
                 log.info("draftscope: pruned run %s (last data %s, ~%d bytes)", run.id,
                          time.strftime("%Y-%m-%d %H:%M", time.gmtime(run.last_at)), estimate)
             else:
@@ -221,6 +224,13 @@ def reclaim(engine: sa.Engine, step_pages: int = VACUUM_STEP_PAGES) -> int:
     finally:
         raw.close()
     return freed
+
+
+def _checkpoint(engine: sa.Engine) -> None:
+    """SQLite: copy the WAL back and empty it, so a prune's deletes do not pile up in it."""
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").all()
 
 
 def vacuum(engine: sa.Engine) -> None:
