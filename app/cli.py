@@ -13,6 +13,7 @@ import typer
 
 from draftscope import db, doctor, importer
 from draftscope.bundle_cli import export
+from draftscope.prune_cli import prune
 from draftscope.stats_cli import stats
 from draftscope.settings import Settings
 
@@ -185,6 +186,7 @@ def doctor_command(ctx: typer.Context) -> None:
 
 app.command("stats")(stats)
 app.command("export")(export)
+app.command("prune")(prune)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ def _json_dumps(value: Any) -> str:
 
 
 def make_engine(url: str, autocheckpoint: bool = True) -> sa.Engine:
-    """An engine for ``url``; SQLite files get WAL, a busy timeout and enforced foreign keys.
+    """An engine for ``url``; SQLite files get WAL, a busy timeout, enforced foreign keys and (new
+    ones) incremental auto-vacuum (``draftscope.retention`` gives freed pages back).
 
     Connections opened with ``execution_options(draftscope_write=True)`` begin SQLite
     transactions with ``BEGIN IMMEDIATE``. ``autocheckpoint=False`` leaves WAL checkpoints to a
@@ -38,10 +39,13 @@ def make_engine(url: str, autocheckpoint: bool = True) -> sa.Engine:
     if sa_url.database and sa_url.database != ":memory:" and not _is_uri(sa_url):
         Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, json_serializer=_json_dumps, connect_args={"timeout": 30})
+    writable = not _is_uri(sa_url)
 
     @sa.event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
+        if writable:  # takes on a new file; on an old one at its next VACUUM
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=30000")

@@ -142,6 +142,10 @@ class TracerHealth(SQLModel, table=True):
     heartbeats: dict = _json(nullable=False)
     disabled_probes: list = _json(nullable=False)
     queue_depth: int | None = None
+    records_lost: int | None = None
+    requests_lost: int | None = None
+    lost_rids: list | None = _json()
+    gaps: list | None = _json()
 
 
 class Finding(SQLModel, table=True):

@@ -26,7 +26,8 @@ PAGE_SIZE = 50
 ALL_ROWS = 10**9  # a CSV twin holds every row
 RUN_CSV = ("id", "state", "status", "source", "engine", "engine_version", "algorithm", "target_path",
            "draft_path", "started_at", "ended_at", "requests_count", "mean_accept_length",
-           "sglang_accept_length", "worst_severity", "worst_rule_id", "findings_count")
+           "sglang_accept_length", "worst_severity", "worst_rule_id", "findings_count", "dropped",
+           "requests_lost")
 REQUEST_CSV = ("rid", "prompt_len", "output_len", "finish_reason", "sampled_steps", "spec_verify_ct",
                "traced_verify_ct", "spec_accepted_drafts", "traced_accepted_drafts",
                "spec_proposed_drafts", "traced_proposed_drafts", "spec_accept_length",
@@ -188,6 +189,7 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
                                             run.get("facts")),
             "imported": queries.imported_from(conn, run_id),
             "orphans": queries.orphan_requests(conn, run_id),
+            "gaps": queries.run_gaps(conn, run_id),
             "last_batch_at": queries.last_batch_at(conn, run_id),
             "reconcile": _reconcile(summary.get("acceptance") or {})}
 

@@ -64,6 +64,26 @@ LIVE_WINDOW_S = 60.0  # a running run is live while batches arrived this recentl
 RUN_STATES = ("live", "stalled", "ended", "crashed", "imported")
 
 
+def _last_batch() -> sa.ScalarSelect:
+    return (sa.select(sa.func.max(_BATCHES.c.received_at)).where(_BATCHES.c.run_id == _RUNS.c.id)
+            .scalar_subquery())
+
+
+def run_state(last: sa.ColumnElement, now: float | None = None) -> sa.ColumnElement:
+    """The one definition of a run's state, for the runs list and the run page alike: imported (a
+    bundle), live (running, a batch within ``LIVE_WINDOW_S`` of ``now``), stalled (running, nothing
+    since), else the stored status (ended, crashed). ``last``: the run's newest batch receipt."""
+    now = time.time() if now is None else now
+    return sa.case((_RUNS.c.source == "bundle", "imported"),
+                   (sa.and_(_RUNS.c.status == "running", last > now - LIVE_WINDOW_S), "live"),
+                   (_RUNS.c.status == "running", "stalled"), else_=_RUNS.c.status)
+
+
+def _latest_health(column: str) -> sa.ScalarSelect:
+    return (sa.select(_HEALTH.c[column]).where(_HEALTH.c.run_id == _RUNS.c.id)
+            .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1).scalar_subquery())
+
+
 def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = True,
               status: str | None = None, q: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
     """Runs for the runs list: the columns of ``RUN_LIST_COLUMNS`` plus
@@ -75,18 +95,17 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
       (counts the prefill's token, see ``run_summary``); ``per_position``: acceptance rate per
       draft position 1..n (a list of floats); all three from ``run_stats``, None before any data;
     - ``worst_severity`` / ``worst_rule_id``: the most severe finding (None without findings);
-    - ``last_batch_at``; ``state``: live (running, a batch within ``LIVE_WINDOW_S``), stalled
-      (running, nothing since), ended, crashed, or imported (a bundle); ``live``: state == live.
+    - ``last_batch_at``; ``state`` (``run_state``): live, stalled, ended, crashed or imported;
+      ``live``: state == live;
+    - ``dropped``: records the tracer dropped, all reasons (its latest health); ``requests_lost``:
+      requests it saw whose record never reached the store (``run_gaps``).
 
     ``sort``: one of ``RUN_SORTS`` (nulls last either way); ``status``: one of ``RUN_STATES``;
     ``q``: case-insensitive substring of the id, engine, algorithm, host, target or draft path.
     Raises BadQuery for an unknown sort or status.
     """
-    last = (sa.select(sa.func.max(_BATCHES.c.received_at)).where(_BATCHES.c.run_id == _RUNS.c.id)
-            .scalar_subquery())
-    state = sa.case((_RUNS.c.source == "bundle", "imported"),
-                    (sa.and_(_RUNS.c.status == "running", last > time.time() - LIVE_WINDOW_S), "live"),
-                    (_RUNS.c.status == "running", "stalled"), else_=_RUNS.c.status)
+    last = _last_batch()
+    state = run_state(last)
     columns = {**{c: _RUNS.c[c] for c in RUN_LIST_COLUMNS},
                "requests_count": _count(models.Request, "requests"),
                "steps_count": _batch_sum("step_rows", "steps"),
@@ -96,7 +115,8 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
                "sglang_accept_length": _STATS.c.sglang_accept_length,
                "stats_per_position": _STATS.c.per_position,
                "worst_severity": _worst("severity"), "worst_rule_id": _worst("rule_id"),
-               "last_batch_at": last, "state": state}
+               "last_batch_at": last, "state": state,
+               "drops": _latest_health("drops"), "requests_lost": _latest_health("requests_lost")}
     query = sa.select(*(c.label(k) for k, c in columns.items())).select_from(
         _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id))
     sorts = {k: columns[k] for k in RUN_SORTS}
@@ -116,6 +136,8 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
         row = dict(row)
         row["per_position"] = [a / p if p else None for p, a in row.pop("stats_per_position") or []]
         row["live"] = row["state"] == "live"
+        row["dropped"] = sum((row.pop("drops") or {}).values())
+        row["requests_lost"] = row["requests_lost"] or 0
         rows.append(row)
     return rows
 
@@ -128,9 +150,11 @@ RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "ta
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
-    """Every stored field of the run, or None. ``server_args`` and ``tracer_config`` pass the tracer's
-    allow-lists on the way out (``safe_run``), so a run stored before them shows no secret."""
-    row = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id)).mappings().first()
+    """Every stored field of the run and its ``state`` (``run_state``), or None. ``server_args`` and
+    ``tracer_config`` pass the tracer's allow-lists on the way out (``safe_run``), so a run stored before them
+    shows no secret."""
+    row = conn.execute(sa.select(_RUNS, run_state(_last_batch()).label("state"))
+                       .where(_RUNS.c.id == run_id)).mappings().first()
     if row is None:
         return None
     return safe_run(dict(row))
@@ -160,11 +184,32 @@ def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
 def latest_health(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
     """The newest tracer health snapshot of the run (cumulative counters), or None."""
     query = (sa.select(_HEALTH.c.at, _HEALTH.c.drops, _HEALTH.c.errors, _HEALTH.c.heartbeats,
-                       _HEALTH.c.disabled_probes, _HEALTH.c.queue_depth)
+                       _HEALTH.c.disabled_probes, _HEALTH.c.queue_depth, _HEALTH.c.records_lost,
+                       _HEALTH.c.requests_lost, _HEALTH.c.lost_rids, _HEALTH.c.gaps)
              .where(_HEALTH.c.run_id == run_id)
              .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1))
     row = conn.execute(query).mappings().first()
     return None if row is None else dict(row)
+
+
+MAX_LOST_SHOWN = 100
+
+
+def run_gaps(conn: sa.Connection, run_id: str) -> dict[str, Any]:
+    """What the tracer of the run lost on the way to the store, from its latest health snapshot:
+    ``dropped`` (records dropped, all reasons), ``records_lost`` (those meant for the store),
+    ``requests_lost`` (requests it saw whose record never arrived), ``missing``: the ids it named of
+    those that the store still lacks (it names the first 100), ``unnamed``: how many it did not
+    name, and ``windows``: [first, last] time of the lost records."""
+    row = latest_health(conn, run_id) or {}
+    named = row.get("lost_rids") or []
+    stored = set(conn.execute(sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id,
+                                                               _REQUESTS.c.rid.in_(named))).scalars()) \
+        if named else set()
+    lost = row.get("requests_lost") or 0
+    return {"dropped": sum((row.get("drops") or {}).values()), "records_lost": row.get("records_lost") or 0,
+            "requests_lost": lost, "missing": [r for r in named if r not in stored][:MAX_LOST_SHOWN],
+            "unnamed": max(0, lost - len(named)), "windows": row.get("gaps") or []}
 
 
 def _with_accept_stats(request: dict[str, Any]) -> dict[str, Any]:
@@ -490,7 +535,8 @@ RUN_VIEW_REQUESTS = 100
 def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     """Everything ``GET /api/v1/runs/{run_id}`` returns: the run, its findings, latest health, the
     summary (``run_summary``), the first ``RUN_VIEW_REQUESTS`` requests (``run_requests_page``),
-    ``requests_total``, ``orphan_requests``, ``last_batch_at`` and ``imported`` (``imported_from``)."""
+    ``requests_total``, ``orphan_requests``, ``gaps`` (``run_gaps``), ``last_batch_at`` and
+    ``imported`` (``imported_from``). The run carries its ``state`` (``run_state``)."""
     run = get_run(conn, run_id)
     if run is None:
         raise NotFound(f"No run {run_id!r} is stored. The runs list at / shows every stored run; "
@@ -498,7 +544,8 @@ def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     requests, total = run_requests_page(conn, run_id, limit=RUN_VIEW_REQUESTS)
     return {"run": run, "findings": run_findings(conn, run_id), "health": latest_health(conn, run_id),
             "summary": run_summary(conn, run_id), "requests": requests, "requests_total": total,
-            "orphan_requests": orphan_requests(conn, run_id), "last_batch_at": last_batch_at(conn, run_id),
+            "orphan_requests": orphan_requests(conn, run_id), "gaps": run_gaps(conn, run_id),
+            "last_batch_at": last_batch_at(conn, run_id),
             "imported": imported_from(conn, run_id)}
 
 

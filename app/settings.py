@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     max_batch_bytes: int = 16 * 1024 * 1024
     refresh_debounce_s: float = 2.0  # a run's aggregates and findings are refreshed at most this often
     public_url: str | None = None  # the address to open, when not host:port (e.g. a published port)
+    retain_max_bytes: int | None = None  # keep the store under this size (e.g. 10GB): oldest runs go first
+    retain_days: float | None = None  # delete runs last written more than this many days ago
+    retain_interval_s: float = 600.0  # how often the dashboard applies the two bounds above
 
     @field_validator("max_batch_bytes")
     @classmethod
@@ -29,6 +32,18 @@ class Settings(BaseSettings):
         if value <= 0:
             raise ValueError("DRAFTSCOPE_MAX_BATCH_BYTES must be a positive number of bytes")
         return value
+
+    @field_validator("retain_max_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        from draftscope.retention import parse_size
+
+        if value in (None, ""):
+            return None
+        try:
+            return parse_size(value) if isinstance(value, str) else value
+        except ValueError as exc:
+            raise ValueError(f"DRAFTSCOPE_RETAIN_MAX_BYTES: {exc}") from None
 
     @field_validator("ingest_token", "read_token")
     @classmethod

@@ -400,10 +400,13 @@ def observation(conn: sa.Connection, run_id: str, facts: dict[str, Any] | None) 
         obs.proposed_drafts = totals.get("sglang_proposed", 0)
     obs.sampled_verify_ct = totals.get("sampled_verify_ct", 0)
     _acceptance_shape(conn, run_id, stats, obs)
-    latest = conn.execute(sa.select(_HEALTH.c.heartbeats, _HEALTH.c.at).where(_HEALTH.c.run_id == run_id)
+    latest = conn.execute(sa.select(_HEALTH.c.heartbeats, _HEALTH.c.at, _HEALTH.c.records_lost,
+                                    _HEALTH.c.requests_lost, _HEALTH.c.gaps)
+                          .where(_HEALTH.c.run_id == run_id)
                           .order_by(_HEALTH.c.at.desc(), _HEALTH.c.id.desc()).limit(1)).first()
     if latest is not None:
         obs.heartbeats, obs.heartbeats_at = dict(latest[0] or {}), latest[1]
+        obs.records_lost, obs.requests_lost, obs.gaps = latest[2] or 0, latest[3] or 0, latest[4] or []
     obs.first_sampled_finish = conn.execute(
         sa.select(sa.func.min(_REQUESTS.c.finished_at))
         .where(_REQUESTS.c.run_id == run_id, _REQUESTS.c.sampled.is_(True),
@@ -420,6 +423,7 @@ def _acceptance_shape(conn: sa.Connection, run_id: str, stats: dict[str, Any], o
     obs.accept_by_position = [(pos[0][0] if i == 0 else pos[i - 1][1], pos[i][1]) for i in range(len(pos))]
     obs.accept_by_seq_bin = [(b["bucket"] * stats["seq_bin"], b["n"], int(b["total"]) - b["n"])
                              for b in bins(conn, run_id, "steps.seq_pos")]
+    obs.time_origin, obs.time_bin_s = stats["t0"] or 0.0, stats["time_bin_s"]
     seq = {b["bucket"]: b["total"] / b["n"] for b in bins(conn, run_id, "steps.time_seq") if b["n"]}
     obs.accept_by_time_bin = [(b["bucket"] * stats["time_bin_s"], b["n"], int(b["total"]) - b["n"],
                                seq.get(b["bucket"], 0.0)) for b in bins(conn, run_id, "steps.time")]

@@ -18,6 +18,7 @@ from draftscope import access, api, bundle_web, charts, db, metrics, pages
 from draftscope.ingest import BatchWriter
 from draftscope.refresh import RunRefresher
 from draftscope.resources import STATIC_DIR
+from draftscope.retention import Policy, Retainer
 from draftscope.settings import Settings
 
 log = logging.getLogger("draftscope.web")
@@ -88,10 +89,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.writer = BatchWriter(engine)
         app.state.refresher = RunRefresher(engine, debounce_s=settings.refresh_debounce_s)
         app.state.refresher.start()
+        policy = Policy(max_age_s=settings.retain_days * 86400 if settings.retain_days else None,
+                        max_bytes=settings.retain_max_bytes)
+        app.state.retainer = Retainer(engine, policy, settings.retain_interval_s) if policy else None
+        if app.state.retainer is not None:
+            app.state.retainer.start()
         charts.warm_up()
         try:
             yield
         finally:
+            if app.state.retainer is not None:
+                app.state.retainer.stop()
             app.state.refresher.stop()
             engine.dispose()
             if checkpointer is not None:

@@ -104,6 +104,10 @@ class HealthRecord(_Record):
     heartbeats: dict[str, int]
     disabled_probes: list[str]
     queue_depth: int | None = None
+    records_lost: int | None = None
+    requests_lost: int | None = None
+    lost_rids: list[str] | None = None
+    gaps: list[list[float]] | None = None
 
 
 class FindingRecord(_Record):

@@ -58,3 +58,41 @@ def test_run_page_lists_orphans_and_marks_missing_steps(client):
     page = client.get(f"/runs/{run_id}").text
     assert 'id="orphans"' in page and f'href="/runs/{run_id}/requests/orphan"' in page
     assert "1 of 3 missing" in page
+
+
+def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_url):
+    """The tracer's health names two requests it lost (one of which arrived after all); the run page
+    lists the other, the runs list and both JSON twins carry the counts, and a running run silent
+    for longer than the live window reads "stalled" on the run page as on the runs list."""
+    import time
+
+    import sqlalchemy as sa
+
+    from draftscope import models
+
+    run_id = uuid.uuid4().hex
+    health = {"at": time.time(), "drops": {"sink_error": 40, "summary_ring_full": 2}, "errors": {},
+              "heartbeats": {}, "disabled_probes": [], "records_lost": 40, "requests_lost": 3,
+              "lost_rids": ["gone-1", "back-1"], "gaps": [[100.0, 160.0]]}
+    batch = make_batch(run_id, run=run_record(), health=[health],
+                       requests=[{"rid": "back-1", "sampled": False}, {"rid": "kept", "sampled": False}])
+    assert client.post("/api/v1/batches", json=batch).status_code == 200
+    engine = db.make_engine(store_url)
+    with engine.begin() as conn:  # the tracer went silent ten minutes ago
+        B = models.IngestBatch.__table__
+        conn.execute(B.update().where(B.c.run_id == run_id).values(received_at=B.c.received_at - 600))
+    engine.dispose()
+    settle(client)
+    page = client.get(f"/runs/{run_id}").text
+    assert 'id="missing-requests"' in page and "<code>gone-1</code>" in page and "<code>back-1</code>" not in page
+    assert "and 1 more the tracer did not name" in page and 'id="gaps"' in page
+    assert 'class="badge status stalled"' in page
+    listed = client.get("/").text
+    assert f'data-run="{run_id}"' in listed and 'class="badge status stalled"' in listed and "3 missing" in listed
+    api = client.get(f"/api/v1/runs/{run_id}").json()
+    assert api["run"]["state"] == "stalled"
+    assert api["gaps"] == {"dropped": 42, "records_lost": 40, "requests_lost": 3, "missing": ["gone-1"],
+                           "unnamed": 1, "windows": [[100.0, 160.0]]}
+    row = next(r for r in client.get("/api/v1/runs").json() if r["id"] == run_id)
+    assert (row["state"], row["dropped"], row["requests_lost"]) == ("stalled", 42, 3)
+    assert "dropped,requests_lost" in client.get("/runs.csv").text.splitlines()[0]

@@ -1,11 +1,15 @@
-"""The tracer's own health: drops by reason, errors and heartbeats by probe, self-disabled probes."""
+"""The tracer's own health: drops by reason, errors and heartbeats by probe, self-disabled probes, and
+what the drops lost (the requests whose records never reach the store, and when: ``gaps``)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
-from typing import Dict, List
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+MAX_LOST_RIDS = 100  # request ids named in a health record; every lost request is counted
+MAX_GAPS = 16  # time windows of lost records kept; past it the two closest merge
 
 
 class Health:
@@ -20,10 +24,29 @@ class Health:
         self.disabled: List[str] = []
         self._in_a_row: Dict[str, int] = {}
         self.last_error: Dict[str, str] = {}
+        self.records_lost = 0  # records that would have reached the store (not launches or top-k)
+        self.requests_lost = 0  # requests whose finish record was among them
+        self.lost_rids: Dict[str, None] = {}  # the first MAX_LOST_RIDS of those, in order
+        self.gaps: List[List[float]] = []  # [first, last] time of the lost records, merged
 
-    def drop(self, reason: str, n: int = 1) -> None:
+    def drop(self, reason: str, n: int = 1, batch: Optional[Mapping[str, Any]] = None) -> None:
+        """Count ``n`` drops of ``reason``. ``batch``: the records they were (wire batch keys to
+        records, possibly none): they are lost, so their request ids and time span are kept."""
         with self._lock:
             self.drops[reason] += n
+            if batch is not None:
+                self._lost(n, batch)
+
+    def _lost(self, n: int, batch: Mapping[str, Any]) -> None:
+        self.records_lost += n
+        rids = [r["rid"] for r in batch.get("requests") or ()]
+        self.requests_lost += len(rids)
+        for rid in rids[:max(0, MAX_LOST_RIDS - len(self.lost_rids))]:
+            self.lost_rids[rid] = None
+        times = [r["at"] for key in ("steps", "samples") for r in batch.get(key) or () if r.get("at")]
+        times += [r["finished_at"] for r in batch.get("requests") or () if r.get("finished_at")]
+        now = time.time()
+        self.gaps = add_gap(self.gaps, [min(times, default=now), max(times, default=now)])
 
     def beat(self, probe: str) -> None:
         self.heartbeats[probe] += 1  # one writer per probe: the hook's own thread
@@ -51,7 +74,24 @@ class Health:
         with self._lock:
             return {"at": time.time(), "drops": dict(self.drops), "errors": dict(self.errors),
                     "heartbeats": dict(self.heartbeats), "disabled_probes": list(self.disabled),
-                    "queue_depth": queue_depth}
+                    "queue_depth": queue_depth, "records_lost": self.records_lost,
+                    "requests_lost": self.requests_lost, "lost_rids": list(self.lost_rids),
+                    "gaps": [list(g) for g in self.gaps]}
+
+
+def add_gap(gaps: Iterable[List[float]], gap: List[float]) -> List[List[float]]:
+    """``gaps`` with ``gap`` added: sorted, overlapping windows merged, at most ``MAX_GAPS`` (the two
+    closest merge)."""
+    out: List[List[float]] = []
+    for g in sorted([*map(list, gaps), list(gap)]):
+        if out and g[0] <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], g[1])
+        else:
+            out.append(g)
+    while len(out) > MAX_GAPS:
+        i = min(range(len(out) - 1), key=lambda j: out[j + 1][0] - out[j][1])
+        out[i:i + 2] = [[out[i][0], out[i + 1][1]]]
+    return out
 
 
 def combined(scheduler: dict, recorder: dict) -> dict:
@@ -63,4 +103,11 @@ def combined(scheduler: dict, recorder: dict) -> dict:
         total = Counter(scheduler.get(key, {}))
         total.update(recorder[key])
         out[key] = dict(total)
+    for key in ("records_lost", "requests_lost"):
+        out[key] = scheduler.get(key, 0) + recorder[key]
+    out["lost_rids"] = list(dict.fromkeys([*scheduler.get("lost_rids", []), *recorder["lost_rids"]]))[:MAX_LOST_RIDS]
+    gaps = recorder["gaps"]
+    for gap in scheduler.get("gaps", []):
+        gaps = add_gap(gaps, gap)
+    out["gaps"] = gaps
     return out

@@ -59,6 +59,13 @@ class Observation:
     accept_by_seq_bin: list[tuple[int, int, int]] = field(default_factory=list)
     # per time bin of the run, (seconds from the first step, verify steps, accepted drafts, mean seq_pos)
     accept_by_time_bin: list[tuple[float, int, int, float]] = field(default_factory=list)
+    time_origin: float = 0.0  # unix time of accept_by_time_bin's 0 s
+    time_bin_s: float = 1.0  # width of a time bin
+    # what the tracer lost on the way to the store (its latest health): records, requests whose
+    # record never arrived, and the [first, last] unix time windows the lost records came from
+    records_lost: int = 0
+    requests_lost: int = 0
+    gaps: list[list[float]] = field(default_factory=list)
     drafts_per_step: int | None = None  # draft positions per verify step (num_draft_tokens - 1)
     max_seq_pos: int | None = None
     max_seq_pos_at: tuple[str, int] | None = None  # (rid, step_index) of the furthest verify step

@@ -65,10 +65,36 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
                         "training data; retrain or pick a draft trained for this traffic",
                         {"accepted": obs.accepted_drafts, "proposed": obs.proposed_drafts,
                          "verify_steps": obs.verify_steps}))
+    if obs.records_lost or obs.requests_lost:
+        found = [_with_gaps(f, obs) if f.rule_id in ACCEPTANCE else f for f in found]
     if random:
         found = _expected_with_random_weights(found, random)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
+
+
+def _with_gaps(finding: Finding, obs: Observation) -> Finding:
+    """An acceptance finding of a trace with gaps says how much of the run it could not see."""
+    lost = {"records_lost": obs.records_lost, "requests_lost": obs.requests_lost, "gaps": obs.gaps}
+    return replace(finding, message=f"{finding.message} (judged on what the store holds: the tracer lost "
+                                    f"{obs.records_lost} records and {obs.requests_lost} whole requests "
+                                    "of this run on their way to it)",
+                   evidence={**finding.evidence, "lost": lost})
+
+
+def _gap_free(bins: list[tuple[float, int, int, float]], obs: Observation) -> list[tuple[float, int, int, float]]:
+    """The longest stretch (in verify steps) of consecutive time bins that no gap touches: a time
+    comparison never spans records the tracer lost."""
+    if not obs.gaps:
+        return bins
+    stretches: list[list[tuple[float, int, int, float]]] = [[]]
+    for b in bins:
+        start = obs.time_origin + b[0]
+        if any(g0 < start + obs.time_bin_s and start <= g1 for g0, g1 in obs.gaps):
+            stretches.append([])
+        else:
+            stretches[-1].append(b)
+    return max(stretches, key=lambda s: sum(b[1] for b in s))
 
 
 def _expected_with_random_weights(found: list[Finding], random: dict[str, str]) -> list[Finding]:
@@ -438,7 +464,7 @@ def _decay_with_position(obs: Observation, draft: dict, spec: DraftFeatureSpec |
 
 
 def _drift(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
-    bins, per = obs.accept_by_time_bin, obs.drafts_per_step or 1
+    bins, per = _gap_free(obs.accept_by_time_bin, obs), obs.drafts_per_step or 1
     if len(bins) < 3:
         return None
     span = bins[-1][0] - bins[0][0]
@@ -461,4 +487,6 @@ def _drift(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Find
               "restart to see whether acceptance recovers",
               {"accept_rate_first_third": round(r_e, 3), "accept_rate_last_third": round(r_l, 3),
                "mean_seq_pos_first_third": round(pos_e, 1), "mean_seq_pos_last_third": round(pos_l, 1),
-               "run_span_s": round(span, 1)})
+               "run_span_s": round(span, 1),
+               **({"judged_between": [obs.time_origin + bins[0][0],
+                                      obs.time_origin + bins[-1][0] + obs.time_bin_s]} if obs.gaps else {})})

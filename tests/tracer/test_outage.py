@@ -7,15 +7,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sqlite3
+import subprocess
+import urllib.request
 import uuid
-from contextlib import closing
+from contextlib import closing, contextmanager
 
 from draftscope import db as store_db
 from draftscope_tracer.health import Health
+from draftscope_tracer.transport.http_sink import HttpSink
 from draftscope_tracer.transport.outage import Outage
 from draftscope_tracer.transport.sqlite_sink import SqliteSink
 from draftscope_tracer.transport.writer import Writer
+from testbed.server import DRAFTSCOPE, free_port, wait_for_port
 from tests.fixtures.disk import fill
 from tests.fixtures.store import step_record
 from tests.fixtures.wait import until
@@ -97,3 +102,110 @@ def test_a_disk_full_to_the_end_says_the_status_was_lost(tiny_disk, caplog):
         writer.close(5.0, "ended")
     assert _warnings(caplog)[-1] == ("draftscope: the run's final status (ended) could not be stored either: "
                                      "OperationalError: database or disk is full")
+
+
+def _requests(prefix: str, t0: float, accept_len: int, big: bool = False) -> dict:
+    """Ten finished requests of ten verify steps each, one step a second from ``t0``, every step
+    accepting ``accept_len - 1`` of its 3 drafts (``big``: 2000 drafted tokens, a store that must grow)."""
+    steps = [step_record(f"{prefix}{r}", i, at=t0 + 10 * r + i, seq_pos=100 + i, accept_len=accept_len,
+                         accept_flags=[p < accept_len - 1 for p in range(3)],
+                         **({"drafted_tokens": list(range(2000))} if big else {}))
+             for r in range(10) for i in range(10)]
+    requests = [{"rid": f"{prefix}{r}", "sampled": True, "spec_verify_ct": 10, "traced_verify_ct": 10,
+                 "finished_at": t0 + 10 * r + 10} for r in range(10)]
+    return {"requests": requests, "steps": steps}
+
+
+def test_a_full_disk_leaves_a_run_that_names_its_lost_requests_and_judges_no_drift_across_it(tiny_disk):
+    """Requests stored, then a full disk swallows ten whole requests, then room again with lower
+    acceptance on the stored side: the run names the ten, the runs list and the API flag the gap,
+    and the acceptance over time is not compared across it (the same rows without the gap would
+    raise acceptance-drift-over-time)."""
+    from dataclasses import replace
+
+    from draftscope import queries
+    from draftscope.analyze import refresh_run
+    from draftscope.findings import runtime_findings
+    from draftscope.stats import observation
+
+    path = tiny_disk / "store.db"
+    url = f"sqlite:///{path}"
+    store_db.upgrade(url)
+    run_id, health, t0 = uuid.uuid4().hex, Health(), 1_000_000.0
+    writer = Writer(SqliteSink(str(path)), health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
+    writer.submit(lambda: _requests("before-", t0, accept_len=4))
+    until(lambda: _steps(path, "before-9") == 10, "the requests before the full disk are stored")
+    filler = fill(tiny_disk)
+    writer.submit(lambda: _requests("lost-", t0 + 100, accept_len=4, big=True))
+    until(lambda: health.requests_lost, "the full disk swallowed a batch")
+    os.remove(filler)
+    writer.submit(lambda: _requests("after-", t0 + 200, accept_len=1))
+    writer.close(5.0, "ended")
+
+    engine = store_db.make_engine(url)
+    findings = refresh_run(engine, run_id)
+    with engine.connect() as conn:
+        gaps = queries.run_gaps(conn, run_id)
+        listed = next(r for r in queries.list_runs(conn) if r["id"] == run_id)
+        obs = observation(conn, run_id, {})
+    engine.dispose()
+    assert gaps["requests_lost"] == 10 and gaps["missing"] == [f"lost-{r}" for r in range(10)]
+    assert gaps["records_lost"] >= 110 and gaps["windows"] == [[t0 + 100, t0 + 200]]
+    assert listed["requests_lost"] == 10 and listed["dropped"] >= 110
+    assert "acceptance-drift-over-time" not in {f.rule_id for f in findings}
+    across = runtime_findings(None, replace(obs, gaps=[], records_lost=0, requests_lost=0))
+    assert "acceptance-drift-over-time" in {f.rule_id for f in across}  # what the gap would have said
+
+
+@contextmanager
+def _dashboard(store: str, port: int, log):
+    """``draftscope serve`` on ``port`` (the same port again after an outage), stopped on exit."""
+    process = subprocess.Popen([*DRAFTSCOPE, "serve", "--db", store, "--port", str(port)], stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+
+def _stored(path, prefix: str) -> set[str]:
+    with closing(sqlite3.connect(path, timeout=30)) as conn:
+        return {r for (r,) in conn.execute("select rid from requests where rid like ?", (prefix + "%",))}
+
+
+def test_a_dashboard_outage_names_every_request_it_swallowed(tmp_path):
+    """The dashboard is down while ten requests finish and the tracer's buffer (two batches) overflows:
+    each of the ten is stored after all or named on the run page, in the API and on the runs list."""
+    from draftscope import queries
+
+    path = tmp_path / "store.db"
+    store = f"sqlite:///{path}"
+    store_db.upgrade(store)
+    port, run_id, health, t0 = free_port(), uuid.uuid4().hex, Health(), 1_000_000.0
+    sink = HttpSink(f"http://127.0.0.1:{port}", health.drop, max_buffered_batches=2, backoff_s=0.05, timeout_s=1.0)
+    writer = Writer(sink, health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
+    with open(tmp_path / "serve.log", "w") as log:
+        with _dashboard(store, port, log):
+            writer.submit(lambda: _requests("before-", t0, accept_len=3))
+            until(lambda: len(_stored(path, "before-")) == 10, "the requests before the outage are stored")
+        for r in range(10):  # one batch each, one flush apart
+            writer.submit(lambda r=r: {"requests": [{"rid": f"lost-{r}", "sampled": False, "finished_at": t0 + 100 + r}]})
+            until(lambda r=r: writer.depth() == 0 and not writer._pending_n, f"lost-{r} went to the sink")
+        until(lambda: health.requests_lost, "the full buffer evicted a batch")
+        with _dashboard(store, port, log) as url:
+            writer.submit(lambda: _requests("after-", t0 + 200, accept_len=3))
+            writer.close(10.0, "ended")
+            page = urllib.request.urlopen(f"{url}/runs/{run_id}").read().decode()
+            listed = urllib.request.urlopen(f"{url}/").read().decode()
+    engine = store_db.make_engine(store)
+    with engine.connect() as conn:
+        gaps = queries.run_gaps(conn, run_id)
+    engine.dispose()
+    lost = {f"lost-{r}" for r in range(10)}
+    assert gaps["missing"] and set(gaps["missing"]) | _stored(path, "lost-") == lost
+    assert not set(gaps["missing"]) & _stored(path, "lost-") and gaps["requests_lost"] == len(gaps["missing"])
+    assert len(_stored(path, "after-")) == 10
+    assert all(f"<code>{rid}</code>" in page for rid in gaps["missing"])
+    assert f"{gaps['requests_lost']} missing" in listed

@@ -239,7 +239,7 @@ def test_http_sink_retries_5xx_in_order_with_token(ingest_server):
     _server, url = ingest_server
     _Ingest.answers = [503]
     drops = []
-    sink = HttpSink(url, lambda r, n: drops.append((r, n)), token="s3cret", backoff_s=0.01)
+    sink = HttpSink(url, lambda r, n, _batch: drops.append((r, n)), token="s3cret", backoff_s=0.01)
     sink.send(_batch(0))
     sink.send(_batch(1, run=None))  # before the backoff expires: buffered
     time.sleep(0.05)
@@ -254,7 +254,7 @@ def test_http_sink_sends_url_credentials_as_basic_auth_and_shows_none(ingest_ser
     _server, url = ingest_server
     _Ingest.answers = [400]
     host = url.removeprefix("http://")
-    sink = HttpSink(f"http://alice:s%40cret@{host}/base/?token=abc", lambda r, n: None)
+    sink = HttpSink(f"http://alice:s%40cret@{host}/base/?token=abc", lambda r, n, batch: None)
     with caplog.at_level(logging.INFO, "draftscope.tracer"):
         sink.send(_batch(0))
         sink.send(_batch(1, run=None))
@@ -262,14 +262,14 @@ def test_http_sink_sends_url_credentials_as_basic_auth_and_shows_none(ingest_ser
     assert _Ingest.seen[1][2] == "Basic " + base64.b64encode(b"alice:s@cret").decode()
     assert sink.name == f"the HTTP sink ({url}/base/api/v1/batches)"
     assert caplog.records and not re.search("alice|cret|abc", caplog.text)
-    HttpSink(f"http://alice:pw@{host}", lambda r, n: None, token="t").send(_batch(2))
+    HttpSink(f"http://alice:pw@{host}", lambda r, n, batch: None, token="t").send(_batch(2))
     assert _Ingest.seen[2][2] == "Bearer t"  # the ingest token wins
 
 
 def test_http_sink_outage_is_said_once_and_its_end_too(ingest_server, caplog):
     _server, url = ingest_server
     _Ingest.answers = [503, 503, 503]
-    sink = HttpSink(url, lambda r, n: None, backoff_s=0.01)
+    sink = HttpSink(url, lambda r, n, _batch: None, backoff_s=0.01)
     with caplog.at_level(logging.INFO, "draftscope.tracer"):
         for i in range(6):
             sink.send(_batch(i, run=RUN if i == 0 else None))
@@ -285,7 +285,7 @@ def test_http_sink_dashboard_down_buffers_bounded_and_keeps_run(ingest_server):
     server.shutdown()
     server.server_close()
     drops = []
-    sink = HttpSink(url, lambda r, n: drops.append(r), max_buffered_batches=2, backoff_s=0.01, timeout_s=0.5)
+    sink = HttpSink(url, lambda r, n, _batch: drops.append(r), max_buffered_batches=2, backoff_s=0.01, timeout_s=0.5)
     for i in range(4):
         sink.send(_batch(i, run=RUN if i == 0 else None, steps=[{"rid": "a"}]))
         time.sleep(0.02)

@@ -17,7 +17,7 @@ class FileSink:
     """Used only by the writer thread. Never raises from ``send``: a failed write (full disk, ...) is
     rolled back to the last whole line, counted as ``sink_error`` drops and logged (``outage.Outage``)."""
 
-    def __init__(self, path: str, drop: Callable[[str, int], None]):
+    def __init__(self, path: str, drop: Callable[[str, int, dict], None]):
         self.path = path
         self._drop = drop
         self.name = f"the file sink ({path})"
@@ -33,7 +33,7 @@ class FileSink:
             while view:
                 view = view[os.write(self._fd, view):]
         except (OSError, ValueError) as exc:
-            self._drop("sink_error", max(_count(batch), 1))
+            self._drop("sink_error", max(_count(batch), 1), batch)
             if end is not None:
                 try:
                     os.ftruncate(self._fd, end)  # no half line for the importer to trip over

@@ -43,9 +43,10 @@ class HttpSink:
     """Delivers batches in order to ``{url}/api/v1/batches``; never raises into the writer.
 
     ``token`` is sent as ``Authorization: Bearer``; without one, credentials in the URL
-    (``https://user:pass@host/``, for a proxy in front of the dashboard) go as Basic auth."""
+    (``https://user:pass@host/``, for a proxy in front of the dashboard) go as Basic auth.
+    ``drop(reason, n, batch)`` is told of every batch it gives up on (``Health.drop``)."""
 
-    def __init__(self, url: str, drop: Callable[[str, int], None], *, token: Optional[str] = None,
+    def __init__(self, url: str, drop: Callable[[str, int, dict], None], *, token: Optional[str] = None,
                  timeout_s: float = 5.0, max_buffered_batches: int = 64,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0):
         self._url, basic = _endpoint(url)
@@ -62,6 +63,7 @@ class HttpSink:
         self._backoff0, self._max_backoff = backoff_s, max_backoff_s
         self._backoff = backoff_s
         self._retry_at = 0.0
+        self.snapshot: Optional[Callable[[], Dict[str, Any]]] = None  # the writer's health record, now
         self.name = f"the HTTP sink ({self.endpoint})"
         self.outage = Outage(self.name, f"batches are buffered (up to {max_buffered_batches}), then the "
                                         "oldest are dropped (counted)")
@@ -80,15 +82,18 @@ class HttpSink:
             if not self._deliver():
                 time.sleep(min(self._backoff0, max(0.0, end - time.monotonic())))
         for batch in self._buffer:
-            self._drop("shutdown", max(_count(batch), 1))
+            self._drop("shutdown", max(_count(batch), 1), batch)
         self._buffer.clear()
 
     def _evict_oldest(self) -> None:
         old = self._buffer.popleft()
-        self._drop("sink_error", max(_count(old), 1))
+        self._drop("sink_error", max(_count(old), 1), old)
         self.outage.dropped(_count(old))
         if old.get("run") and self._buffer and not self._buffer[0].get("run"):
             self._buffer[0]["run"] = old["run"]  # the store needs the run before any record
+        if self.snapshot is not None and self._buffer:  # the loss travels with the newest batch
+            health = self._buffer[-1].setdefault("health", [])
+            health[-1:] = [self.snapshot()]
 
     def _deliver(self) -> bool:
         """Send buffered batches in order; False when the dashboard is unreachable for now."""
@@ -103,7 +108,7 @@ class HttpSink:
                 return False
             except urllib.error.HTTPError as exc:  # 4xx: this batch will never be accepted
                 self._buffer.popleft()
-                self._drop("sink_rejected", max(_count(batch), 1))
+                self._drop("sink_rejected", max(_count(batch), 1), batch)
                 log.warning("draftscope: %s rejected a batch: HTTP %s %s", self.endpoint, exc.code,
                             exc.read(300).decode("utf-8", "replace"))
                 if batch.get("run") and self._buffer and not self._buffer[0].get("run"):

@@ -203,6 +203,10 @@ class Call:
     def __reduce__(self):
         return Call, (self.probe, self.fn, self.args)
 
+    def known(self) -> Records:
+        """The records this call makes that are known before it runs: a finish call's."""
+        return self.fn(*self.args) if self.fn is finished else {}
+
     def release(self) -> None:
         for p in self.pendings:
             if p is not None:

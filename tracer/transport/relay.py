@@ -26,7 +26,7 @@ from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.recorder import frame
 from draftscope_tracer.shared import Shared, recall
-from draftscope_tracer.transport.writer import JobQueue
+from draftscope_tracer.transport.writer import JobQueue, known_records
 
 log = logging.getLogger("draftscope.tracer")
 RESTART_S = 5.0
@@ -104,14 +104,14 @@ class Relay(JobQueue):
                 next_health = self._relay(jobs, stopping, next_health)
             except Exception as exc:  # the relay thread never dies of one round
                 self.health.failed("relay", exc)
-                self.health.drop("relay_error", len(jobs))
+                self.health.drop("relay_error", len(jobs), known_records(jobs))
             if stopping:
                 return
 
     def _relay(self, jobs: list, stopping: bool, next_health: float) -> float:
         """Send ``jobs`` (and health, and at the end ``close``); returns when health is next due."""
         if not self._alive():
-            self.health.drop("recorder_down", len(jobs))
+            self.health.drop("recorder_down", len(jobs), known_records(jobs))
             for job in jobs:
                 job.release()
             return next_health
@@ -122,7 +122,7 @@ class Relay(JobQueue):
             next_health = now + self.health_interval_s
         if stopping:
             frames.append(frame(pickle.dumps(("close", self._final_status))))
-        self._write(b"".join(frames), len(jobs))
+        self._write(b"".join(frames), jobs)
         if stopping:
             self._finish()
         return next_health
@@ -153,7 +153,7 @@ class Relay(JobQueue):
                 ok.append(job)
             except Exception as exc:
                 self.health.failed(f"{job.probe}.build", exc)
-                self.health.drop("build_error")
+                self.health.drop("build_error", batch=known_records([job]))
                 job.release()
         return self._dumps(ok)
 
@@ -165,12 +165,12 @@ class Relay(JobQueue):
             self._sent |= pickler.new
         return buf.getvalue()
 
-    def _write(self, data: bytes, jobs: int) -> None:
+    def _write(self, data: bytes, jobs: list) -> None:
         try:
             self._proc.stdin.write(data)
             self._proc.stdin.flush()
         except (OSError, ValueError) as exc:
-            self.health.drop("recorder_down", jobs)
+            self.health.drop("recorder_down", len(jobs), known_records(jobs))
             self._lost(exc)
 
     def _finish(self) -> None:

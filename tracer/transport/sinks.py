@@ -13,7 +13,7 @@ from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
 log = logging.getLogger("draftscope.tracer")
 
 
-def open_sink(config: TracerConfig, drop: Callable[[str, int], None]):
+def open_sink(config: TracerConfig, drop: Callable[[str, int, dict], None]):
     """The SQLite sink when DRAFTSCOPE_DB is set, else the file sink (DRAFTSCOPE_FILE), else the HTTP
     sink; None (logged) when unusable."""
     if config.db:

@@ -118,6 +118,10 @@ class HealthRecord(TypedDict):
     heartbeats: Dict[str, int]  # calls seen per hook
     disabled_probes: List[str]
     queue_depth: NotRequired[int]
+    records_lost: NotRequired[int]  # dropped records that were meant for the store (a subset of drops)
+    requests_lost: NotRequired[int]  # requests whose finish record was among them: never stored
+    lost_rids: NotRequired[List[str]]  # the first 100 of those requests' ids
+    gaps: NotRequired[List[List[float]]]  # [first, last] time of the lost records, merged windows
 
 
 class FindingRecord(TypedDict):
@@ -147,7 +151,7 @@ RECORD_TABLES = {"requests": "requests", "steps": "verify_steps", "samples": "te
 # Columns holding lists or objects: JSON in the store.
 JSON_COLUMNS = {"server_args", "tracer_config", "facts", "drafted_tokens", "accept_flags",
                 "draft_topk", "target_topk", "tree_parents", "shape", "raw_shape", "drops", "errors",
-                "heartbeats", "disabled_probes", "evidence"}
+                "heartbeats", "disabled_probes", "lost_rids", "gaps", "evidence"}
 
 
 def to_json(value: Any) -> bytes:

@@ -26,6 +26,16 @@ log = logging.getLogger("draftscope.tracer")
 
 Records = Dict[str, List[dict]]  # wire batch keys -> records
 Job = Callable[[], Optional[Records]]
+
+
+def known_records(jobs) -> Records:
+    """What dropping ``jobs`` loses, as far as is known without running them (``records.Call.known``:
+    the finish records of requests); a job without ``known`` loses records of its time only."""
+    out: Records = {}
+    for job in jobs:
+        for key, recs in getattr(job, "known", dict)().items():
+            out.setdefault(key, []).extend(recs)
+    return out
 POLL_S = 0.05  # how often the writer takes the queued jobs (and looks for a close request)
 
 
@@ -53,13 +63,13 @@ class JobQueue:
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False (and a counted drop) when closed, forked or full. Never blocks."""
         if self._closed:
-            self.health.drop("shutdown")
+            self.health.drop("shutdown", batch=known_records([job]))
             return False
         if os.getpid() != self._pid:
-            self.health.drop("forked")
+            self.health.drop("forked", batch=known_records([job]))
             return False
         if len(self._jobs) >= self.max_queue_items:
-            self.health.drop("queue_full")
+            self.health.drop("queue_full", batch=known_records([job]))
             return False
         self._jobs.append(job)  # atomic under the GIL; the writer polls
         return True
@@ -101,6 +111,8 @@ class Writer(JobQueue):
         self._pending_n = 0
         self._run_sent = False
         self.outage = Outage(getattr(sink, "name", "the sink"))
+        if hasattr(sink, "snapshot"):  # a sink that evicts batches tells the store in a later one
+            sink.snapshot = lambda: self._snapshot(self.depth())
         self._thread.start()
 
     def _loop(self) -> None:
@@ -139,7 +151,7 @@ class Writer(JobQueue):
             records = job()
         except Exception as exc:  # a job never stops the writer
             self.health.failed(f"{probe}.build", exc)
-            self.health.drop("build_error")
+            self.health.drop("build_error", batch=known_records([job]))
             return
         if records:
             self._add(records)
@@ -167,7 +179,7 @@ class Writer(JobQueue):
             self._run_sent = True
         except Exception as exc:
             self.health.failed("sink", exc)
-            self.health.drop("sink_error", max(n, 1))
+            self.health.drop("sink_error", max(n, 1), batch)
             self.outage.failed(f"{type(exc).__name__}: {exc}", n)
             if final:
                 self._send_status(run)

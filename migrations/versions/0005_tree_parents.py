@@ -1,7 +1,7 @@
 """Tree drafting: each verify step's drafted nodes' parents (``verify_steps.tree_parents``; null for a chain).
 
-Revision ID: 0004_tree_parents
-Revises: 0003_run_stats
+Revision ID: 0005_tree_parents
+Revises: 0004_gaps
 Create Date: 2026-12-02
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_tree_parents"
-down_revision = "0003_run_stats"
+revision = "0005_tree_parents"
+down_revision = "0004_gaps"
 branch_labels = None
 depends_on = None
 
