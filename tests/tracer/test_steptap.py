@@ -152,3 +152,14 @@ def test_a_tree_draft_forward_unselected_writes_nothing():
     tap = StepTap(w, 2, _guard([]))
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
     assert (tap.tree == 0).all() and (tap.ids == -1).all()
+
+
+def test_a_small_batch_reads_only_its_own_rows():
+    """A graph captured for a batch of 2 gathers 2 rows, not ``ROWS``: the tap's always-on cost follows the
+    batch (the slots past it keep what they held and are never read)."""
+    w = _worker([torch.randn(2, V) for _ in range(STEPS - 1)])
+    tap = StepTap(w, 3, _guard([]))
+    tap.select([1])
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert (tap.ids[:, 2:] == -1).all() and (tap.ids[:, :2] >= 0).all()
+    assert len(tap.read(1).result().positions[0]) == 1

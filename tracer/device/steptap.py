@@ -19,10 +19,10 @@ says which candidates became the verify's nodes (``top_scores_index``) and whose
 buffer (graph-capturable too), so one copy brings back every node's draft top-k and the tree's shape
 (:func:`draftscope_tracer.transport.records.draft_tree` maps them to nodes).
 
-Costs: in every draft-decode graph replay, sampled or not, one gather of ``ROWS`` logits rows, a
-softmax and a top-k per draft step (a few microseconds of GPU time; no host time); eager runs do that
-work only when the hook has selected rows. More sampled requests in one batch than ``ROWS`` rows hold:
-the others get no positions 2.. (counted as ``draft_tap_full`` drops).
+Costs: in every draft-decode graph replay, sampled or not, one gather of at most ``ROWS`` logits rows (no
+more than the graph's batch has), a softmax and a top-k per draft step (a few microseconds of GPU time; no
+host time); eager runs do that work only when the hook has selected rows. More sampled requests in one batch
+than ``ROWS`` rows hold: the others get no positions 2.. (counted as ``draft_tap_full`` drops).
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ class StepTap:
         Unused row slots hold 0 and ``read`` leaves them out. The rows are clamped to this batch: a graph
         replays for every batch of its size, armed or not, and the row buffer may still hold the rows of
         a larger batch (an index past the end is a device-side assert, which kills the server)."""
-        k = min(self.k, logits.shape[-1])
-        rows = self.rows.clamp(0, logits.shape[0] - 1)
+        k, n = min(self.k, logits.shape[-1]), min(ROWS, logits.shape[0])  # a batch never selects more rows than it has
+        rows = self.rows[:n].clamp(0, logits.shape[0] - 1)
         probs = torch.softmax(logits.index_select(0, rows).float(), dim=-1)
-        torch.topk(probs, k, dim=-1, out=(self.probs[i, :, :k], self.ids[i, :, :k]))
+        torch.topk(probs, k, dim=-1, out=(self.probs[i, :n, :k], self.ids[i, :n, :k]))
 
     def _write_tree(self, out) -> None:
         """A tree's ``top_scores_index`` and ``parent_list`` (``draft_forward``'s first two outputs) at the
