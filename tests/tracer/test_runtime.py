@@ -206,6 +206,17 @@ def test_sqlite_sink_refuses_missing_or_unmigrated_store(tmp_path):
         SqliteSink(str(tmp_path / "empty.db"))
 
 
+def test_sqlite_sink_refuses_a_store_an_older_draftscope_migrated(tmp_path):
+    """A store upgraded by an older dashboard lacks the columns newer records fill: named, with the fix,
+    before a batch fails."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store_db.upgrade(url, revision="0004_gaps")
+    with pytest.raises(StoreNotReady, match=r"older draftscope \(it lacks verify_steps.tree_parents\).*db upgrade"):
+        SqliteSink(str(tmp_path / "old.db"))
+    store_db.upgrade(url)
+    SqliteSink(str(tmp_path / "old.db"))
+
+
 # -- HTTP sink: retries on 5xx, buffers while down, bearer token --------------------------------------
 class _Ingest(BaseHTTPRequestHandler):
     answers: list = []

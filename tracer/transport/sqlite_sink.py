@@ -45,6 +45,13 @@ class SqliteSink:
             raise StoreNotReady(f"DRAFTSCOPE_DB={path} is not a migrated draftscope store (missing "
                                 f"{', '.join(sorted(missing))}); run "
                                 f"`draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
+        behind = [f"{table}.{c}" for table, columns in wire.TABLE_COLUMNS.items()
+                  for c in sorted(set(columns) - {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")})]
+        if behind:
+            self._conn.close()
+            raise StoreNotReady(f"DRAFTSCOPE_DB={path} was migrated by an older draftscope (it lacks "
+                                f"{', '.join(behind)}); run "
+                                f"`draftscope db upgrade --db sqlite:///{os.path.abspath(path)}`")
 
     def send(self, batch: Dict[str, Any]) -> None:
         conn, run_id = self._conn, batch["run_id"]
