@@ -50,14 +50,19 @@ def test_old_tracer_batch_is_filtered_at_ingest(client, store_url):
     assert SECRET not in _everything(client, run_id)
 
 
-def test_run_stored_before_the_filter_shows_no_secret(client, store_url):
+def _stored_by_an_old_dashboard(client, store_url: str, **values) -> str:
+    """A run ingested now, then its columns overwritten with ``values`` as an old dashboard stored them."""
     run_id = uuid.uuid4().hex
     assert client.post("/api/v1/batches", json=make_batch(run_id, run=run_record())).status_code == 200
     engine = db.make_engine(store_url)
-    with engine.begin() as conn:  # as an old dashboard wrote it
-        conn.execute(models.Run.__table__.update().where(models.Run.__table__.c.id == run_id)
-                     .values(server_args=OLD_VARS))
+    with engine.begin() as conn:
+        conn.execute(models.Run.__table__.update().where(models.Run.__table__.c.id == run_id).values(**values))
     engine.dispose()
+    return run_id
+
+
+def test_run_stored_before_the_filter_shows_no_secret(client, store_url):
+    run_id = _stored_by_an_old_dashboard(client, store_url, server_args=OLD_VARS)
     text = _everything(client, run_id)
     assert SECRET not in text and "_launch_command" not in text
     assert "speculative_num_steps" in client.get(f"/api/v1/runs/{run_id}").json()["run"]["server_args"]
@@ -81,13 +86,7 @@ def test_credentials_in_an_old_tracers_config_are_filtered_at_ingest(client, sto
 
 
 def test_a_credentialed_config_stored_before_the_filter_shows_none(client, store_url):
-    run_id = uuid.uuid4().hex
-    assert client.post("/api/v1/batches", json=make_batch(run_id, run=run_record())).status_code == 200
-    engine = db.make_engine(store_url)
-    with engine.begin() as conn:  # as an old dashboard wrote it
-        conn.execute(models.Run.__table__.update().where(models.Run.__table__.c.id == run_id)
-                     .values(tracer_config=OLD_CONFIG))
-    engine.dispose()
+    run_id = _stored_by_an_old_dashboard(client, store_url, tracer_config=OLD_CONFIG)
     text = _everything(client, run_id)
     assert "alice" not in text and "5b7e" not in text
     assert client.get(f"/api/v1/runs/{run_id}").json()["run"]["tracer_config"]["url"] == \
