@@ -142,6 +142,11 @@ class _Pacer:
         self.kind = kind
         self.fewest, self.size, self.most = sizes
         self._raw = engine.raw_connection() if engine.dialect.name == "sqlite" else None
+        self._partial = False
+
+    def partial(self) -> None:
+        """The step now running did less than ``size`` (a table's last chunk): do not grow on it."""
+        self._partial = True
 
     @contextmanager
     def step(self) -> Iterator[Callable[[], None]]:
@@ -154,7 +159,9 @@ class _Pacer:
                   extra={"step": (self.kind, held)})
         resume = time.perf_counter() + max(held, PAUSE_MIN_S)
         scale = min(max(STEP_TARGET_S / max(held, 1e-4), 0.5), 2.0)  # halve or double at most
-        self.size = int(min(max(self.size * scale, self.fewest), self.most))
+        if scale < 1 or not self._partial:  # a short last chunk says nothing about a full one
+            self.size = int(min(max(self.size * scale, self.fewest), self.most))
+        self._partial = False
         if self._raw is not None:
             self.checkpoint("PASSIVE")
             time.sleep(max(resume - time.perf_counter(), 0.0))
@@ -229,6 +236,8 @@ def delete_marked(engine: sa.Engine, run_id: str) -> None:
                     if len(key) == 1:  # else a run's few aggregate rows: at once
                         where = key[0].in_(sa.select(key[0]).where(where).limit(rows))
                     deleted = conn.execute(table.delete().where(where)).rowcount
+                    if deleted < rows:
+                        pacer.partial()
                     # a late batch may have re-written the run record: it stays hidden
                     conn.execute(_RUNS.update().where(_RUNS.c.id == run_id, _RUNS.c.status != PRUNING)
                                  .values(status=PRUNING))
@@ -331,6 +340,8 @@ def reclaim(engine: sa.Engine) -> int:
             with pacer.step():  # its own transaction (the connection is in autocommit); execute()
                 # would free one page only: sqlite3 steps a statement without columns once
                 cur.executescript(f"PRAGMA incremental_vacuum({pacer.size});")
+                if before < pacer.size:
+                    pacer.partial()
             after = cur.execute("PRAGMA freelist_count").fetchone()[0]
             freed += before - after
             if after >= before:

@@ -192,11 +192,12 @@ def main() -> None:
         live = LiveWriter(engine, Path(db_path(url) + "-wal"))
         live.start()
         file_before = os.path.getsize(db_path(url))
-        start = time.perf_counter()
+        start, load = time.perf_counter(), [os.getloadavg()[0]]
         report = retention.prune(engine, max_bytes=retention.parse_size(args.prune_to))
         pruned = time.perf_counter() - start
         during_prune = sorted(live.latencies)
         start = time.perf_counter()
+        load.append(os.getloadavg()[0])
         freed = retention.reclaim(engine)
         reclaimed = time.perf_counter() - start
         live.stop.set()
@@ -214,6 +215,8 @@ def main() -> None:
             worst = sorted(parts[phase], reverse=True)[:3]
             print("  slowest: " + "; ".join(f"{t * 1e3:.0f} ms (lock wait {b * 1e3:.0f}, commit {c * 1e3:.0f})"
                                             for t, b, c in worst))
+        print(f"load average (1 min) at the start of the prune {load[0]:.1f}, of the reclaim {load[1]:.1f}, "
+              f"at the end {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
         for kind, times in sorted(steps.steps.items()):
             times.sort()
             print(f"retention {kind}: {len(times)} in {sum(times):.1f} s, p50 {statistics.median(times) * 1e3:.0f} ms, "
