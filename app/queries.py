@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from draftscope import models, stats
+from draftscope import models, retention, stats
 from draftscope.spec_diff import expected_widths
 from draftscope_tracer.transport.redact import redact_server_args, redact_tracer_config
 
@@ -118,7 +118,7 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
                "last_batch_at": last, "state": state,
                "drops": _latest_health("drops"), "requests_lost": _latest_health("requests_lost")}
     query = sa.select(*(c.label(k) for k, c in columns.items())).select_from(
-        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id))
+        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id)).where(_RUNS.c.status != retention.PRUNING)
     sorts = {k: columns[k] for k in RUN_SORTS}
     sorts["worst_severity"] = sa.case((columns["worst_severity"].is_(None), None),
                                       else_=-_severity_rank(columns["worst_severity"]))
@@ -150,11 +150,12 @@ RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "ta
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
-    """Every stored field of the run and its ``state`` (``run_state``), or None. ``server_args`` and
+    """Every stored field of the run and its ``state`` (``run_state``), or None (also for a run being
+    pruned: ``retention.PRUNING``, gone to readers while its rows go in chunks). ``server_args`` and
     ``tracer_config`` pass the tracer's allow-lists on the way out (``safe_run``), so a run stored before them
     shows no secret."""
     row = conn.execute(sa.select(_RUNS, run_state(_last_batch()).label("state"))
-                       .where(_RUNS.c.id == run_id)).mappings().first()
+                       .where(_RUNS.c.id == run_id, _RUNS.c.status != retention.PRUNING)).mappings().first()
     if row is None:
         return None
     return safe_run(dict(row))
