@@ -166,6 +166,8 @@ def test_a_late_batch_for_a_marked_run_goes_with_it(store_url):
     assert retention.mark_run(engine, run_id)
     BatchWriter(engine).write(orjson.dumps(make_batch(run_id, run=run_record(status="ended"),
                                                       steps=[step_record("late", 0)])))
+    with engine.connect() as conn:  # the re-sent record keeps it marked: listed nowhere
+        assert queries.get_run(conn, run_id) is None and run_id not in {r["id"] for r in queries.list_runs(conn)}
     retention.delete_marked(engine, run_id)
     assert _gone(engine, run_id)
     engine.dispose()
