@@ -101,10 +101,7 @@ class TensorSample(SQLModel, table=True):
     """Summary statistics of one tensor at one named sample point."""
 
     __tablename__ = "tensor_samples"
-    __table_args__ = (
-        sa.Index("ix_tensor_samples_run_rid_step", "run_id", "rid", "step_index"),
-        sa.Index("ix_tensor_samples_run_point", "run_id", "point"),
-    )
+    __table_args__ = (sa.Index("ix_tensor_samples_run_rid_step", "run_id", "rid", "step_index"),)
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = _run_fk()
