@@ -242,11 +242,12 @@ def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """Request ids with verify steps but no request row: still running, or their finish record was
     dropped. Each with its stored steps (count, first and last index) and when the first was taken.
     From the run's aggregates (``steps.rid``), so current as of the last refresh."""
-    rows = sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id)
+    orphan = sa.select(_BINS.c.key).where(_BINS.c.run_id == run_id, _BINS.c.series == stats.ORPHANS)
     query = (sa.select(_BINS.c.key.label("rid"), _BINS.c.n.label("sampled_steps"),
                        sa.cast(_BINS.c.lo, sa.Integer).label("first_step"),
                        sa.cast(_BINS.c.hi, sa.Integer).label("last_step"))
-             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.key.not_in(rows))
+             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                    _BINS.c.key.in_(orphan))
              .limit(MAX_REQUESTS_SHOWN))
     orphans = [dict(row) for row in conn.execute(query).mappings()]
     if orphans:
@@ -323,7 +324,7 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
     naming it).
     """
     R = _REQUESTS.c
-    accept = sa.cast(R.output_len, sa.Float) / sa.func.nullif(R.spec_verify_ct, 0)
+    accept = sa.literal_column(models.ACCEPT_LENGTH_SQL, sa.Float)  # as its index has it
     where = [R.run_id == run_id]
     if accept_min is not None:
         where.append(accept >= accept_min)
