@@ -15,7 +15,8 @@
    paused (SIGSTOP), the p95 of the wall time on loopback, and the page weight: HTML bytes, plus
    the JS and CSS files it links from /static/ (each counted once).
    Before that, small runs are added until the store holds --runs runs (the runs list at scale),
-   and the dashboard is restarted: the first load of each page is its first view in a cold process.
+   and once their aggregates are folded the dashboard is restarted: the first load of each page is
+   its first view in a freshly started process.
 5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
    paused), and the CPU time of each data-layer query behind the pages, called in this process on
    the same store (the best of 5); machine load inflates CPU time far less than wall time.
@@ -432,23 +433,46 @@ def biggest_run(url: str) -> str:
     return run_id
 
 
+def all_folded(url: str, timeout_s: float) -> float:
+    """Seconds until every run's aggregates have counted all its batches."""
+    import sqlalchemy as sa
+
+    from draftscope import db, models
+    from draftscope.stats import batch_counts
+
+    engine, start = db.make_engine(url), time.perf_counter()
+    try:
+        while time.perf_counter() - start < timeout_s:
+            with engine.connect() as conn:
+                counts = batch_counts(conn)
+                stats = models.RunStats.__table__
+                seen = dict(conn.execute(sa.select(stats.c.run_id, stats.c.batches_seen)).all())
+            if all(seen.get(r) == n for r, (n, _) in counts.items()):
+                return time.perf_counter() - start
+            time.sleep(0.5)
+        raise SystemExit(f"the dashboard's aggregates did not catch up in {timeout_s} s")
+    finally:
+        engine.dispose()
+
+
 def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
     """Fill (unless --store), add small runs, restart the dashboard, measure, profile, count bytes."""
     server = live = None
     try:
         big, live_id = uuid.uuid4().hex, uuid.uuid4().hex
         steps = args.requests * args.steps_per_request
+        server, port = start_server(url)
         if args.store:
             big = biggest_run(url)
             print(f"run {big} of {store}: measured again, no fill")
         else:
-            server, port = start_server(url)
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
             fill(url, big, args)
             print(f"aggregates caught up {wait_for(conn, big, steps, 3600):.1f} s after the last batch")
-            stop(server)
         add_runs(url, args.runs)
+        print(f"every run's aggregates caught up {all_folded(url, 600):.1f} s later")
+        stop(server)
         server, port = start_server(url)  # a cold process: no page rendered yet
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),
