@@ -25,6 +25,7 @@ import argparse
 import http.client
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -235,7 +236,8 @@ def main() -> None:
             for d in dashboards:
                 stop(d)
         if not ok:
-            raise SystemExit(1)
+            raise SystemExit(f"the dashboards' logs and the tracers' reports are kept in {tmp}")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def db_runs(url: str) -> list[str]:
