@@ -243,11 +243,12 @@ def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """Request ids with verify steps but no request row: still running, or their finish record was
     dropped. Each with its stored steps (count, first and last index) and when the first was taken.
     From the run's aggregates (``steps.rid``), so current as of the last refresh."""
-    rows = sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id)
+    orphan = sa.select(_BINS.c.key).where(_BINS.c.run_id == run_id, _BINS.c.series == stats.ORPHANS)
     query = (sa.select(_BINS.c.key.label("rid"), _BINS.c.n.label("sampled_steps"),
                        sa.cast(_BINS.c.lo, sa.Integer).label("first_step"),
                        sa.cast(_BINS.c.hi, sa.Integer).label("last_step"))
-             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.key.not_in(rows))
+             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                    _BINS.c.key.in_(orphan))
              .limit(MAX_REQUESTS_SHOWN))
     orphans = [dict(row) for row in conn.execute(query).mappings()]
     if orphans:
@@ -319,12 +320,12 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
 
     Each row: the request's stored fields, ``spec_accept_length``, ``mismatches`` (counters that
     differ), ``traced_accept_length`` and ``sampled_steps`` (mean accept_len and count of its
-    stored verify steps; read for this page's requests only), ``expected_steps`` and
+    stored verify steps, from the run's aggregates: current as of the last refresh), ``expected_steps`` and
     ``missing_steps`` (``_with_completeness``), ``finding_rules`` (rule ids of the findings
     naming it).
     """
     R = _REQUESTS.c
-    accept = sa.cast(R.output_len, sa.Float) / sa.func.nullif(R.spec_verify_ct, 0)
+    accept = sa.literal_column(models.ACCEPT_LENGTH_SQL, sa.Float)  # as its index has it
     where = [R.run_id == run_id]
     if accept_min is not None:
         where.append(accept >= accept_min)
@@ -349,13 +350,15 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
     rows = [_with_accept_stats(dict(r)) for r in conn.execute(query).mappings()]
     rids = [r["rid"] for r in rows]
     if rids:
-        mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
-        steps = {rid: (mean, n) for rid, mean, n in conn.execute(
-            sa.select(_STEPS.c.rid, mean_accept, sa.func.count())
-            .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.in_(rids)).group_by(_STEPS.c.rid))}
+        steps = {}  # from the run's aggregates (``steps.rid``): a CSV of every request reads no step
+        for i in range(0, len(rids), 500):
+            steps.update((rid, (total / n, n)) for rid, total, n in conn.execute(
+                sa.select(_BINS.c.key, _BINS.c.total, _BINS.c.n)
+                .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                       _BINS.c.key.in_(rids[i:i + 500]))))
         rules: dict[str, list[str]] = {}
         for rid, rule in conn.execute(sa.select(_FINDINGS.c.rid, _FINDINGS.c.rule_id).distinct()
-                                      .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.in_(rids))
+                                      .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.is_not(None))
                                       .order_by(_FINDINGS.c.rule_id)):
             rules.setdefault(rid, []).append(rule)
         stride = step_stride(get_run(conn, run_id) or {})
