@@ -18,7 +18,7 @@ from draftscope.spec import SpecError, TargetSpec, expect_sglang, read_draft, re
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
 from draftscope.stats import fold_run_stats, observation, update_run_stats
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope_tracer.redact import redact_server_args
 
 RUN_LOCK_CLASS = 0x6473  # advisory lock (class, hashtext(run_id)): one refresh of a run at a time
 _RUNS = models.Run.__table__

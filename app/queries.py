@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from draftscope import models, retention, stats
 from draftscope.spec_diff import expected_widths
-from draftscope_tracer.transport.redact import redact_server_args, redact_tracer_config
+from draftscope_tracer.redact import redact_server_args, redact_tracer_config
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
