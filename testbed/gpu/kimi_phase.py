@@ -193,3 +193,60 @@ def run_throughput(bed, models: Path, deadline: float, workload: str = "short") 
     for s in state.values():
         s["gpu_memory_mib"] = memory["per_server_mib"].get(s["name"])
     return {"kimi_throughput": result, "kimi_throughput_servers": state}
+
+
+PROFILE_CONFIGS = ("no-tracer", "every")
+# (concurrent requests, new tokens each, with Python stacks): random weights accept nothing, so a request of n
+# tokens is n steps; the profile starts once every request is decoding and records PROFILE_STEPS steps
+PROFILE_LEVELS = ((1, 160, False), (8, 160, False), (1, 160, True))
+PROFILE_STEPS, PROFILE_STACK_STEPS = 40, 12
+
+
+def profile_once(handle, out: Path, profile_id: str, level: tuple, seed: int) -> dict:
+    """One torch profile (SGLang's ``/start_profile``) of ``PROFILE_STEPS`` decode steps while ``level``'s requests
+    run: the trace file it wrote and the wall time of the requests."""
+    concurrency, new_tokens, stack = level
+    work = [(f"{profile_id}-{j}", prompt(seed + j)) for j in range(concurrency)]
+    done = {}
+    threads = [threading.Thread(target=lambda rid=rid, ids=ids: done.__setitem__(rid, ask(handle, ids, rid, new_tokens)))
+               for rid, ids in work]
+    t0 = time.monotonic()
+    [t.start() for t in threads]
+    time.sleep(0.5)  # the prompts are in (prefill takes ~0.1 s): the profile sees decode steps only
+    body = {"output_dir": str(out), "num_steps": PROFILE_STACK_STEPS if stack else PROFILE_STEPS,
+            "activities": ["CPU", "GPU"], "with_stack": stack, "record_shapes": False, "profile_id": profile_id}
+    started = handle._post("/start_profile", body, timeout=180.0)  # answered once the profile is written
+    [t.join() for t in threads]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(out.glob(f"{profile_id}*.trace.json.gz")):
+        time.sleep(0.2)
+    files = [str(p) for p in out.glob(f"{profile_id}*.trace.json.gz")]
+    return {"profile_id": profile_id, "level": list(level), "steps": body["num_steps"], "files": files,
+            "requests_s": round(time.monotonic() - t0, 2), "start_reply": started,
+            "answers": [done.get(rid) for rid, _ in work]}
+
+
+def run_profile(bed, models: Path, work: Path, deadline: float) -> dict:
+    """The ``kimi-profile`` phase: the healthy server without the tracer and with every request sampled, each
+    profiled at ``PROFILE_LEVELS`` (``bench/gpu_profile.py`` reads the traces)."""
+    wait_gpu_free()
+    specs = [s for s in throughput_specs(models) if s.name in PROFILE_CONFIGS]
+    state = bed.start_all(specs, START_TIMEOUT_S)
+    out, runs = work / "traces" / "profiles", []
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, s in state.items():  # warm-up: the first requests of a server compile and capture
+            if s["ok"]:
+                for j in range(2):
+                    ask(s["handle"], prompt(900 + j), f"warm-{name}-{j}", 16)
+        for i, level in enumerate(PROFILE_LEVELS):
+            for name, s in state.items():
+                if not s["ok"] or (level[2] and name == "no-tracer") or time.monotonic() + 30 > deadline:
+                    continue
+                pid = f"{name}-c{level[0]}{'-stack' if level[2] else ''}"
+                runs.append({"server": name, **profile_once(s["handle"], out, pid, level, 5000 + 100 * i)})
+                print(f"[runner] profile {pid}: {runs[-1]['files']} ({runs[-1]['requests_s']} s)", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded
+        runs.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
+    bed.stop_all(state)
+    return {"kimi_profile": runs, "kimi_profile_servers": state}

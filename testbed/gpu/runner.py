@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from testbed.gpu import kimi_phase, throughput
+from testbed.gpu import kimi_phase, profile_summary as gpu_profile, throughput
 from testbed.gpu.bed import Bed, Spec
 from testbed.scenarios import SCENARIOS
 from testbed.server import ServerHandle
@@ -48,7 +48,7 @@ SERVER_ARGS = [
 CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
-PHASES = ("hooks", "checks", "throughput", "kimi", "kimi-throughput", "pytest")
+PHASES = ("hooks", "checks", "throughput", "kimi", "kimi-throughput", "kimi-profile", "pytest")
 DEFAULT_PHASES = ("hooks", "checks", "throughput", "pytest")
 PHASE_CHECKS = {"hooks": ["tests/gpu/test_hooks_path.py"],
                 "checks": ["tests/gpu/test_gpu_bed.py", "tests/gpu/test_hooks_path.py"],
@@ -186,12 +186,12 @@ def main() -> int:
         bed.stop_all(state)
         results["throughput_servers"] = state
         save()
-    if run & {"kimi", "kimi-throughput"}:
+    if run & {"kimi", "kimi-throughput", "kimi-profile"}:
         try:
             models, results["kimi_models"] = kimi_phase.make_models(a.work)
         except Exception as exc:  # noqa: BLE001 - recorded, the checks fail on it
             results["kimi_models"] = {"error": f"{type(exc).__name__}: {exc}"}
-            skip |= {"kimi", "kimi-throughput"}
+            skip |= {"kimi", "kimi-throughput", "kimi-profile"}
         save()
     if "kimi" not in skip:
         results["kimi"] = kimi_phase.run_traces(bed, models, began + KIMI_BUDGET_S)
@@ -199,6 +199,11 @@ def main() -> int:
     if "kimi-throughput" not in skip:
         results.update(kimi_phase.run_throughput(bed, models, began + a.kimi_throughput_s,
                                                     a.kimi_workload))
+        save()
+    if "kimi-profile" not in skip:
+        results.update(kimi_phase.run_profile(bed, models, a.work, began + KIMI_BUDGET_S))
+        results["kimi_profile_summary"] = gpu_profile.summarize_runs(results["kimi_profile"])
+        print(gpu_profile.table(results["kimi_profile_summary"]), flush=True)
         save()
     if "pytest" not in skip:
         save()

@@ -15,7 +15,7 @@ import pytest
 
 from bench import gpu_throughput
 from draftscope_tracer.engine.sampling import request_sampled
-from testbed.gpu import kimi_models, kimi_phase, throughput
+from testbed.gpu import kimi_models, kimi_phase, profile_summary, throughput
 from testbed.gpu.bed import Bed, Spec
 from testbed.server import PORT_ATTEMPTS
 
@@ -42,6 +42,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/start_profile":  # a trace of num_steps steps of 1 ms: a GEMM, then the summary kernel
+            import gzip
+            ev = [e for s in range(body["num_steps"]) for e in (
+                {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 1000 * s, "dur": 900},
+                {"ph": "X", "cat": "kernel", "name": "_logits_block_kernel", "ts": 1000 * s + 920, "dur": 20},
+                {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/engine/probes.py(9): on_verify",
+                 "ts": 1000 * s + 900, "dur": 60})]
+            Path(body["output_dir"]).mkdir(parents=True, exist_ok=True)
+            with gzip.open(Path(body["output_dir"]) / f"{body['profile_id']}-TP-0.trace.json.gz", "wt") as f:
+                json.dump({"traceEvents": ev}, f)
+            return self.send({"success": True})
         with open(state / "rids", "a") as f:
             f.write(body["rid"] + "\n")
         n = body["sampling_params"]["max_new_tokens"]
@@ -143,3 +154,20 @@ def test_saved_levels_print_again(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(saved))
     assert gpu_throughput.main([str(tmp_path / "results.json")]) == 0
     assert "| 64 | 1 in 16 | 990.0 | +1.0% [+0.2, +2.0] | <= 1% |" in capsys.readouterr().out
+
+
+def test_profile_phase_profiles_each_level_and_summarises_the_traces(bed, tmp_path):
+    models = tmp_path / "models"
+    kimi_models.make(models, kimi_models.TINY)
+    out = kimi_phase.run_profile(bed, models, bed.work, deadline=time.monotonic() + 600)
+    ids = [r["profile_id"] for r in out["kimi_profile"]]
+    assert ids == ["no-tracer-c1", "every-c1", "no-tracer-c8", "every-c8", "every-c1-stack"], out["kimi_profile"]
+    assert all(len(r["answers"]) == r["level"][0] and all(r["answers"]) for r in out["kimi_profile"])
+    summary = profile_summary.summarize_runs(out["kimi_profile"])
+    every = summary["profiles"]["every-c1"]
+    # 40 steps of 1 ms, the last one's trailing 60 us of host after the GPU's last kernel outside the span
+    assert (every["steps"], every["busy_us"], every["kernels_us"]["gemm"]) == (40, 920.0, 900.0), every
+    assert summary["profiles"]["every-c1-stack"]["ours"]["engine/probes.py(9): on_verify"] == \
+        {"host_us": 60.0, "exposed_us": 40.0}
+    assert summary["deltas"]["every-c8"]["busy_us"] == 0.0 and "every-c1-stack" not in summary["deltas"]
+    assert "every-c1-stack | 12 |" in profile_summary.table(summary)
