@@ -93,6 +93,17 @@ class _Runner:
         return forward_batch  # the stand-in batch carries the forward's output
 
 
+class _ExtendGraph:
+    """SGLang's draft-extend graph runner, as far as the hooks see it: ``execute`` returns the replay's output
+    logits, one row per request (``EagleDraftExtendCudaGraphRunner.execute``)."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def execute(self, forward_batch, select_index):
+        return SimpleNamespace(next_token_logits=self.logits, hidden_states=None)
+
+
 class HooksPath:
     """One batch of ``batch`` requests in decode; ``iteration()`` runs one decode iteration through the
     plugin's own AROUND hooks (``plugin.py``), each around a stand-in for SGLang's method that returns
@@ -122,7 +133,9 @@ class HooksPath:
             next_token_logits=torch.randn(n, V_DRAFT, device=dev) * 4)) for n in (batch, batch, rows)]
         self.worker = SimpleNamespace(topk=1, speculative_num_draft_tokens=N, speculative_num_steps=N - 1,
                                       device=dev, hot_token_id=torch.randint(0, V, (V_DRAFT,), device=dev),
-                                      draft_runner=_Runner(model), draft_forward=self._draft_forward)
+                                      draft_runner=_Runner(model), draft_forward=self._draft_forward,
+                                      cuda_graph_runner_for_draft_extend=_ExtendGraph(
+                                          torch.randn(batch, V_DRAFT, device=dev) * 4) if graphs else None)
         self.draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.verify_input = SimpleNamespace(draft_token_num=N, draft_token=torch.randint(0, V, (rows,), device=dev))
         self.batch = SimpleNamespace(reqs=reqs, forward_mode=_Mode(), spec_info=self.draft_input,
@@ -169,7 +182,10 @@ class HooksPath:
         return self.result
 
     def _draft_extend(self, worker, batch, batch_result):
-        worker.draft_runner.forward(self._forwards[2])
+        if worker.cuda_graph_runner_for_draft_extend is not None:  # SGLang's graph path: its logits come back
+            worker.cuda_graph_runner_for_draft_extend.execute(self._forwards[2], None)
+        else:
+            worker.draft_runner.forward(self._forwards[2])
         batch_result.next_draft_input = self.next_draft_input
         batch.spec_info = self.draft_input
 

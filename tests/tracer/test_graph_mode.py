@@ -87,6 +87,22 @@ def test_steps_and_draft_topk_equal_eager(emulated, eager):
         assert _topk(g[8]) == _topk(w[8])
 
 
+def _beats(server) -> dict:
+    conn = sqlite3.connect(server.trace_db_url.removeprefix("sqlite:///"))
+    row = conn.execute("select heartbeats from tracer_health order by at desc limit 1").fetchone()
+    return json.loads(row[0]) if row else {}
+
+
+def test_graph_replays_hand_their_draft_logits_to_the_tracer(emulated, eager, sglang_server):
+    """With the draft-extend graph taken, the draft's position-1 top-k is read from the replay's own logits
+    (no ``lm_head`` recompute); eagerly, it is recomputed. The top-k equal (test above) across both paths."""
+    deadline = time.monotonic() + 30
+    while not _beats(sglang_server("healthy", env=EMULATE)).get("draft_extend_logits"):
+        assert time.monotonic() < deadline, _beats(sglang_server("healthy", env=EMULATE))
+        time.sleep(0.3)
+    assert "draft_extend_logits" not in _beats(sglang_server("healthy"))
+
+
 def test_samples_equal_eager(emulated, eager):
     got, want = emulated[2], eager[2]
     points = {(r[1], r[2]) for r in got}

@@ -35,6 +35,25 @@ class Capture:
         self.seeds: Optional[graphed.Graphed] = None
         self.fc: Optional[graphed.Graphed] = None
         self.prepared_rows: Optional[int] = None  # rows per launch the prepared Summarizers take (on a GPU)
+        self.extend_logits: Optional[torch.Tensor] = None  # the draft-extend graph's last output logits
+
+    def watch_draft_extend(self, worker) -> None:
+        """After SGLang captured the draft's graphs: each replay of the draft-extend graph leaves its output
+        logits (one row per request: the draft's position 1 of the next step, full draft vocabulary) in
+        ``extend_logits``, so the hook summarises them instead of recomputing the draft's ``lm_head``. Its
+        eager path (a batch the graphs do not take) leaves nothing: the hook recomputes."""
+        runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+        execute = getattr(runner, "execute", None)
+        if execute is None or getattr(execute, "draftscope_watch", False):
+            return
+
+        def watched(*args, **kwargs):
+            out = execute(*args, **kwargs)
+            self.extend_logits = getattr(out, "next_token_logits", None)
+            return out
+
+        watched.draftscope_watch = True
+        runner.execute = watched
 
     def install_step_tap(self, worker, guard: Callable) -> None:
         """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain (the

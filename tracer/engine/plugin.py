@@ -161,12 +161,17 @@ def _around_draft(orig, worker, batch, *args, **kwargs):
 
 
 def _around_graphs(orig, worker, *args, **kwargs):
-    """Before SGLang captures the draft's CUDA graphs (or, with graphs off, does nothing): the step tap."""
+    """Before SGLang captures the draft's CUDA graphs (or, with graphs off, does nothing): the step tap; after,
+    the draft extend's output logits watched."""
     t = _live()
     if t is not None:
         t.health.beat("graphs")
         t.guard("graphs", t.install_step_tap, worker)
-    return orig(worker, *args, **kwargs)
+    out = orig(worker, *args, **kwargs)
+    t = _live()
+    if t is not None:
+        t.guard("graphs", t.watch_draft_extend, worker)
+    return out
 
 
 def _around_prefill(orig, worker, batch, target_hidden_states, *args, **kwargs):

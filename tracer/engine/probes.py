@@ -114,27 +114,20 @@ class TensorProbes:
             return None, None
         return self.summaries.launch(fc_out, range(fc_out.shape[0])), _dtype(fc_out)
 
-    def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str) -> None:
-        """Top-k of the draft's logits at position 1 of each request's next verify step, recomputed from
-        rows ``h[i]`` of its output hidden states (``recompute.logits``; graph replays keep the logits
-        inside the graph). Periodic steps also record a ``draft.logits`` sample (statistics of the whole
-        row: non-finite logits show broken weights)."""
-        index = device_index([i for i, _, _ in rows], h.device)
-        if index is None:
-            self.health.drop("host_slots_full")
-            return
+    def _draft_seeds(self, worker, h: torch.Tensor, rows: List[tuple], phase: str,
+                     logits: Optional[torch.Tensor] = None) -> None:
+        """Top-k of the draft's logits at position 1 of each request's next verify step: summarised from the
+        draft extend's own output ``logits`` (one row per request of the batch) where its graph left them,
+        else recomputed from rows ``h[i]`` of its output hidden states (``recompute.logits``; captured as a
+        CUDA graph at attach where it can be). Periodic steps also record a ``draft.logits`` sample
+        (statistics of the whole row: non-finite logits show broken weights)."""
         periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
-        graph = self.capture.seeds
-        if graph is not None and graph.takes(h, len(rows)):
-            pending, vocab = graph.launch(h, index), graph.summary.vocab_size
-            if pending is None:
-                self.health.drop("summary_ring_full")
+        if logits is not None:
+            self.health.beat("draft_extend_logits")  # counted: the engine's logits, not a recompute
+            pending, vocab = self.summaries.launch(logits, [i for i, _, _ in rows], logits=logits,
+                                                   stats=bool(periodic)), int(logits.shape[-1])
         else:
-            logits = recompute.logits(worker.draft_runner.model, h.index_select(0, index))
-            if logits is None:
-                return
-            pending, vocab = self.summaries.launch(logits, range(len(rows)), logits=logits, stats=bool(periodic)), \
-                int(logits.shape[-1])
+            pending, vocab = self._recomputed_seeds(worker, h, rows, periodic)
         if pending is None:
             return
         mapped = self.capture.hot_map(worker)
@@ -143,6 +136,23 @@ class TensorProbes:
         # always queued, so that every launch is read (a device launch holds a ring slot until then)
         self.transport.submit(phase, records.draft_logits, pending, rows, periodic, phase, time.time(), vocab,
                               pendings=(pending,))
+
+    def _recomputed_seeds(self, worker, h: torch.Tensor, rows: List[tuple], periodic: List[int]) -> tuple:
+        """(the summary of the draft's logits recomputed at rows ``h[i]``, its vocabulary), or (None, None)."""
+        index = device_index([i for i, _, _ in rows], h.device)
+        if index is None:
+            self.health.drop("host_slots_full")
+            return None, None
+        graph = self.capture.seeds
+        if graph is not None and graph.takes(h, len(rows)):
+            pending = graph.launch(h, index)
+            if pending is None:
+                self.health.drop("summary_ring_full")
+            return pending, graph.summary.vocab_size
+        out = recompute.logits(worker.draft_runner.model, h.index_select(0, index))
+        if out is None:
+            return None, None
+        return self.summaries.launch(out, range(len(rows)), logits=out, stats=bool(periodic)), int(out.shape[-1])
 
     # -- draft decode -----------------------------------------------------------------------------
     def on_draft_input(self, worker, batch) -> List[tuple]:
@@ -221,13 +231,15 @@ class TensorProbes:
     # -- draft extend after verify ----------------------------------------------------------------
     def draft_extend_rows(self, batch) -> tuple:
         """(rows of the verify step just done, rows whose next step is recorded)."""
+        self.capture.extend_logits = None  # what the graph leaves from here on is this draft extend's
         if batch.forward_mode.is_idle():
             return [], []
         return self.sampled.rows_of(batch.reqs, back=1), self.sampled.rows_of(batch.reqs)
 
     def on_draft_extend(self, worker, batch, batch_result, done, upcoming) -> None:
         """draft.input/fc.out of the verify step just done; the draft's top-k at position 1 of the next
-        step, from its output hidden state at each request's last accepted row (``next_draft_input``)."""
+        step, from the draft extend's output logits where its graph left them, else from its output hidden
+        state at each request's last accepted row (``next_draft_input``)."""
         N = worker.speculative_num_draft_tokens
         h = batch_result.logits_output.hidden_states
         verified, self._verify_hidden = self._verify_hidden, None
@@ -238,5 +250,8 @@ class TensorProbes:
                            p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS,
                            fc_every=PERIODIC_STEPS)
         seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
+        logits, self.capture.extend_logits = self.capture.extend_logits, None
+        if logits is not None and logits.shape[0] != len(batch.reqs):
+            logits = None
         if upcoming and seed is not None and seed.shape[0] == len(batch.reqs):
-            self._draft_seeds(worker, seed, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend")
+            self._draft_seeds(worker, seed, [(i, rid, s - 1) for i, rid, s in upcoming], "draft_extend", logits)

@@ -161,6 +161,11 @@ class Tracer:
         if _is_recording_rank():
             self.capture.install_step_tap(worker, self.guard)
 
+    def watch_draft_extend(self, worker) -> None:
+        """After SGLang captured the draft's graphs: the draft extend's logits kept for the hook (``capture``)."""
+        if _is_recording_rank():
+            self.capture.watch_draft_extend(worker)
+
     def admit(self, batch) -> List[tuple]:
         """Decide sampling for the requests of a prefill batch; the sampled rows of step 0."""
         now, rate = time.time(), self.config.sample_rate
