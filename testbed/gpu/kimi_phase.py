@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from testbed.gpu import kimi_models, throughput
@@ -202,6 +203,14 @@ PROFILE_LEVELS = ((1, 160, False), (8, 160, False), (1, 160, True))
 PROFILE_STEPS, PROFILE_STACK_STEPS = 40, 12
 
 
+def start_profile(handle, body: dict) -> str:
+    """``POST /start_profile`` (answered in plain text once the profile is written, with ``num_steps``)."""
+    request = urllib.request.Request(handle.url + "/start_profile", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **handle.headers})
+    with urllib.request.urlopen(request, timeout=180.0) as response:
+        return response.read().decode(errors="replace")[:200]
+
+
 def profile_once(handle, out: Path, profile_id: str, level: tuple, seed: int) -> dict:
     """One torch profile (SGLang's ``/start_profile``) of ``PROFILE_STEPS`` decode steps while ``level``'s requests
     run: the trace file it wrote and the wall time of the requests."""
@@ -215,8 +224,10 @@ def profile_once(handle, out: Path, profile_id: str, level: tuple, seed: int) ->
     time.sleep(0.5)  # the prompts are in (prefill takes ~0.1 s): the profile sees decode steps only
     body = {"output_dir": str(out), "num_steps": PROFILE_STACK_STEPS if stack else PROFILE_STEPS,
             "activities": ["CPU", "GPU"], "with_stack": stack, "record_shapes": False, "profile_id": profile_id}
-    started = handle._post("/start_profile", body, timeout=180.0)  # answered once the profile is written
-    [t.join() for t in threads]
+    try:
+        started = start_profile(handle, body)
+    finally:
+        [t.join() for t in threads]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list(out.glob(f"{profile_id}*.trace.json.gz")):
         time.sleep(0.2)
@@ -244,8 +255,11 @@ def run_profile(bed, models: Path, work: Path, deadline: float) -> dict:
                 if not s["ok"] or (level[2] and name == "no-tracer") or time.monotonic() + 30 > deadline:
                     continue
                 pid = f"{name}-c{level[0]}{'-stack' if level[2] else ''}"
-                runs.append({"server": name, **profile_once(s["handle"], out, pid, level, 5000 + 100 * i)})
-                print(f"[runner] profile {pid}: {runs[-1]['files']} ({runs[-1]['requests_s']} s)", flush=True)
+                try:
+                    runs.append({"server": name, **profile_once(s["handle"], out, pid, level, 5000 + 100 * i)})
+                except Exception as exc:  # noqa: BLE001 - recorded; the next profile still runs
+                    runs.append({"server": name, "profile_id": pid, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                print(f"[runner] profile {pid}: {runs[-1].get('files', runs[-1].get('error'))}", flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded
         runs.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
     bed.stop_all(state)

@@ -52,7 +52,11 @@ class Handler(BaseHTTPRequestHandler):
             Path(body["output_dir"]).mkdir(parents=True, exist_ok=True)
             with gzip.open(Path(body["output_dir"]) / f"{body['profile_id']}-TP-0.trace.json.gz", "wt") as f:
                 json.dump({"traceEvents": ev}, f)
-            return self.send({"success": True})
+            raw = b"Start profiling.\n"  # SGLang answers in plain text
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            return self.wfile.write(raw)
         with open(state / "rids", "a") as f:
             f.write(body["rid"] + "\n")
         n = body["sampling_params"]["max_new_tokens"]
