@@ -5,8 +5,8 @@ reads one into per-step figures:
 
 - the GPU's span, busy time (union of kernels, copies and sets) and idle time, and its kernels by total time;
 - CUDA runtime calls (count and host time);
-- with Python stacks: the host time in draftscope's own frames (the plugin's ``_around_*`` wrappers and the
-  hook handles are transparent: what they wrap is SGLang's), per function, and how much of it the GPU sat
+- with Python stacks: the host time in draftscope's own frames on the scheduler's thread (the wrappers
+  around SGLang's calls are transparent: ``TRANSPARENT``), per function, and how much of it the GPU sat
   idle ("exposed": what the tracer adds to a step when the host is on the critical path).
 
 ``compare`` puts a traced profile beside the untraced one of the same level: kernels only the traced server
@@ -23,7 +23,8 @@ from pathlib import Path
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 OURS = "draftscope_tracer/"
-TRANSPARENT = ("engine/plugin.py", "engine/hooks.py")  # wrappers around SGLang's own calls
+# wrappers around SGLang's own calls: the AROUND hooks, their handles, the draft-extend watch, the step tap's
+TRANSPARENT = ("engine/plugin.py", "engine/hooks.py", "): watched", "): tapped_forward", "): counted_draft_forward")
 
 
 def _union(intervals: list) -> list:
@@ -42,9 +43,11 @@ def _overlap(a: float, b: float, busy: list) -> float:
 
 
 def _ours(events: list) -> list:
-    """The outermost draftscope frames per thread (transparent wrappers skipped): (name, ts, end)."""
+    """The outermost draftscope frames (transparent wrappers skipped) on the threads that run the hooks (the
+    scheduler's; the relay thread's waits are not the step's): (name, ts, end)."""
+    hooked = {e.get("tid") for e in events if "engine/plugin.py" in e.get("name", "") and "_around_" in e["name"]}
     by_tid = defaultdict(list)
-    for e in events:
+    for e in (e for e in events if e.get("tid") in hooked):
         name = e.get("name", "")
         if OURS in name and not any(w in name for w in TRANSPARENT):
             by_tid[e.get("tid")].append((e["ts"], e["ts"] + e.get("dur", 0.0), name.split(OURS, 1)[1]))

@@ -220,6 +220,10 @@ def _triton_matches_torch() -> None:
     # a second launch of the same layout: each row's block tickets were reset by the first one's last block
     _assert_same(summ["triton"].summarize(hidden, rows.flip(0), logits).result(),
                  summ["torch"].summarize(hidden, rows.flip(0), logits).result())
+    # padding rows after a launch that used them: marked -1 again, so a launch of one row reads one row
+    one = summ["triton"].summarize(hidden, torch.tensor([3, -1, -1, -1, -1, -1]), logits).result()
+    assert [r.row for r in one.rows] == [3]
+    _assert_same(one, summ["torch"].summarize(hidden, torch.tensor([3, -1, -1, -1, -1, -1]), logits).result())
     for r in got.rows:
         for c, st in enumerate(r.chunks):
             ref = _ref_chunk(hidden[r.row, c * H:(c + 1) * H].double().tolist())

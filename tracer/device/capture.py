@@ -90,6 +90,12 @@ class Capture:
         self.fc = graphed.capture("fc", lambda x: recompute.fc(model, x), rows, aux * hidden, dtype, device,
                                   self.topk, logits=False)
 
+    def describe(self) -> dict:
+        """What was built on the device at attach (run facts: ``tracing.device``)."""
+        return {"prepared_rows": self.prepared_rows, "layouts": len(self.summaries._by_shape),
+                "graphed_recomputes": [name for name, g in (("draft logits", self.seeds), ("fc", self.fc))
+                                       if g is not None]}
+
     def hot_map(self, worker) -> bool:
         """Whether the draft's ids go through ``hot_token_id`` (read once; on a CPU, at first use)."""
         hot = getattr(worker, "hot_token_id", None)
@@ -103,13 +109,15 @@ def device_plan(scheduler, spec, safe: Callable) -> Optional[dict]:
     runner = safe(lambda: scheduler.tp_worker.model_runner)
     if runner is None or spec is None or not torch.cuda.is_available() or not str(runner.device).startswith("cuda"):
         return None
+    # the worker that owns the draft's runner: EAGLEWorkerV2 holds an EagleDraftWorker (its draft_worker)
+    draft = next((w for w in (getattr(spec, "draft_worker", None), spec) if hasattr(w, "draft_runner")), spec)
     lm = getattr(runner.model, "language_model", runner.model)
     plan = {"device": torch.device("cuda", torch.cuda.current_device()), "dtype": safe(lambda: runner.model_config.dtype),
             "hidden": safe(lambda: runner.model_config.hidden_size), "vocab": safe(lambda: runner.model_config.vocab_size),
             "aux": len(getattr(getattr(lm, "model", None), "layers_to_capture", None) or ()) or 3,
-            "draft_vocab": safe(lambda: spec.draft_runner.model.logits_processor.config.vocab_size),
+            "draft_vocab": safe(lambda: draft.draft_runner.model.logits_processor.config.vocab_size),
             "draft_tokens": getattr(spec, "speculative_num_draft_tokens", None),
-            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(spec, "hot_token_id", None),
-            "draft_model": safe(lambda: spec.draft_runner.model)}
+            "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(draft, "hot_token_id", None),
+            "draft_model": safe(lambda: draft.draft_runner.model)}
     required = ("dtype", "hidden", "vocab", "draft_tokens", "max_requests")
     return plan if all(isinstance(plan[k], (int, torch.dtype)) for k in required) else None

@@ -120,6 +120,7 @@ class Tracer:
         plan = device_plan(scheduler, spec, facts_mod._safe)
         if plan is not None:
             self.capture.prepare(**plan)
+            facts["tracing"]["device"] = self.capture.describe()
         sink = open_sink(self.config, self.health.drop)  # the recorder opens its own: fail here, once, if unusable
         if sink is None:
             self.active = False
