@@ -86,12 +86,12 @@ def test_every_step_has_the_draft_topk_at_every_position(results):
 
 def test_the_tracer_prepared_the_servers_draft_on_the_device(results):
     """At attach, on the server's own draft (found through EAGLEWorkerV2's draft worker): the summary layouts
-    for its widths and its recomputes captured as CUDA graphs; and the draft extend's logits read from its
-    graph's replays (no ``lm_head`` recompute) on the graphs server only."""
-    for name in ("graphs", "eager"):
+    for its widths, and its recomputes captured as CUDA graphs unless the server runs without them; and the
+    draft extend's logits read from its graph's replays (no ``lm_head`` recompute) on the graphs server only."""
+    for name, graphed in (("graphs", ["draft logits", "fc"]), ("eager", [])):
         device = trace(results, name).run["facts"]["tracing"].get("device")
         assert device and device["prepared_rows"] >= 8 and device["layouts"] >= 5, (name, device)
-        assert device["graphed_recomputes"] == ["draft logits", "fc"], (name, device)
+        assert device["graphed_recomputes"] == graphed, (name, device)
     assert trace(results, "graphs").last_health()["heartbeats"].get("draft_extend_logits", 0) > 0
     assert "draft_extend_logits" not in trace(results, "eager").last_health()["heartbeats"]
 

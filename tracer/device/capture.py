@@ -118,6 +118,8 @@ def device_plan(scheduler, spec, safe: Callable) -> Optional[dict]:
             "draft_vocab": safe(lambda: draft.draft_runner.model.logits_processor.config.vocab_size),
             "draft_tokens": getattr(spec, "speculative_num_draft_tokens", None),
             "max_requests": getattr(scheduler, "max_running_requests", None), "hot": getattr(draft, "hot_token_id", None),
-            "draft_model": safe(lambda: draft.draft_runner.model)}
+            # a server with CUDA graphs off gets none from the tracer either (its recomputes run eagerly)
+            "draft_model": None if safe(lambda: scheduler.server_args.disable_cuda_graph) else
+            safe(lambda: draft.draft_runner.model)}
     required = ("dtype", "hidden", "vocab", "draft_tokens", "max_requests")
     return plan if all(isinstance(plan[k], (int, torch.dtype)) for k in required) else None
