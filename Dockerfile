@@ -1,9 +1,11 @@
 # draftscope's images, each installing the wheel built from this tree (as users install it):
-#   target dashboard (the default, last): the dashboard, store and ingest API, with the demo traces
-#     recorded from the real SGLang engine on CPU (demo/);
+#   target dashboard (the default, last): the dashboard, store and ingest API (SQLite or PostgreSQL),
+#     with the demo traces recorded from the real SGLang engine on CPU (demo/);
 #   target live: the real SGLang 0.5.23 on CPU with the test bed's kernel stand-ins and tiny models
 #     (compose profile `live`);
-#   target gpu: SGLang's official image with the tracer (compose profile `gpu`).
+#   target gpu: SGLang's official image with the tracer (compose profile `gpu`);
+#   target postgres: the Debian release's PostgreSQL (15 on bookworm) for compose profile `fleet`,
+#     whose proxy and tracers run from the dashboard image (bench/fleet_proxy.py, fleet_tracers.py).
 # Python packages come from PyPI, or only from ./wheels when built with --build-arg PIP_NO_INDEX=1
 # (machines whose containers cannot reach PyPI: scripts/wheelhouse [live]). Builds need BuildKit
 # (RUN --mount): docker compose and docker buildx use it.
@@ -57,6 +59,22 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps 
 COPY docker/with-token /usr/local/bin/draftscope-with-token
 ENTRYPOINT ["draftscope-with-token"]
 
+FROM ${BASE_IMAGE} AS postgres
+# apt fetches from the Debian mirror (compose builds this stage on the host's network: it works where
+# containers have none). No cluster made at install: docker/postgres-entrypoint makes one.
+RUN mkdir -p /etc/postgresql-common/createcluster.d \
+    && echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.d/draftscope.conf \
+    && apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql \
+    && rm -rf /var/lib/apt/lists/* \
+    && ln -s /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/postgres /usr/local/bin/ \
+    && install -d -o postgres -g postgres -m 700 /var/lib/postgresql/data \
+    && install -d -o postgres -g postgres -m 755 /run/draftscope-pg
+COPY docker/postgres-entrypoint /usr/local/bin/draftscope-postgres
+USER postgres
+ENV PGDATA=/var/lib/postgresql/data
+ENTRYPOINT ["draftscope-postgres"]
+
 FROM ${BASE_IMAGE} AS dashboard
 ARG PIP_NO_INDEX=0
 ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -64,10 +82,11 @@ ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_
 COPY docker/pip /usr/local/bin/draftscope-pip
 COPY --from=wheel /dist/ /dist/
 RUN --mount=type=bind,source=wheels,target=/wheels \
-    draftscope-pip install --no-cache-dir "$(ls /dist/draftscope-*.whl)[dashboard]" && rm -rf /dist
+    draftscope-pip install --no-cache-dir "$(ls /dist/draftscope-*.whl)[dashboard,postgres]" && rm -rf /dist
 RUN useradd --system --create-home draftscope && mkdir -p /data && chown draftscope /data
 WORKDIR /srv/draftscope
 COPY demo/ demo/
+COPY bench/fleet_proxy.py bench/fleet_tracers.py fleet/
 COPY docker/dashboard-entrypoint /usr/local/bin/draftscope-entrypoint
 USER draftscope
 ENV DRAFTSCOPE_DATABASE_URL=sqlite:////data/draftscope.db

@@ -23,7 +23,6 @@ import urllib.error
 import urllib.request
 import pytest
 
-from testbed.server import free_port
 from tests.fixtures.compose import REPO, Docker
 
 OFFLINE_HINT = "scripts/wheelhouse && DRAFTSCOPE_PIP_NO_INDEX=1 docker compose up --build"
@@ -38,29 +37,10 @@ def _get(url: str, **kw) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-PORT_TAKEN = ("address already in use", "port is already allocated")
-
-
 def _up(docker: Docker, *profiles: str):
-    """`docker compose [--profile P] up -d --build --wait` on a free port (another, should another
-    process take it first); yields (url, project) and takes the project down with its volumes."""
-    flags = [a for p in profiles for a in ("--profile", p)]
-    for _ in range(3):
-        port = free_port()
-        project = f"draftscope-test-{port}"
-        env = {"DRAFTSCOPE_PORT": str(port), "DRAFTSCOPE_INGEST_TOKEN": ""}
-        try:
-            up = docker.compose(project, *flags, "up", "-d", "--build", "--wait", "--wait-timeout", "300",
-                                env=env, check=False)
-            docker.images |= {"draftscope:local", *(f"draftscope-{p}:local" for p in profiles)}
-            if up.returncode != 0 and any(s in up.stderr for s in PORT_TAKEN):
-                continue
-            assert up.returncode == 0, f"docker compose up failed:\n{up.stdout}\n{up.stderr}"
-            yield f"http://127.0.0.1:{port}", project
-            return
-        finally:
-            docker.compose(project, *flags, "down", "-v", "--remove-orphans", env=env, check=False)
-    pytest.fail(f"docker compose up: the port was taken 3 times in a row:\n{up.stderr}")
+    """``docker.up``, yielding (the dashboard's URL, project)."""
+    for ports, project in docker.up(*profiles):
+        yield f"http://127.0.0.1:{ports['DRAFTSCOPE_PORT']}", project
 
 
 @pytest.fixture(scope="module")
