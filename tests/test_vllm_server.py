@@ -116,6 +116,23 @@ def test_the_run_is_recorded_with_what_vllm_feeds_the_draft(vllm_runs):
         assert flags == [p < accept_len for p in range(1, 4)]
 
 
+def test_top_k_is_what_each_model_chose(vllm_runs):
+    """Greedy on both sides: each drafted token is the draft's top-1 at its position (the draft top-k read
+    where vLLM's drafter computes its logits), each accepted one the target's top-1 before it, and the
+    target's top-1 at the first rejected position is the bonus token (the target's top-k recomputed on the
+    verify's rows)."""
+    served = vllm_runs("healthy")
+    steps = read(served.store_url, "SELECT drafted_tokens, accept_len, bonus_token, draft_topk, target_topk "
+                                   "FROM verify_steps")
+    for drafted, accept_len, bonus, draft_topk, target_topk in steps:
+        assert len(draft_topk) == len(target_topk) == len(drafted), (draft_topk, target_topk)
+        assert all(len(k) == 8 for k in draft_topk + target_topk)
+        assert [k[0][0] for k in draft_topk] == drafted
+        assert [k[0][0] for k in target_topk[:accept_len - 1]] == drafted[:accept_len - 1]
+        if accept_len - 1 < len(drafted):
+            assert target_topk[accept_len - 1][0][0] == bonus
+
+
 def test_totals_equal_what_vllm_reports(vllm_runs):
     """Per request, the tracer's own totals (from the rejection sampler's output) equal vLLM's scheduler's
     counters, and over the run those equal vLLM's /metrics."""
@@ -156,3 +173,23 @@ def test_aux_capture_off_is_fc_bypassed(vllm_runs):
     assert not [k for k in seen if k[0] == "draft.fc.out"], seen
     found, _ = findings(served.store_url, run_id)
     assert found and found[0].rule_id == "fc-bypassed", [(f.rule_id, f.severity) for f in found]
+
+
+def test_a_failing_tracer_leaves_vllm_unchanged(vllm_runs):
+    """The draft's probes and the scheduler's made to raise (DRAFTSCOPE_FAULT; ``verify`` kept working, so
+    that the draft's hooks have a step to fail in): vLLM answers as with a working tracer, and the failures
+    are counted in health, each probe disabled after 5 in a row (``finish`` runs once per request: twice)."""
+    probes = ("draft", "fc", "draft_logits", "totals", "finish")
+    faulted = vllm_runs("healthy", env={"DRAFTSCOPE_FAULT": ",".join(probes)}, prompts=2)
+    healthy = vllm_runs("healthy")
+    assert [a["token_ids"] for a in faulted.answers] == [a["token_ids"] for a in healthy.answers[:2]]
+    assert the_run(faulted.store_url)[3] == "ended"
+    errors, disabled = {}, set()
+    for e, d in read(faulted.store_url, "SELECT errors, disabled_probes FROM tracer_health"):
+        for probe, n in e.items():
+            errors[probe] = max(errors.get(probe, 0), n)
+        disabled |= set(d)
+    assert set(probes) - {"finish"} <= disabled and errors["finish"] == 2, (errors, disabled)
+    assert all(errors[p] == 5 for p in probes if p != "finish"), errors
+    assert read(faulted.store_url, "SELECT count(*) FROM verify_steps WHERE draft_topk IS NULL")[0][0] > 0
+    assert not read(faulted.store_url, "SELECT rid FROM tensor_samples WHERE point LIKE 'draft.%'")

@@ -34,6 +34,7 @@ TARGETS = {
     "verify": f"{RUNNER}.propose_draft_token_ids",
     "draft": "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer.propose",
     "fc": "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM.combine_hidden_states",
+    "draft_logits": "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM.compute_logits",
     "spec_stats": f"{SCHEDULER}.make_spec_decoding_stats",
     "finish": f"{SCHEDULER}._free_request",
 }
@@ -50,6 +51,7 @@ STARTS = ("vllm.v1.engine.core", "vllm.v1.worker.worker_base")  # modules whose 
 TRACER = None  # the VLLMTracer of this process (a forked child makes its own: ``_tracer``)
 HANDLES: List[HookHandle] = []
 _CONFIG: Optional[TracerConfig] = None
+RUN_ID_ENV = "DRAFTSCOPE_RUN_ID"  # the run every process of one vLLM server writes into (not a setting)
 _VERSION = "unknown"
 
 
@@ -67,8 +69,6 @@ def _register() -> None:
     if config is None or _CONFIG is not None:
         return
     _CONFIG = config
-    from draftscope_tracer.engine.vllm_runtime import RUN_ID_ENV
-
     os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)  # inherited by the engine core and its workers
     if _in_engine_process():
         _install_engine_hooks()
@@ -121,7 +121,7 @@ def _tracer():
     global TRACER
     t = TRACER
     if t is None or t.pid != os.getpid():
-        from draftscope_tracer.engine.vllm_runtime import RUN_ID_ENV, VLLMTracer
+        from draftscope_tracer.engine.vllm_runtime import VLLMTracer
 
         t = TRACER = VLLMTracer(_CONFIG, _VERSION, os.environ.get(RUN_ID_ENV) or uuid.uuid4().hex)
     return t
@@ -202,6 +202,16 @@ def _around_fc(orig, model, hidden_states, *args, **kwargs):
     return out
 
 
+def _around_draft_logits(orig, model, hidden_states, *args, **kwargs):
+    out = orig(model, hidden_states, *args, **kwargs)
+    t = _live()
+    ctx = t.ctx if t is not None else None
+    if ctx is not None and out is not None:
+        t.health.beat("draft_logits")
+        t.guard("draft_logits", t.on_draft_logits, ctx, out)
+    return out
+
+
 def _around_spec_stats(orig, scheduler, *args, **kwargs):
     t = _scheduler_side(scheduler)
     if t is not None:
@@ -219,5 +229,5 @@ def _around_finish(orig, scheduler, request, *args, **kwargs):
 
 _AROUND = {
     "init": _around_init, "init_gpu": _around_init, "verify": _around_verify, "draft": _around_draft,
-    "fc": _around_fc, "spec_stats": _around_spec_stats, "finish": _around_finish,
+    "fc": _around_fc, "draft_logits": _around_draft_logits, "spec_stats": _around_spec_stats, "finish": _around_finish,
 }

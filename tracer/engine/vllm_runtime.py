@@ -2,8 +2,8 @@
 
 vLLM runs its scheduler in the engine-core process and its model runner in a worker process (the same
 process with ``--distributed-executor-backend uni``). Each process that runs a hook has its own tracer and
-recorder, writing into one run (``RUN_ID_ENV``, set by the first process that registers and inherited by the
-others): the engine core's scheduler writes vLLM's own per-request counters, the worker (its first TP rank)
+recorder, writing into one run (``DRAFTSCOPE_RUN_ID``, set by the plugin in the first process that registers
+and inherited by the others): the engine core's scheduler writes vLLM's own per-request counters, the worker (its first TP rank)
 the facts, verify steps, samples and the tracer's own totals; the store merges a request's two records.
 
 The model runner's ``propose_draft_token_ids`` sees one engine step whole (after the rejection sampler,
@@ -30,7 +30,7 @@ from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.engine import vllm_facts
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
-from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
+from draftscope_tracer.engine.shutdown import SigtermChain
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport import records, vllm_records
 from draftscope_tracer.transport.outbox import Transport
@@ -38,7 +38,6 @@ from draftscope_tracer.transport.relay import Relay
 
 log = logging.getLogger("draftscope.tracer")
 PREFILL_ROWS = 32  # a sampled prompt's last rows summarised (as on SGLang)
-RUN_ID_ENV = "DRAFTSCOPE_RUN_ID"  # the run every process of one vLLM server writes into (set by the plugin)
 
 
 class InjectedFault(RuntimeError):
@@ -57,13 +56,14 @@ class Pick(NamedTuple):
 class StepContext:
     """What one ``propose_draft_token_ids`` call hands from hook to hook (the runner's thread only)."""
 
-    def __init__(self, picks: List[Pick], verify: List[vllm_records.VerifyStep], aux, aux_layout: tuple, now: float):
-        self.picks, self.verify, self.aux, self.now = picks, verify, aux, now
-        self.aux_layout = aux_layout  # (chunk width, chunks, dtype) of ``aux``
+    def __init__(self, picks: List[Pick], verify: List[vllm_records.VerifyStep], target, layout: tuple, now: float):
+        self.picks, self.verify, self.target, self.now = picks, verify, target, now
+        self.layout = layout  # (aux chunk width, aux chunks, dtype) of ``target``, the verify rows' copies
         self.rows: List[int] = []  # the draft input's rows copied, all picks in order
         self.groups: List[List[int]] = []  # per pick, its positions in ``rows``
         self.seq_pos: Dict[str, int] = {}
         self.p_in = self.p_fc = None
+        self.draft_topk: list = []  # per draft position, the top-k copies of the picks' rows (in pick order)
         self.width: Optional[int] = None
         self.dtype = self.fc_dtype = None
 
@@ -87,6 +87,7 @@ class VLLMTracer:
         self.traced: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
         self.counted: Dict[str, List[int]] = {}  # the same, as vLLM's scheduler counts them
         self.hidden: Optional[int] = None
+        self.proposed: Dict[str, tuple] = {}  # sampled rid -> the draft's top-k of its next drafts (copies, row)
 
     def guard(self, probe: str, fn: Callable, *args) -> Any:
         """Run ``fn``; any exception is counted against ``probe``, never raised into vLLM."""
@@ -145,15 +146,16 @@ class VLLMTracer:
 
     # -- one engine step: verify results, then the draft ---------------------------------------------
     def before_propose(self, runner, a: Dict[str, Any]) -> Optional[StepContext]:
-        """Count every request's verify step (traced totals), decide sampling, copy the sampled verify
-        rows of the aux hidden states; the context the draft hooks fill."""
+        """Count every request's verify step (traced totals), decide sampling, copy the sampled verify rows
+        (aux hidden states, the target's top-k), pair them with the draft's top-k of the step before; the
+        context the draft hooks fill."""
         now, rate, stride = time.time(), self.config.sample_rate, self.config.step_stride
         so, spec, kept = a["scheduler_output"], a["spec_decode_metadata"], _host_ids(a["sampled_token_ids"])
         drafts = spec.num_draft_tokens if spec is not None else None
         done = [rid for rid in so.finished_req_ids if rid in self.first_seen]
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             self._report_traced(done)
-        picks, verify, aux_rows, start = [], [], [], 0
+        picks, verify, rows, start = [], [], [], 0
         for i, rid in enumerate(runner.input_batch.req_ids):
             n = so.num_scheduled_tokens.get(rid, 0)
             if rid not in self.first_seen:
@@ -161,11 +163,11 @@ class VLLMTracer:
                 if request_sampled(rid, rate):
                     self.sampled[rid] = 0
             d = drafts[i] if drafts else 0
-            row = [t for t in kept[i] if t >= 0] if d and kept is not None else None
-            if row:
+            accepted = [t for t in kept[i] if t >= 0] if d and kept is not None else None  # then the bonus
+            if accepted:
                 totals = self.traced.setdefault(rid, [0, 0, 0])
                 totals[0] += 1
-                totals[1] += len(row) - 1
+                totals[1] += len(accepted) - 1
                 totals[2] += d
             step = self.sampled.get(rid)
             if step is not None:
@@ -173,31 +175,40 @@ class VLLMTracer:
                     self.sampled[rid] = step + 1
                 if step_sampled(step, stride):
                     picks.append(Pick(i, rid, step, "draft_extend" if d else "prefill"))
-                    if row:
-                        mine = list(range(len(aux_rows), len(aux_rows) + n))
-                        aux_rows.extend(range(start, start + n))
+                    if accepted:
+                        mine = list(range(len(rows), len(rows) + n))
+                        rows.extend(range(start, start + n))
                         verify.append(vllm_records.VerifyStep(rid, step, None,
                                                               list(so.scheduled_spec_decode_tokens.get(rid, [])),
-                                                              row, mine))
+                                                              accepted, mine, self.proposed.pop(rid, None)))
             start += n
         if not picks:
             return None
-        aux_list = a["aux_hidden_states"]
-        aux, layout = None, (None, 0, None)
-        if aux_rows and aux_list:
-            index = torch.tensor(aux_rows, dtype=torch.int64)
-            joined = torch.cat([h.index_select(0, index) for h in aux_list], -1)
-            aux = host_rows(joined, range(len(aux_rows)), chunk_width=int(aux_list[0].shape[-1]), logits=None,
-                            topk=self.config.topk)
-            layout = (int(aux_list[0].shape[-1]), len(aux_list), _dtype(aux_list[0]))
-        return StepContext(picks, verify, aux, layout, now)
+        return StepContext(picks, verify, *self._target_rows(runner, a, rows), now)
+
+    def _target_rows(self, runner, a: Dict[str, Any], rows: List[int]) -> tuple:
+        """(copies, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
+        target's top-k there, its logits recomputed off the forward pass (its own ``compute_logits`` on these
+        rows only)."""
+        if not rows:
+            return None, (None, 0, None)
+        index = torch.tensor(rows, dtype=torch.int64)
+        logits = runner.model.compute_logits(a["hidden_states"].index_select(0, index))
+        aux = a["aux_hidden_states"]
+        if not aux:
+            return (host_rows(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,
+                              topk=self.config.topk, stats=False), (None, 0, None))
+        joined = torch.cat([h.index_select(0, index) for h in aux], -1)
+        H = int(aux[0].shape[-1])
+        return (host_rows(joined, range(len(rows)), chunk_width=H, logits=logits, topk=self.config.topk),
+                (H, len(aux), _dtype(aux[0])))
 
     def after_propose(self, ctx: StepContext) -> None:
         if not ctx.verify:
             return
         steps = [s._replace(seq_pos=ctx.seq_pos.get(s.rid)) for s in ctx.verify]
-        self.transport.submit("verify", vllm_records.verify, steps, ctx.aux, ctx.now, *ctx.aux_layout,
-                              pendings=(ctx.aux,))
+        self.transport.submit("verify", vllm_records.verify, steps, ctx.target, ctx.now, *ctx.layout,
+                              pendings=(ctx.target,))
 
     def on_draft_input(self, ctx: StepContext, a: Dict[str, Any]) -> None:
         """Copy the rows of what the draft receives (``target_hidden_states``) for the sampled requests:
@@ -224,8 +235,19 @@ class VLLMTracer:
         ctx.p_fc = host_rows(out, ctx.rows, chunk_width=int(out.shape[-1]), logits=None, topk=self.config.topk)
         ctx.fc_dtype = _dtype(out)
 
+    def on_draft_logits(self, ctx: StepContext, logits: torch.Tensor) -> None:
+        """The draft's top-k at one draft position, at the picks' rows (its ids already target ids: vLLM's
+        ``compute_logits`` spreads the draft vocabulary over the target's through ``d2t``)."""
+        rows = [p.index for p in ctx.picks]
+        if rows and max(rows) < logits.shape[0]:
+            ctx.draft_topk.append(host_rows(logits, rows, chunk_width=int(logits.shape[-1]), logits=logits,
+                                            topk=self.config.topk, stats=False))
+
     def after_draft(self, ctx: StepContext) -> None:
         """``draft.input`` (+ ``target.aux[i]`` of a prompt) and ``draft.fc.out``, one call per phase."""
+        if ctx.draft_topk:  # what this step drafted is verified at the request's next step
+            copies = tuple(ctx.draft_topk)
+            self.proposed.update({p.rid: (copies, j) for j, p in enumerate(ctx.picks)})
         if ctx.p_in is None:
             return
         H = self.hidden or ctx.width
@@ -261,6 +283,7 @@ class VLLMTracer:
                   "started_at": getattr(request, "arrival_time", None), "finished_at": time.time(),
                   "finish_reason": _finish_reason(request),
                   "spec_verify_ct": counted[0], "spec_accepted_drafts": counted[1], "spec_proposed_drafts": counted[2]}
+        self.proposed.pop(rid, None)
         traced = self.traced.pop(rid, None)
         if traced is not None or rid in self.sampled:
             traced = traced or [0, 0, 0]
@@ -276,6 +299,7 @@ class VLLMTracer:
         for rid in rids:
             traced = self.traced.pop(rid, [0, 0, 0])
             self.first_seen.pop(rid, None)
+            self.proposed.pop(rid, None)
             out.append({"rid": rid, "sampled": self.sampled.pop(rid, None) is not None, "traced_verify_ct": traced[0],
                         "traced_accepted_drafts": traced[1], "traced_proposed_drafts": traced[2]})
         if out:
