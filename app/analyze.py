@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ from draftscope.spec import SpecError, TargetSpec, expect_sglang, read_draft, re
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
 from draftscope.stats import fold_run_stats, observation, update_run_stats
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope_tracer.redact import redact_server_args
 
+RUN_LOCK_CLASS = 0x6473  # advisory lock (class, hashtext(run_id)): one refresh of a run at a time
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
 _FINDINGS = models.Finding.__table__
@@ -31,9 +33,30 @@ def refresh_run(engine: sa.Engine, run_id: str) -> list[Finding] | None:
     Replaces the run's static and runtime findings when they changed (tracer-recorded findings
     without a source stay).
 
-    Returns the findings, or None when the run does not exist or its batches carried findings of
-    their own (an imported bundle: diagnosed once, on import), which are kept as they came.
+    Returns the findings, or None when the run does not exist, when its batches carried findings
+    of their own (an imported bundle: diagnosed once, on import), which are kept as they came, or
+    when another dashboard process on the same PostgreSQL store is refreshing it right now
+    (``_run_lock``: that refresh folds these batches; a later batch is seen by both processes'
+    polls).
     """
+    with _run_lock(engine, run_id) as mine:
+        return _refresh(engine, run_id) if mine else None
+
+
+@contextlib.contextmanager
+def _run_lock(engine: sa.Engine, run_id: str) -> Iterator[bool]:
+    """On PostgreSQL, a transaction-scoped advisory lock on ``run_id`` held on a connection of its
+    own for the whole refresh; yields False, at once, when another process holds it. SQLite's
+    writers are serialised by ``BEGIN IMMEDIATE``, and an unchanged diagnosis writes nothing."""
+    if engine.dialect.name != "postgresql":
+        yield True
+        return
+    with engine.connect() as conn, conn.begin():
+        yield conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(
+            RUN_LOCK_CLASS, sa.func.hashtext(run_id)))).scalar_one()
+
+
+def _refresh(engine: sa.Engine, run_id: str) -> list[Finding] | None:
     update_run_stats(engine, run_id)
     with engine.connect() as conn:
         run = _run(conn, run_id)

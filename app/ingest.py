@@ -210,7 +210,8 @@ class BatchWriter:
         return conn.execute(stmt).first() is not None
 
     def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
-        """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key.
+        """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key (a run marked
+        ``pruning`` keeps that status).
 
         ``server_args`` and ``tracer_config`` pass the tracer's allow-lists here too: a tracer from
         before them sends them whole."""
@@ -221,6 +222,8 @@ class BatchWriter:
             return
         stored = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id).with_for_update()).one()
         changes = {k: v for k, v in record.items() if v is not None}
+        if stored.status == "pruning":  # being deleted (``retention``): a late record does not bring it back
+            changes.pop("status", None)
         if record.get("facts") is not None:
             changes["facts"] = {**(stored.facts or {}), **record["facts"]}
         if changes:

@@ -23,11 +23,11 @@ def prune(
     vacuum: Annotated[bool, typer.Option("--vacuum", help="Afterwards rewrite the store with a full VACUUM: once for a SQLite store made before schema 0004, to switch incremental auto-vacuum on (blocks writers while it runs).")] = False,
     db_url: Annotated[Optional[str], typer.Option("--db", help="Database URL (default: DRAFTSCOPE_DATABASE_URL or sqlite:///./var/draftscope.db).")] = None,
 ) -> None:
-    """Delete whole runs, each with all its rows in one transaction.
+    """Delete whole runs: each is hidden from every page first, then its rows go in short transactions.
 
     A run still being written (running with data in the last hour, or any batch in the last minute) is never deleted.
 
-    SQLite gives the freed pages back to the file system in small steps.
+    SQLite gives the freed pages back to the file system in small steps; ingest keeps going meanwhile.
 
     The dashboard does this by itself with DRAFTSCOPE_RETAIN_MAX_BYTES and DRAFTSCOPE_RETAIN_DAYS.
 

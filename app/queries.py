@@ -8,9 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from draftscope import models, stats
+from draftscope import models, retention, stats
 from draftscope.spec_diff import expected_widths
-from draftscope_tracer.transport.redact import redact_server_args, redact_tracer_config
+from draftscope_tracer.redact import redact_server_args, redact_tracer_config
 
 _RUNS = models.Run.__table__
 _BATCHES = models.IngestBatch.__table__
@@ -118,7 +118,7 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
                "last_batch_at": last, "state": state,
                "drops": _latest_health("drops"), "requests_lost": _latest_health("requests_lost")}
     query = sa.select(*(c.label(k) for k, c in columns.items())).select_from(
-        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id))
+        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id)).where(_RUNS.c.status != retention.PRUNING)
     sorts = {k: columns[k] for k in RUN_SORTS}
     sorts["worst_severity"] = sa.case((columns["worst_severity"].is_(None), None),
                                       else_=-_severity_rank(columns["worst_severity"]))
@@ -150,11 +150,12 @@ RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "ta
 
 
 def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
-    """Every stored field of the run and its ``state`` (``run_state``), or None. ``server_args`` and
+    """Every stored field of the run and its ``state`` (``run_state``), or None (also for a run being
+    pruned: ``retention.PRUNING``, gone to readers while its rows go in chunks). ``server_args`` and
     ``tracer_config`` pass the tracer's allow-lists on the way out (``safe_run``), so a run stored before them
     shows no secret."""
     row = conn.execute(sa.select(_RUNS, run_state(_last_batch()).label("state"))
-                       .where(_RUNS.c.id == run_id)).mappings().first()
+                       .where(_RUNS.c.id == run_id, _RUNS.c.status != retention.PRUNING)).mappings().first()
     if row is None:
         return None
     return safe_run(dict(row))
@@ -242,11 +243,12 @@ def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     """Request ids with verify steps but no request row: still running, or their finish record was
     dropped. Each with its stored steps (count, first and last index) and when the first was taken.
     From the run's aggregates (``steps.rid``), so current as of the last refresh."""
-    rows = sa.select(_REQUESTS.c.rid).where(_REQUESTS.c.run_id == run_id)
+    orphan = sa.select(_BINS.c.key).where(_BINS.c.run_id == run_id, _BINS.c.series == stats.ORPHANS)
     query = (sa.select(_BINS.c.key.label("rid"), _BINS.c.n.label("sampled_steps"),
                        sa.cast(_BINS.c.lo, sa.Integer).label("first_step"),
                        sa.cast(_BINS.c.hi, sa.Integer).label("last_step"))
-             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.key.not_in(rows))
+             .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                    _BINS.c.key.in_(orphan))
              .limit(MAX_REQUESTS_SHOWN))
     orphans = [dict(row) for row in conn.execute(query).mappings()]
     if orphans:
@@ -318,12 +320,12 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
 
     Each row: the request's stored fields, ``spec_accept_length``, ``mismatches`` (counters that
     differ), ``traced_accept_length`` and ``sampled_steps`` (mean accept_len and count of its
-    stored verify steps; read for this page's requests only), ``expected_steps`` and
+    stored verify steps, from the run's aggregates: current as of the last refresh), ``expected_steps`` and
     ``missing_steps`` (``_with_completeness``), ``finding_rules`` (rule ids of the findings
     naming it).
     """
     R = _REQUESTS.c
-    accept = sa.cast(R.output_len, sa.Float) / sa.func.nullif(R.spec_verify_ct, 0)
+    accept = sa.literal_column(models.ACCEPT_LENGTH_SQL, sa.Float)  # as its index has it
     where = [R.run_id == run_id]
     if accept_min is not None:
         where.append(accept >= accept_min)
@@ -348,13 +350,15 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
     rows = [_with_accept_stats(dict(r)) for r in conn.execute(query).mappings()]
     rids = [r["rid"] for r in rows]
     if rids:
-        mean_accept = sa.cast(sa.func.avg(_STEPS.c.accept_len), sa.Float)  # PostgreSQL: not Decimal
-        steps = {rid: (mean, n) for rid, mean, n in conn.execute(
-            sa.select(_STEPS.c.rid, mean_accept, sa.func.count())
-            .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.in_(rids)).group_by(_STEPS.c.rid))}
+        steps = {}  # from the run's aggregates (``steps.rid``): a CSV of every request reads no step
+        for i in range(0, len(rids), 500):
+            steps.update((rid, (total / n, n)) for rid, total, n in conn.execute(
+                sa.select(_BINS.c.key, _BINS.c.total, _BINS.c.n)
+                .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                       _BINS.c.key.in_(rids[i:i + 500]))))
         rules: dict[str, list[str]] = {}
         for rid, rule in conn.execute(sa.select(_FINDINGS.c.rid, _FINDINGS.c.rule_id).distinct()
-                                      .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.in_(rids))
+                                      .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.is_not(None))
                                       .order_by(_FINDINGS.c.rule_id)):
             rules.setdefault(rid, []).append(rule)
         stride = step_stride(get_run(conn, run_id) or {})

@@ -1,22 +1,34 @@
 """Keep the store bounded: delete whole runs, oldest first, never one that is still being written.
 
-A run goes in one transaction with every row that references it (each table with a foreign key to
-``runs``, bundle imports and aggregates included), so no half run is ever left. The size of a store
-is the bytes its live rows take: on SQLite the pages in use (``page_count - freelist_count``), on
-PostgreSQL the tuples' bytes (``pg_column_size``; indexes not counted). SQLite gives freed pages
-back in small ``incremental_vacuum`` steps, each its own short write transaction, so ingest waits
-for one step at most, with a WAL checkpoint every few steps so the WAL does not grow by what moves; a store made before incremental auto-vacuum (schema 0004) reuses freed pages
-but only shrinks after one full ``vacuum``.
+No write transaction of retention holds the store for long, so a live run's ingest keeps going:
+
+- A run is first marked (``runs.status`` set to ``PRUNING``, one short transaction that also checks
+  it is not being written); from then on every page, the API and bundle export treat it as gone.
+  Its rows then go in chunks, each table children first, each chunk its own short transaction; the
+  run row goes last with whatever is left of it (rows a late batch added), so no reader ever sees
+  half a run and no row outlives its run. A prune that stopped half way finishes a marked run first.
+- SQLite gives freed pages back in small ``incremental_vacuum`` steps, each its own transaction.
+- Each chunk and step is sized to hold the write lock about ``STEP_TARGET_S``; after it, a PASSIVE
+  checkpoint copies the WAL back (it waits for no one and blocks no writer, so the WAL stays small
+  and a writer's commit has little to checkpoint), and retention pauses at least as long as it held
+  the lock, so a writer waiting in its busy handler gets the lock at its next try. One TRUNCATE
+  checkpoint at the end empties the WAL file, given up after ``TRUNCATE_BUSY_MS`` if anyone is busy.
+
+The size of a store is the bytes its live rows take: on SQLite the pages in use
+(``page_count - freelist_count``), on PostgreSQL the tuples' bytes (``pg_column_size``; indexes not
+counted). A SQLite store made before incremental auto-vacuum (schema 0004) reuses freed pages but
+only shrinks after one full ``vacuum``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 import sqlalchemy as sa
 from sqlmodel import SQLModel
 
@@ -28,8 +40,12 @@ _BATCHES = models.IngestBatch.__table__
 _STATS = models.RunStats.__table__
 WRITING_WINDOW_S = 3600.0  # a running run with data this recent may still be written (a tracer's outage)
 RECENT_S = 60.0  # any run with a batch this recent is being written (an import, a late final batch)
-VACUUM_STEP_PAGES = 2048  # pages per incremental_vacuum step (8 MiB at 4 KiB pages)
-CHECKPOINT_EVERY = 16  # steps between WAL checkpoints, so the WAL stays within ~128 MiB
+PRUNING = "pruning"  # runs.status of a run being deleted: pages, the API and export treat it as gone
+STEP_TARGET_S = 0.05  # each delete chunk or vacuum step is sized to hold the write lock about this long
+PAUSE_MIN_S = 0.01  # and is followed by a pause at least this long, and at least as long as it held it
+DELETE_CHUNK_ROWS = (200, 2000, 50_000)  # rows per delete transaction: fewest, first, most
+VACUUM_STEP_PAGES = (16, 256, 8192)  # pages per incremental_vacuum step: fewest, first, most (4 KiB each)
+TRUNCATE_BUSY_MS = 200  # the final TRUNCATE checkpoint waits at most this for readers and writers
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -91,8 +107,8 @@ def stored_runs(conn: sa.Connection, now: float, run_id: str | None = None) -> l
     runs = []
     for r in conn.execute(query):
         last = r.last or r.ended_at or r.started_at
-        writing = (r.last is not None and r.last > now - RECENT_S) or \
-            (r.status == "running" and last > now - WRITING_WINDOW_S)
+        writing = r.status != PRUNING and ((r.last is not None and r.last > now - RECENT_S) or
+                                           (r.status == "running" and last > now - WRITING_WINDOW_S))
         runs.append(StoredRun(r.id, r.status, r.started_at, last, int(r.rows or 0), writing))
     return sorted(runs, key=lambda run: (run.last_at, run.id))
 
@@ -114,21 +130,128 @@ def run_tables() -> list[sa.Table]:
             if any(fk.column.table is _RUNS for fk in t.foreign_keys)]
 
 
-def delete_run(engine: sa.Engine, run_id: str, now: float | None = None) -> bool:
-    """Delete the run and every row of it in one write transaction; False (nothing deleted) when it
-    is being written or not stored. Lowers the aggregates' id watermarks past ids SQLite may reuse."""
-    with engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
+class _Pacer:
+    """Sizes retention's write transactions and lets other writers in between them (module docstring).
+
+    ``size`` is the next step's rows or pages: scaled after each step towards holding the write lock
+    ``STEP_TARGET_S``, within (fewest, most). On SQLite each step is followed by a PASSIVE checkpoint
+    and a pause until at least ``max(held, PAUSE_MIN_S)`` has passed since it committed (PostgreSQL
+    has no single write lock to hand over: no pause)."""
+
+    def __init__(self, engine: sa.Engine, sizes: tuple[int, int, int], kind: str):
+        self.kind = kind
+        self.fewest, self.size, self.most = sizes
+        self._raw = engine.raw_connection() if engine.dialect.name == "sqlite" else None
+        self._partial = False
+
+    def partial(self) -> None:
+        """The step now running did less than ``size`` (a table's last chunk): do not grow on it."""
+        self._partial = True
+
+    @contextmanager
+    def step(self) -> Iterator[Callable[[], None]]:
+        """Time one write transaction (the caller's, inside this block: it calls what this yields
+        once it holds the write lock, else the block's start counts); then checkpoint, resize, pause."""
+        start = [time.perf_counter()]
+        yield lambda: start.__setitem__(0, time.perf_counter())
+        held = time.perf_counter() - start[0]
+        log.debug("draftscope: retention %s of %d took %.3f s", self.kind, self.size, held,
+                  extra={"step": (self.kind, held)})
+        resume = time.perf_counter() + max(held, PAUSE_MIN_S)
+        scale = min(max(STEP_TARGET_S / max(held, 1e-4), 0.5), 2.0)  # halve or double at most
+        if scale < 1 or not self._partial:  # a short last chunk says nothing about a full one
+            self.size = int(min(max(self.size * scale, self.fewest), self.most))
+        self._partial = False
+        if self._raw is not None:
+            self.checkpoint("PASSIVE")
+            time.sleep(max(resume - time.perf_counter(), 0.0))
+
+    def checkpoint(self, mode: str, busy_ms: int | None = None) -> None:
+        """SQLite: ``wal_checkpoint(mode)``, waiting at most ``busy_ms`` for others when given."""
+        if self._raw is None:
+            return
+        cur = self._raw.cursor()
+        start = time.perf_counter()
+        if busy_ms is not None:
+            cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
+        try:
+            cur.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+        finally:
+            if busy_ms is not None:
+                cur.execute("PRAGMA busy_timeout=30000")
+        seconds = time.perf_counter() - start
+        log.debug("draftscope: retention checkpoint %s took %.3f s", mode, seconds,
+                  extra={"step": (f"checkpoint {mode}", seconds)})
+
+    def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+
+
+def _write(engine: sa.Engine) -> sa.Connection:
+    return engine.connect().execution_options(draftscope_write=True)
+
+
+def _lower_watermarks(conn: sa.Connection) -> None:
+    """Lower the aggregates' id watermarks past ids SQLite may reuse once the highest rows are gone."""
+    for column, table in ((_STATS.c.step_id_max, models.VerifyStep.__table__),
+                          (_STATS.c.sample_id_max, models.TensorSample.__table__)):
+        top = sa.select(sa.func.coalesce(sa.func.max(table.c.id), 0)).scalar_subquery()
+        conn.execute(_STATS.update().where(column > top).values({column: top}))
+
+
+def mark_run(engine: sa.Engine, run_id: str, now: float | None = None) -> bool:
+    """Mark the run ``PRUNING`` (from then on it is gone to every reader); False (nothing marked)
+    when it is being written or not stored. One short transaction."""
+    with _write(engine) as conn, conn.begin():
         runs = stored_runs(conn, time.time() if now is None else now, run_id)
         if not runs or runs[0].writing:
             return False
-        for table in run_tables():
-            conn.execute(table.delete().where(table.c.run_id == run_id))
-        conn.execute(_RUNS.delete().where(_RUNS.c.id == run_id))
-        for column, table in ((_STATS.c.step_id_max, models.VerifyStep.__table__),
-                              (_STATS.c.sample_id_max, models.TensorSample.__table__)):
-            top = sa.select(sa.func.coalesce(sa.func.max(table.c.id), 0)).scalar_subquery()
-            conn.execute(_STATS.update().where(column > top).values({column: top}))
+        conn.execute(_RUNS.update().where(_RUNS.c.id == run_id).values(status=PRUNING))
     return True
+
+
+def delete_run(engine: sa.Engine, run_id: str, now: float | None = None) -> bool:
+    """Delete the run and every row of it (module docstring): mark it, then its rows in chunks, each
+    its own short transaction, then the run row; False (nothing deleted) when it is being written or
+    not stored."""
+    if not mark_run(engine, run_id, now):
+        return False
+    delete_marked(engine, run_id)
+    return True
+
+
+def delete_marked(engine: sa.Engine, run_id: str) -> None:
+    """The rows of a run marked ``PRUNING``, in chunks, children first; the run row last."""
+    pacer = _Pacer(engine, DELETE_CHUNK_ROWS, "delete chunk")
+    try:
+        for table in run_tables():
+            key = list(table.primary_key.columns)
+            while True:
+                with pacer.step() as locked, _write(engine) as conn, conn.begin():
+                    locked()
+                    rows = pacer.size
+                    where = table.c.run_id == run_id
+                    if len(key) == 1:  # else a run's few aggregate rows: at once
+                        where = key[0].in_(sa.select(key[0]).where(where).limit(rows))
+                    deleted = conn.execute(table.delete().where(where)).rowcount
+                    if deleted < rows:
+                        pacer.partial()
+                    # a late batch may have re-written the run record: it stays hidden
+                    conn.execute(_RUNS.update().where(_RUNS.c.id == run_id, _RUNS.c.status != PRUNING)
+                                 .values(status=PRUNING))
+                    _lower_watermarks(conn)
+                if len(key) != 1 or deleted < rows:
+                    break
+        with pacer.step() as locked, _write(engine) as conn, conn.begin():
+            locked()
+            for table in run_tables():  # what a late batch added since its table was done
+                conn.execute(table.delete().where(table.c.run_id == run_id))
+            conn.execute(_RUNS.delete().where(_RUNS.c.id == run_id))
+            _lower_watermarks(conn)
+    finally:
+        pacer.close()
 
 
 def prune(engine: sa.Engine, *, older_than_s: float | None = None, max_bytes: int | None = None,
@@ -154,7 +277,6 @@ def prune(engine: sa.Engine, *, older_than_s: float | None = None, max_bytes: in
                 report.deleted.append((run, estimate))
             elif delete_run(engine, run.id, now):
                 report.deleted.append((run, estimate))
-                _checkpoint(engine)
                 log.info("draftscope: pruned run %s (last data %s, ~%d bytes)", run.id,
                          time.strftime("%Y-%m-%d %H:%M", time.gmtime(run.last_at)), estimate)
             else:
@@ -176,7 +298,8 @@ def _select(runs: list[StoredRun], size: int, report: PruneReport, older_than_s:
     by_id = {r.id: r for r in runs}
     report.unknown = [i for i in run_ids if i not in by_id and i not in report.unknown
                       and i not in {run.id for run, _ in report.deleted}]
-    chosen = [by_id[i] for i in dict.fromkeys(run_ids) if i in by_id]
+    chosen = [r for r in runs if r.status == PRUNING]  # a prune stopped half way: finish it
+    chosen += [by_id[i] for i in dict.fromkeys(run_ids) if i in by_id]
     if older_than_s is not None:
         chosen += [r for r in runs if r.last_at < now - older_than_s]
     left = size - sum(estimate[r.id] for r in chosen if not r.writing)
@@ -197,40 +320,37 @@ def _select(runs: list[StoredRun], size: int, report: PruneReport, older_than_s:
     return victims
 
 
-def reclaim(engine: sa.Engine, step_pages: int = VACUUM_STEP_PAGES) -> int:
-    """SQLite: give free pages back to the file system, ``step_pages`` per short write transaction
-    (a store without incremental auto-vacuum keeps them for reuse). Returns the pages freed; 0 on
-    PostgreSQL, whose autovacuum makes deleted rows' space reusable."""
+def reclaim(engine: sa.Engine) -> int:
+    """SQLite: give free pages back to the file system in short ``incremental_vacuum`` steps (module
+    docstring; a store without incremental auto-vacuum keeps them for reuse). Returns the pages
+    freed; 0 on PostgreSQL, whose autovacuum makes deleted rows' space reusable."""
     if engine.dialect.name != "sqlite":
         return 0
     freed = 0
+    pacer = _Pacer(engine, VACUUM_STEP_PAGES, "incremental_vacuum step")
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
         if cur.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
             return 0
-        for step in itertools.count(1):
+        while True:
             before = cur.execute("PRAGMA freelist_count").fetchone()[0]
             if not before:
                 break
-            cur.execute(f"PRAGMA incremental_vacuum({int(step_pages)})").fetchall()
+            with pacer.step():  # its own transaction (the connection is in autocommit); execute()
+                # would free one page only: sqlite3 steps a statement without columns once
+                cur.executescript(f"PRAGMA incremental_vacuum({pacer.size});")
+                if before < pacer.size:
+                    pacer.partial()
             after = cur.execute("PRAGMA freelist_count").fetchone()[0]
             freed += before - after
             if after >= before:
                 break
-            if step % CHECKPOINT_EVERY == 0:  # else moved pages pile up in the WAL: disk it may not have
-                cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # the file shrinks here
+        pacer.checkpoint("TRUNCATE", busy_ms=TRUNCATE_BUSY_MS)  # empties the WAL file unless busy
     finally:
         raw.close()
+        pacer.close()
     return freed
-
-
-def _checkpoint(engine: sa.Engine) -> None:
-    """SQLite: copy the WAL back and empty it, so a prune's deletes do not pile up in it."""
-    if engine.dialect.name == "sqlite":
-        with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").all()
 
 
 def vacuum(engine: sa.Engine) -> None:

@@ -12,7 +12,7 @@ from draftscope.spec import (DraftFeatureSpec, SpecError, TargetSpec, expect_sgl
                              read_target)
 from draftscope.spec.describe import SpecRow, describe_spec
 from draftscope.spec.target import check_target_matches
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope_tracer.redact import redact_server_args
 
 
 def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec] | None = None

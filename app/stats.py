@@ -32,6 +32,7 @@ _BATCHES = models.IngestBatch.__table__
 _HEALTH = models.TracerHealth.__table__
 _RUNS = models.Run.__table__
 TIME_SERIES = ("steps.time", "steps.time_seq", "norms.time")
+ORPHANS = "steps.orphan"  # a set: rids with verify steps but no request row, kept whole on each fold
 
 
 def _insert(conn: sa.Connection):
@@ -115,6 +116,7 @@ def _read(conn: sa.Connection, run_id: str, step_hi: int, sample_hi: int) -> tup
     step_hi, sample_hi = max(step_hi, stats["step_id_max"]), max(sample_hi, stats["sample_id_max"])
     fold = _Fold(conn, run_id, stats, step_hi, sample_hi)
     fold.read()
+    fold.read_orphans()
     return fold, _request_totals(conn, run_id)
 
 
@@ -139,6 +141,8 @@ class _Fold:
         self.sample_where = _run_rows(_SAMPLES, run_id, stats["sample_id_max"], sample_hi)
         self.new.update(step_id_max=step_hi, sample_id_max=sample_hi)
         self.bins: list[dict[str, Any]] = []
+        self.step_rids: set[str] = set()  # rids of the new steps
+        self.orphans: set[str] | None = None  # the run's rids with steps but no request row
 
     def read(self) -> None:
         conn, s = self.conn, self.new
@@ -161,6 +165,20 @@ class _Fold:
             self._steps(steps)
         if samples[0]:
             self._samples()
+
+    def read_orphans(self) -> None:
+        """The run's orphans (``ORPHANS``): the last ones and the new steps' rids, less those that
+        now have a request row. Request rows are never deleted, so no other rid can be one."""
+        stored = set(self.conn.execute(sa.select(_BINS.c.key).where(
+            _BINS.c.run_id == self.run_id, _BINS.c.series == ORPHANS)).scalars())
+        candidates = sorted(stored | self.step_rids)
+        rowed: set[str] = set()
+        for i in range(0, len(candidates), 500):
+            rowed.update(self.conn.execute(sa.select(_REQUESTS.c.rid).where(
+                _REQUESTS.c.run_id == self.run_id, _REQUESTS.c.rid.in_(candidates[i:i + 500]))).scalars())
+        self.orphans = set(candidates) - rowed
+        if self.orphans == stored:
+            self.orphans = None  # unchanged: nothing to write
 
     def _bin(self, series: str, key: str, bucket: int, n: int, total: float = 0.0,
              lo: float | None = None, hi: float | None = None) -> None:
@@ -206,6 +224,7 @@ class _Fold:
                           *(sa.func.sum(sa.case((c, 1), else_=0)) for c in lost.values()))
                 .where(*where).group_by(_STEPS.c.rid)):
             self._bin("steps.rid", rid, 0, n, total, lo, hi)
+            self.step_rids.add(rid)
             for part, k in zip(lost, gaps):
                 if k:  # steps that lost part of their top-k (topk_gaps)
                     self._bin(topk_gaps.SERIES, f"{part}|{rid}", 0, k)
@@ -253,6 +272,10 @@ class _Fold:
             self._rebin(conn, series, old["time_bin_s"], s["time_bin_s"])
         self._rebin(conn, "steps.seq_pos", old["seq_bin"], s["seq_bin"])
         self._add_bins(conn, self.bins)
+        if self.orphans is not None:
+            conn.execute(_BINS.delete().where(_BINS.c.run_id == self.run_id, _BINS.c.series == ORPHANS))
+            self._add_bins(conn, [{"run_id": self.run_id, "series": ORPHANS, "key": rid, "bucket": 0,
+                                   "n": 0, "total": 0.0, "lo": None, "hi": None} for rid in self.orphans])
         s.update(batches_seen=batches[0], last_batch_at=batches[1], updated_at=time.time(),
                  requests_count=requests.pop("requests"), request_totals=requests,
                  traced_accept_length=s["accept_len_sum"] / s["verify_steps"] if s["verify_steps"] else None,

@@ -14,12 +14,19 @@
    prints p50 / p95 / max of the server time, rounds alternating between the live run posting and
    paused (SIGSTOP), the p95 of the wall time on loopback, and the page weight: HTML bytes, plus
    the JS and CSS files it links from /static/ (each counted once).
+   Before that, small runs are added until the store holds --runs runs (the runs list at scale),
+   and once their aggregates are folded the dashboard is restarted: the first load of each page is
+   its first view in a freshly started process.
 5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
    paused), and the CPU time of each data-layer query behind the pages, called in this process on
    the same store (the best of 5); machine load inflates CPU time far less than wall time.
+6. Store bytes per verify step, by table and index, and by column of the steps and samples tables
+   (SQLite: ``dbstat``; PostgreSQL: relation sizes and ``pg_column_size``).
 
     .venv/bin/python bench/page_bench.py --keep               # 10,000 requests, 1,000,000 steps
+    .venv/bin/python bench/page_bench.py --keep --requests 100000   # 10,000,000 steps (~9 GB)
     .venv/bin/python bench/page_bench.py --store DIR          # again on a kept store (no fill)
+    .venv/bin/python bench/page_bench.py --postgres           # the same on a throwaway PostgreSQL
     .venv/bin/python bench/page_bench.py --requests 500       # a quick look
 """
 
@@ -252,7 +259,7 @@ def measure(conn: http.client.HTTPConnection, pages: dict[str, str], rounds: int
               f" {p95(busy):>6.0f} {busy[-1]:>6.0f} {statistics.median(idle):>6.0f} {p95(idle):>6.0f}"
               f" {cpu[name] * 1000 / max(1, len(server[name, False])):>5.0f} {p95(walls):>6.0f}"
               f" {html:>9,} {assets:>8,}")
-    print(f"(ms of server time (Server-Timing). first: the first load; p50/p95/max: {rounds // 2} "
+    print(f"(ms of server time (Server-Timing). first: the first load in a freshly started process; p50/p95/max: {rounds // 2} "
           f"loads while the live run is posted; idle50/idle95: {rounds - rounds // 2} loads with it "
           "paused, interleaved; cpu: the dashboard process's CPU ms per load while paused; wall95: "
           "p95 of the wall time on loopback, all loads. Bytes: the response; JS+CSS: the /static/ "
@@ -296,6 +303,67 @@ def profile_queries(url: str, big: str, rid: str) -> None:
     engine.dispose()
 
 
+def add_runs(url: str, runs: int) -> None:
+    """Small runs (5 requests x 10 steps each) until the store holds ``runs`` runs."""
+    from draftscope import db, models
+    from draftscope.ingest import BatchWriter
+
+    import sqlalchemy as sa
+
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        have = conn.execute(sa.select(sa.func.count()).select_from(models.Run.__table__)).scalar_one()
+    writer, rng, t0 = BatchWriter(engine), random.Random(2), time.time() - 86400
+    for i in range(have, runs):
+        run_id = uuid.uuid4().hex
+        writer.write(request_batch(run_id, [f"small-{k}" for k in range(5)], 10, t0 + 60 * i, rng,
+                                   run={**run_record(t0 + 60 * i), "status": "ended"}))
+    if runs > have:
+        print(f"runs list: {runs - have:,} small runs added ({runs:,} in the store)")
+    engine.dispose()
+
+
+def store_bytes(url: str) -> None:
+    """Bytes per verify step (of all the store's runs) by table and index, and by column of the
+    steps and samples tables."""
+    import sqlalchemy as sa
+
+    from draftscope import db, models
+
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        steps = conn.execute(sa.select(sa.func.sum(models.RunStats.__table__.c.verify_steps))).scalar_one()
+        if conn.dialect.name == "sqlite":
+            sizes = conn.exec_driver_sql("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").all()
+            column_size = "CASE typeof({c}) WHEN 'null' THEN 0 WHEN 'real' THEN 8 WHEN 'integer' THEN " \
+                          "(CASE WHEN {c} BETWEEN 0 AND 1 THEN 0 WHEN {c} BETWEEN -128 AND 127 THEN 1 " \
+                          "WHEN {c} BETWEEN -32768 AND 32767 THEN 2 WHEN {c} BETWEEN -8388608 AND 8388607 " \
+                          "THEN 3 WHEN {c} BETWEEN -2147483648 AND 2147483647 THEN 4 ELSE 8 END) " \
+                          "ELSE length(CAST({c} AS BLOB)) END"
+        else:
+            sizes = conn.exec_driver_sql(
+                "SELECT c.relname, pg_relation_size(c.oid) + COALESCE(pg_relation_size(c.reltoastrelid), 0) "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i')").all()
+            column_size = "COALESCE(pg_column_size({c}), 0)"
+        total = sum(b for _, b in sizes)
+        print(f"\nstore: {total / 1e9:.2f} GB, {total / steps:,.0f} bytes per verify step "
+              f"({steps:,} steps in all its runs; {conn.dialect.name})")
+        print(f"{'table or index':<36} {'bytes/step':>10} {'share':>6}")
+        for name, b in sorted(sizes, key=lambda x: -x[1]):
+            if b / steps >= 0.5:
+                print(f"{name:<36} {b / steps:>10,.1f} {b / total:>6.1%}")
+        for table, per_step in (("verify_steps", 1), ("tensor_samples", 2)):
+            columns = [c["name"] for c in sa.inspect(conn).get_columns(table)]
+            sums = conn.exec_driver_sql(
+                f"SELECT {', '.join(f'AVG({column_size.format(c=c)})' for c in columns)} "
+                f"FROM (SELECT * FROM {table} ORDER BY id DESC LIMIT 100000) AS recent").one()
+            shown = ", ".join(f"{c} {v * per_step:.1f}" for c, v in zip(columns, sums) if v)
+            print(f"{table} values per verify step (x{per_step} rows; bytes, the newest 100,000 rows): "
+                  f"{sum(v or 0 for v in sums) * per_step:.0f} = {shown}")
+    engine.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
@@ -304,6 +372,10 @@ def main() -> None:
     parser.add_argument("--ingest-rows-s", type=float, default=5000,
                         help="rows/s of the live run posted while pages are measured")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=1000,
+                        help="small runs added until the store holds this many (the runs list)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="a throwaway PostgreSQL server (Debian's binaries) instead of SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
     parser.add_argument("--store", type=Path, help="a folder a --keep run left: measure it, no fill")
     parser.add_argument("--live-run", help=argparse.SUPPRESS)
@@ -316,23 +388,93 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port)
         return
+    if args.postgres and (args.store or args.keep):
+        parser.error("--postgres runs on a throwaway server: no --store or --keep")
+    if args.postgres:
+        from tests.fixtures.store import create_database, postgres_cluster
+
+        with postgres_cluster(shared_buffers="1GB") as base:
+            bench(args, create_database(base, "pages"), None)
+        return
     tmp = args.store or Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
-    url, port = f"sqlite:///{tmp / 'pages.db'}", free_port()
+    try:
+        bench(args, f"sqlite:///{tmp / 'pages.db'}", tmp)
+    finally:
+        if args.keep or args.store:
+            print(f"store kept: --store {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_server(url: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", url, "--port", str(port)],
                               start_new_session=True)
-    live = None
+    wait_for_port(port, server)
+    return server, port
+
+
+def stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def biggest_run(url: str) -> str:
+    import sqlalchemy as sa
+
+    from draftscope import db, models
+
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        stats = models.RunStats.__table__
+        run_id = conn.execute(sa.select(stats.c.run_id).order_by(stats.c.verify_steps.desc()).limit(1)).scalar_one()
+    engine.dispose()
+    return run_id
+
+
+def all_folded(url: str, timeout_s: float) -> float:
+    """Seconds until every run's aggregates have counted all its batches."""
+    import sqlalchemy as sa
+
+    from draftscope import db, models
+    from draftscope.stats import batch_counts
+
+    engine, start = db.make_engine(url), time.perf_counter()
     try:
-        wait_for_port(port, server)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while time.perf_counter() - start < timeout_s:
+            with engine.connect() as conn:
+                counts = batch_counts(conn)
+                stats = models.RunStats.__table__
+                seen = dict(conn.execute(sa.select(stats.c.run_id, stats.c.batches_seen)).all())
+            if all(seen.get(r) == n for r, (n, _) in counts.items()):
+                return time.perf_counter() - start
+            time.sleep(0.5)
+        raise SystemExit(f"the dashboard's aggregates did not catch up in {timeout_s} s")
+    finally:
+        engine.dispose()
+
+
+def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
+    """Fill (unless --store), add small runs, restart the dashboard, measure, profile, count bytes."""
+    server = live = None
+    try:
         big, live_id = uuid.uuid4().hex, uuid.uuid4().hex
         steps = args.requests * args.steps_per_request
+        server, port = start_server(url)
         if args.store:
-            big = max(orjson.loads(get(conn, "/api/v1/runs")[1]), key=lambda r: r["steps_count"])["id"]
-            print(f"run {big} of {tmp}: measured again, no fill")
+            big = biggest_run(url)
+            print(f"run {big} of {store}: measured again, no fill")
         else:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
             fill(url, big, args)
-            print(f"aggregates caught up {wait_for(conn, big, steps, 600):.1f} s after the last batch")
+            print(f"aggregates caught up {wait_for(conn, big, steps, 3600):.1f} s after the last batch")
+        add_runs(url, args.runs)
+        print(f"every run's aggregates caught up {all_folded(url, 600):.1f} s later")
+        stop(server)
+        server, port = start_server(url)  # a cold process: no page rendered yet
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),
                                  "--ingest-rows-s", str(args.ingest_rows_s)], start_new_session=True)
         wait_for(conn, live_id, 1, 60)
@@ -348,18 +490,13 @@ def main() -> None:
         status, body, _, _ = get(conn, f"/api/v1/runs/{live_id}")
         print(f"live run after the bench: {orjson.loads(body)['summary']['acceptance']['verify_steps']:,}"
               f" verify steps folded; load average {os.getloadavg()[0]:.1f}")
+        stop(live)
+        live = None
         profile_queries(url, big, rid)
+        store_bytes(url)
     finally:
-        if live is not None:
-            os.killpg(live.pid, signal.SIGTERM)
-            live.wait(timeout=30)
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        if args.keep or args.store:
-            print(f"store kept: --store {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-
+        stop(live)
+        stop(server)
 
 if __name__ == "__main__":
     main()

@@ -10,15 +10,19 @@ large store, with the ingest latency a writer sees while the prune runs.
 3. Prunes to --prune-to (``retention.prune``: whole runs, oldest first) and gives the pages back
    (``retention.reclaim``), while a thread stores one small batch of a live run every 0.1 s through
    ``BatchWriter``; prints the time of each phase, the file size before and after, the largest
-   WAL seen, and that writer's latency (p50, p99, max) in each phase.
+   WAL seen, and that writer's latency (p50, p99, max) in each phase, its three slowest batches
+   split into the wait for the write lock (``BEGIN IMMEDIATE``) and the commit, and retention's own
+   steps (delete chunks, vacuum steps, checkpoints: count, total, p50, max) from its debug log.
 
-    .venv/bin/python bench/store_retention.py --size 10GB --prune-to 5GB     # the figures in docs/benchmarks.md
+    .venv/bin/python bench/store_retention.py --size 1GB --prune-to 500MB    # the figures in docs/benchmarks.md
+    .venv/bin/python bench/store_retention.py --size 3GB --prune-to 1500MB
     .venv/bin/python bench/store_retention.py --size 500MB --prune-to 250MB  # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import shutil
@@ -31,6 +35,7 @@ import uuid
 from pathlib import Path
 
 import orjson
+import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -99,14 +104,21 @@ def db_path(url: str) -> str:
 
 
 class LiveWriter(threading.Thread):
-    """A live run's writer: one small batch (2 requests x 5 steps) every 0.1 s; keeps latencies."""
+    """A live run's writer: one small batch (2 requests x 5 steps) every 0.1 s; keeps latencies and,
+    per batch, where it waited: for the write lock (``BEGIN IMMEDIATE``) and in its commit (which may
+    run an automatic WAL checkpoint)."""
 
     def __init__(self, engine, wal: Path):
         super().__init__(daemon=True)
         self.wal, self.wal_max = wal, 0
         self.writer, self.run_id, self.rng = BatchWriter(engine), uuid.uuid4().hex, random.Random(1)
         self.latencies: list[float] = []
+        self.parts: list[tuple[float, float, float]] = []  # (total, begin wait, commit) per batch
+        self._mark: dict[str, float] = {}
         self.stop = threading.Event()
+        sa.event.listen(engine, "before_cursor_execute", self._before)
+        sa.event.listen(engine, "after_cursor_execute", self._after)
+        sa.event.listen(engine, "commit", self._commit)
         self.writer.write(orjson.dumps({"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": self.run_id,
                                         "sent_at": time.time(), "run": run_record(time.time())}))
 
@@ -114,11 +126,40 @@ class LiveWriter(threading.Thread):
         i = 0
         while not self.stop.wait(0.1):
             body = request_batch(self.run_id, [f"live-{i}", f"live-{i + 1}"], 5, time.time(), self.rng)
+            self._mark.clear()
             start = time.perf_counter()
             self.writer.write(body)
-            self.latencies.append(time.perf_counter() - start)
+            end = time.perf_counter()
+            self.latencies.append(end - start)
+            self.parts.append((end - start, self._mark.get("begun", start) - self._mark.get("begin", start),
+                               end - self._mark.get("commit", end)))
             self.wal_max = max(self.wal_max, self.wal.stat().st_size if self.wal.exists() else 0)
             i += 2
+
+    def _before(self, conn, cursor, statement, *args) -> None:
+        if threading.current_thread() is self and statement == "BEGIN IMMEDIATE":
+            self._mark["begin"] = time.perf_counter()
+
+    def _after(self, conn, cursor, statement, *args) -> None:
+        if threading.current_thread() is self and statement == "BEGIN IMMEDIATE":
+            self._mark["begun"] = time.perf_counter()
+
+    def _commit(self, conn) -> None:
+        if threading.current_thread() is self:
+            self._mark["commit"] = time.perf_counter()
+
+
+class StepLog(logging.Handler):
+    """Collects ``retention``'s debug records of each step's time (``extra={"step": (kind, s)}``)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.steps: dict[str, list[float]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "step"):
+            kind, seconds = record.step
+            self.steps.setdefault(kind, []).append(seconds)
 
 
 def main() -> None:
@@ -145,19 +186,24 @@ def main() -> None:
             print(f"  a server at {rate} requests/s sampled 1 in 16: {rate / 16 * 86400 * per_request / 1e9:,.2f} "
                   "GB per day")
         runs = grow(url, engine, template, retention.parse_size(args.size))
+        steps = StepLog()
+        logging.getLogger("draftscope.retention").addHandler(steps)
+        logging.getLogger("draftscope.retention").setLevel(logging.DEBUG)
         live = LiveWriter(engine, Path(db_path(url) + "-wal"))
         live.start()
         file_before = os.path.getsize(db_path(url))
-        start = time.perf_counter()
+        start, load = time.perf_counter(), [os.getloadavg()[0]]
         report = retention.prune(engine, max_bytes=retention.parse_size(args.prune_to))
         pruned = time.perf_counter() - start
         during_prune = sorted(live.latencies)
         start = time.perf_counter()
+        load.append(os.getloadavg()[0])
         freed = retention.reclaim(engine)
         reclaimed = time.perf_counter() - start
         live.stop.set()
         live.join()
         during_reclaim = sorted(live.latencies[len(during_prune):])
+        parts = {"prune": live.parts[:len(during_prune)], "reclaim": live.parts[len(during_prune):]}
         print(f"prune to {args.prune_to}: {len(report.deleted)} of {runs} runs deleted in {pruned:.1f} s "
               f"({pruned / max(len(report.deleted), 1):.2f} s per run), live bytes "
               f"{report.bytes_before / 1e9:.2f} -> {report.bytes_after / 1e9:.2f} GB")
@@ -166,6 +212,15 @@ def main() -> None:
         for phase, lat in (("prune", during_prune), ("reclaim", during_reclaim)):
             print(f"a live run's batches during the {phase} ({len(lat)}): p50 {statistics.median(lat) * 1e3:.0f} ms, "
                   f"p99 {lat[int(0.99 * (len(lat) - 1))] * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms")
+            worst = sorted(parts[phase], reverse=True)[:3]
+            print("  slowest: " + "; ".join(f"{t * 1e3:.0f} ms (lock wait {b * 1e3:.0f}, commit {c * 1e3:.0f})"
+                                            for t, b, c in worst))
+        print(f"load average (1 min) at the start of the prune {load[0]:.1f}, of the reclaim {load[1]:.1f}, "
+              f"at the end {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+        for kind, times in sorted(steps.steps.items()):
+            times.sort()
+            print(f"retention {kind}: {len(times)} in {sum(times):.1f} s, p50 {statistics.median(times) * 1e3:.0f} ms, "
+                  f"max {times[-1] * 1e3:.0f} ms")
         engine.dispose()
     finally:
         if not args.dir:

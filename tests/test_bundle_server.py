@@ -107,6 +107,8 @@ def _twins(url: str, run_id: str) -> tuple[dict, dict]:
     run.pop("last_batch_at")  # when data arrived in this store, not a property of the run
     imported = run.pop("imported")
     assert imported is None or imported["origin"] == "aux-off.zip"
+    state = run["run"].pop("state")  # the run's state in this store: an imported run reads "imported"
+    assert (state == "imported") == (imported is not None), state
     run["summary"].pop("updated_at")
     run["findings"] = sorted(({k: v for k, v in f.items() if k not in ("id", "at")}
                               for f in run["findings"]), key=json.dumps)

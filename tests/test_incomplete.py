@@ -96,3 +96,15 @@ def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_
     row = next(r for r in client.get("/api/v1/runs").json() if r["id"] == run_id)
     assert (row["state"], row["dropped"], row["requests_lost"]) == ("stalled", 42, 3)
     assert "dropped,requests_lost" in client.get("/runs.csv").text.splitlines()[0]
+
+
+def test_an_orphan_whose_request_row_arrives_later_is_one_no_more(client, store_url):
+    run_id = _store(client)
+    late = make_batch(run_id, requests=[{"rid": "orphan", "sampled": True, "traced_verify_ct": 2,
+                                         "spec_verify_ct": 2}], steps=[step_record("new", 0)])
+    assert client.post("/api/v1/batches", json=late).status_code == 200
+    settle(client)
+    engine = db.make_engine(store_url)
+    with engine.connect() as conn:
+        assert [o["rid"] for o in queries.orphan_requests(conn, run_id)] == ["new"]
+    engine.dispose()

@@ -51,3 +51,24 @@ def test_schema_state_says_what_to_run(db_url: str) -> None:
     db.upgrade(db_url)
     state = db.schema_state(db_url)
     assert state.ok and state.problem() == ""
+
+
+def test_0006_lists_the_orphans_of_runs_folded_before_it(db_url: str) -> None:
+    from draftscope import queries
+
+    db.upgrade(db_url, "0005_tree_parents")
+    engine = db.make_engine(db_url)
+    try:
+        with engine.begin() as conn:  # a 0005 store: the runs' rows and their folded steps.rid series
+            conn.execute(sa.text("INSERT INTO runs (id, engine, engine_version, source, status, started_at) "
+                                 "VALUES ('r', 'sglang', '0.5.23', 'tracer', 'running', 1.0)"))
+            conn.execute(sa.text("INSERT INTO requests (run_id, rid) VALUES ('r', 'rowed')"))
+            conn.execute(sa.text("INSERT INTO run_stat_bins (run_id, series, key, bucket, n, total, lo, hi) "
+                                 "VALUES ('r', 'steps.rid', 'rowed', 0, 1, 2, 0, 0), "
+                                 "('r', 'steps.rid', 'orphan', 0, 3, 6, 0, 2)"))
+        db.upgrade(db_url)
+        with engine.connect() as conn:
+            orphans = queries.orphan_requests(conn, "r")
+        assert [(o["rid"], o["sampled_steps"], o["last_step"]) for o in orphans] == [("orphan", 3, 2)]
+    finally:
+        engine.dispose()

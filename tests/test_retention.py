@@ -4,6 +4,8 @@ written, and SQLite's file shrinks."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 import uuid
@@ -13,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from draftscope import bundle_cli, db, models, retention
+from draftscope import bundle_cli, db, models, queries, retention
 from draftscope.bundle.export import export_to_file
 from draftscope.cli import app
 from draftscope.ingest import BatchWriter
@@ -108,11 +110,101 @@ def test_an_imported_bundle_goes_whole(store_url, tmp_path):
 
 
 def test_a_run_written_during_the_prune_is_kept(store_url):
-    """The check happens inside the deleting transaction: a batch that lands first saves the run."""
+    """The check happens inside the marking transaction: a batch that lands first saves the run."""
     engine = db.make_engine(store_url)
     run_id = _run(engine, days_old=9)
     BatchWriter(engine).write(orjson.dumps(make_batch(run_id, steps=[step_record("late", 0)])))
     assert not retention.delete_run(engine, run_id) and _rows(engine, run_id)["verify_steps"] == 301
+    engine.dispose()
+
+
+def test_a_run_marked_for_pruning_is_gone_to_every_reader(store_url, client, tmp_path):
+    engine = db.make_engine(store_url)
+    kept, marked = _run(engine, days_old=3), _run(engine, days_old=2)
+    assert retention.mark_run(engine, marked)
+    assert [r["id"] for r in client.get("/api/v1/runs").json()] == [kept]
+    assert client.get(f"/api/v1/runs/{marked}").status_code == 404
+    assert client.get(f"/runs/{marked}").status_code == 404
+    assert client.get(f"/runs/{marked}/requests/r0").status_code == 404
+    assert client.get(f"/runs/{marked}/bundle.zip").status_code == 404
+    assert marked not in client.get("/").text and kept in client.get("/").text
+    assert _rows(engine, marked)["verify_steps"] == 300  # hidden, not yet deleted
+    engine.dispose()
+
+
+def test_a_run_goes_in_chunks_and_no_reader_sees_half_of_it(store_url, monkeypatch):
+    """Between any two of the delete's transactions the run is either listed whole or not at all,
+    the other runs are untouched, and no row outlives its run."""
+    monkeypatch.setattr(retention, "DELETE_CHUNK_ROWS", (40, 40, 40))
+    engine = db.make_engine(store_url)
+    doomed, kept = _run(engine, days_old=9), _run(engine, days_old=1)
+    seen: list[tuple[bool, dict[str, int]]] = []
+    step = retention._Pacer.step
+
+    @contextlib.contextmanager
+    def watched(pacer):
+        with step(pacer) as locked:
+            yield locked
+        with engine.connect() as conn:
+            listed = {r["id"] for r in queries.list_runs(conn)}
+            assert queries.get_run(conn, doomed) is None
+        seen.append((doomed in listed, _rows(engine, kept)))
+
+    monkeypatch.setattr(retention._Pacer, "step", watched)
+    assert retention.prune(engine, run_ids=(doomed,)).deleted
+    assert len(seen) > 300 // 40 and not any(listed for listed, _ in seen)
+    assert all(rows == _rows(engine, kept) for _, rows in seen)
+    assert _gone(engine, doomed) and _rows(engine, kept)["verify_steps"] == 300
+    engine.dispose()
+
+
+def test_a_late_batch_for_a_marked_run_goes_with_it(store_url):
+    """A batch that lands after the mark (it re-sends the run record) neither shows the run again
+    nor leaves rows behind."""
+    engine = db.make_engine(store_url)
+    run_id = _run(engine, days_old=9)
+    assert retention.mark_run(engine, run_id)
+    BatchWriter(engine).write(orjson.dumps(make_batch(run_id, run=run_record(status="ended"),
+                                                      steps=[step_record("late", 0)])))
+    with engine.connect() as conn:  # the re-sent record keeps it marked: listed nowhere
+        assert queries.get_run(conn, run_id) is None and run_id not in {r["id"] for r in queries.list_runs(conn)}
+    retention.delete_marked(engine, run_id)
+    assert _gone(engine, run_id)
+    engine.dispose()
+
+
+def test_a_prune_stopped_half_way_is_finished_by_the_next(store_url):
+    engine = db.make_engine(store_url)
+    half, kept = _run(engine, days_old=9), _run(engine, days_old=1)
+    assert retention.mark_run(engine, half)
+    with engine.begin() as conn:  # as if the process died after its first chunks
+        steps = models.VerifyStep.__table__
+        conn.execute(steps.delete().where(steps.c.run_id == half))
+    report = retention.prune(engine, older_than_s=30 * DAY)
+    assert [r.id for r, _ in report.deleted] == [half]
+    assert _gone(engine, half) and not _gone(engine, kept)
+    engine.dispose()
+
+
+def test_reclaim_gives_every_free_page_back_in_few_steps_and_empties_the_wal(tmp_path, caplog):
+    """Each incremental_vacuum step frees many pages (sqlite3's execute() would free one), and the
+    WAL is emptied at the end."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    runs = [_run(engine, steps=1000, days_old=20 - i) for i in range(3)]
+    assert retention.prune(engine, run_ids=tuple(runs[:2])).deleted
+    with engine.connect() as conn:
+        free = conn.exec_driver_sql("PRAGMA freelist_count").scalar_one()
+    size = os.path.getsize(tmp_path / "store.db")
+    caplog.set_level(logging.DEBUG, logger="draftscope.retention")
+    assert retention.reclaim(engine) == free > 100
+    steps = [r for r in caplog.records if getattr(r, "step", ("",))[0] == "incremental_vacuum step"]
+    assert 0 < len(steps) < free / 10
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA freelist_count").scalar_one() == 0
+    assert os.path.getsize(tmp_path / "store.db") < size - free * 4096 * 0.9
+    assert os.path.getsize(tmp_path / "store.db-wal") == 0
     engine.dispose()
 
 

@@ -36,20 +36,27 @@ def tree_trace(sglang_server):
                for i, p in enumerate(DEMO_PROMPTS[:3])}
     path = server.trace_db_url.removeprefix("sqlite:///")
 
+    # the server is shared (scenario "tree"): other tests' requests may be in its store; these are ours
+    mine = f"rid IN ({', '.join('?' * len(answers))})"
+
     def stored():
         with closing(sqlite3.connect(path, timeout=30)) as c:
-            done = c.execute("SELECT count(*) FROM requests WHERE finished_at IS NOT NULL").fetchone()[0]
-            return done >= len(answers)
+            return c.execute(f"SELECT count(*) FROM requests WHERE finished_at IS NOT NULL AND {mine}",
+                             list(answers)).fetchone()[0] == len(answers)
     until(stored, "the tree server's 3 requests stored")
     with closing(sqlite3.connect(path, timeout=30)) as c:
         c.row_factory = sqlite3.Row
-        steps = [dict(r) for r in c.execute("SELECT * FROM verify_steps ORDER BY rid, step_index")]
-        requests = {r["rid"]: dict(r) for r in c.execute("SELECT * FROM requests")}
+        steps = [dict(r) for r in c.execute(f"SELECT * FROM verify_steps WHERE {mine} ORDER BY rid, step_index",
+                                            list(answers))]
+        requests = {r["rid"]: dict(r) for r in c.execute(f"SELECT * FROM requests WHERE {mine}", list(answers))}
         run_id = c.execute("SELECT id FROM runs").fetchone()[0]
+        every = [(json.loads(r[0]), r[1]) for r in c.execute("SELECT tree_parents, accept_len FROM verify_steps "
+                                                              "WHERE tree_parents IS NOT NULL")]
     for s in steps:
         for k in ("drafted_tokens", "accept_flags", "tree_parents", "draft_topk", "target_topk"):
             s[k] = json.loads(s[k]) if s[k] is not None else None
-    return {"answers": answers, "steps": steps, "requests": requests, "url": server.trace_db_url, "run": run_id}
+    return {"answers": answers, "steps": steps, "requests": requests, "url": server.trace_db_url, "run": run_id,
+            "run_steps": every}
 
 
 def test_every_step_records_its_tree_of_nodes(tree_trace):
@@ -105,13 +112,14 @@ def test_the_request_page_draws_the_tree_and_the_run_counts_acceptance_by_depth(
     assert nodes.count("accepted") == step["accept_len"] - 1
     # the list nests as the parents say: a node's <ul> opens inside its parent's <li>
     assert tree.count("<ul>") == 2 + len({p for p in step["tree_parents"] if p > 0}), tree
-    # per draft position = per depth: proposed by the steps whose tree reaches it, accepted when the path does
+    # per draft position = per depth, over every step of the run with its shape read (all, here): proposed by the steps whose tree reaches it,
+    # accepted when the path does
     per_position = summary["summary"]["acceptance"]["per_position"]
-    steps, reach = tree_trace["steps"], [_depth(s["tree_parents"]) for s in tree_trace["steps"]]
-    assert len(per_position) == max(reach) <= DEPTH
+    reach = [(_depth(parents), accept_len) for parents, accept_len in tree_trace["run_steps"]]
+    assert len(per_position) == max(r for r, _ in reach) <= DEPTH
     for d, p in enumerate(per_position, start=1):
-        assert p["proposed"] == sum(r >= d for r in reach), (d, per_position)
-        assert p["accepted"] == sum(s["accept_len"] - 1 >= d for s in steps), (d, per_position)
+        assert p["proposed"] == sum(r >= d for r, _ in reach), (d, per_position)
+        assert p["accepted"] == sum(a - 1 >= d for _, a in reach), (d, per_position)
 
 
 def _depth(parents: list[int]) -> int:

@@ -12,11 +12,12 @@ Three layers, each a sub-package, and a few plain modules under them all:
   the draft loop, the recomputed ``fc`` and draft logits) and the host copies that never wait for the GPU.
   May import only the plain modules.
 * ``transport/``: what leaves the process. The outbox the hooks submit to, the relay thread, the recorder
-  process that builds records, the writer and the sinks (HTTP, SQLite, file), the wire schema, redaction.
+  process that builds records, the writer and the sinks (HTTP, SQLite, file), the wire schema.
   May import only the plain modules.
 * plain modules: ``config`` (the tracer's settings), ``health`` (drops, errors, heartbeats), ``stats``
-  (summaries as plain data, numpy only), ``shared`` (values sent to the recorder once). Import nothing of
-  the tracer but each other.
+  (summaries as plain data, numpy only), ``shared`` (values sent to the recorder once), ``redact`` (what of
+  SGLang's and the tracer's own settings may be recorded: allow-lists). Import nothing of the tracer but
+  each other.
 
 ``tests/tracer/test_layers.py`` holds the tracer to these arrows.
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any, Dict, Mapping, Optional
 
-from draftscope_tracer.transport.redact import public_url, redact_tracer_config
+from draftscope_tracer.redact import public_url, redact_tracer_config
 
 # Every environment variable the tracer reads, with its meaning (docs/tracer.md lists the same set;
 # tests/tracer/test_runtime.py::test_every_option_is_documented checks that it does).

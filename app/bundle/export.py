@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 import sqlalchemy as sa
 
-from draftscope import models
+from draftscope import models, retention
 from draftscope.bundle import format as fmt
 from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
 from draftscope.bundle.readme import readme_text
@@ -54,8 +54,9 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
     ``include_text`` cannot decode here; nothing is written to the store.
     """
     with _snapshot(engine) as conn:
-        run = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id)).mappings().first()
-        if run is None:
+        run = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id, _RUNS.c.status != retention.PRUNING)
+                           ).mappings().first()
+        if run is None:  # or being pruned (retention.PRUNING): gone
             raise ExportError(f"No run {run_id!r} is stored. `draftscope serve` lists the stored "
                               "runs at /, and GET /api/v1/runs returns them.")
         run = {k: v for k, v in run.items() if k != "id"}

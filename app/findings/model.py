@@ -38,7 +38,7 @@ class Observation:
     """
 
     facts: dict[str, Any] = field(default_factory=dict)
-    server_args: dict[str, Any] = field(default_factory=dict)  # the run's, redacted (tracer/transport/redact.py)
+    server_args: dict[str, Any] = field(default_factory=dict)  # the run's, redacted (tracer/redact.py)
     draft_input_widths: dict[str, list[int]] = field(default_factory=dict)  # phase -> widths
     aux_widths: dict[int, int] = field(default_factory=dict)  # aux index -> width
     aux_l2_mean: dict[int, float] = field(default_factory=dict)

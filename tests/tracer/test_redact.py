@@ -5,7 +5,7 @@ import json
 import pytest
 
 from draftscope_tracer.engine.facts import server_args_facts
-from draftscope_tracer.transport.redact import ALLOWED, is_allowed, redact_server_args
+from draftscope_tracer.redact import ALLOWED, is_allowed, redact_server_args
 
 SECRET = "ds-secret-9f2c41e7"
 
@@ -58,7 +58,7 @@ def test_old_stored_vars_dict_is_read_through_its_raw_copy():
 
 
 def test_exception_messages_lose_secret_values_and_url_credentials():
-    from draftscope_tracer.transport.redact import redact_message
+    from draftscope_tracer.redact import redact_message
 
     env = {"HF_TOKEN": "hf_abcdefghijklmnop", "MODEL_DIR": "/models/x", "SHORT_KEY": "ab"}
     text = "401 for https://user:pa55word@hub.example/m with hf_abcdefghijklmnop in /models/x " + "x" * 3000

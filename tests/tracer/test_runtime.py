@@ -21,7 +21,7 @@ from draftscope_tracer.transport import wire
 from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.http_sink import HttpSink
-from draftscope_tracer.transport.redact import public_url, redact_tracer_config
+from draftscope_tracer.redact import public_url, redact_tracer_config
 from draftscope_tracer.engine.sampling import request_fraction, request_sampled, step_sampled
 from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
 from draftscope_tracer.transport.writer import Writer

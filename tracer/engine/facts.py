@@ -16,7 +16,7 @@ import torch
 
 from draftscope_tracer.engine import environment
 from draftscope_tracer.device.recompute import fc_in_features
-from draftscope_tracer.transport.redact import is_allowed, redact_message, redact_server_args
+from draftscope_tracer.redact import is_allowed, redact_message, redact_server_args
 
 # Checkpoint key fragments SGLang renames on load (llama_eagle3.LlamaForCausalLMEagle3.load_weights).
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",

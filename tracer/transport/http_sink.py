@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from draftscope_tracer.transport import wire
 from draftscope_tracer.transport.outage import Outage
-from draftscope_tracer.transport.redact import public_url
+from draftscope_tracer.redact import public_url
 
 log = logging.getLogger("draftscope.tracer")
 
