@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from draftscope import db, models
 from draftscope.analyze import refresh_run
 from draftscope.stats import observation as run_observation
-from draftscope_tracer.transport.redact import VLLM_ALLOWED
+from draftscope_tracer.redact import VLLM_ALLOWED
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 
 pytestmark = pytest.mark.vllm

@@ -1,13 +1,12 @@
 """Server arguments a diagnosis needs, and nothing else (stdlib only).
 
-``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields and vLLM 0.32's
-names for the same (speculative
-settings, model and draft paths, dtypes, parallel sizes, attention backends, CUDA-graph and
-scheduling settings), then drops any name that looks secret-shaped even if the allow-list names it
-by mistake. ``redact_tracer_config`` does the same for the tracer's own configuration: named
-fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where
-the tracer records a run and where the dashboard reads one, so a store written before them shows no
-more than a new one.
+``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields and vLLM 0.32's names
+for the same (speculative settings, model and draft paths, dtypes, parallel sizes, attention backends,
+CUDA-graph and scheduling settings), then drops any name that looks secret-shaped even if the allow-list
+names it by mistake. ``redact_tracer_config`` does the same for the tracer's own configuration: named
+fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where the
+tracer records a run and where the dashboard reads one, so a store written before them shows no more
+than a new one.
 """
 
 from __future__ import annotations

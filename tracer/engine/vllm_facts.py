@@ -16,7 +16,7 @@ import torch
 
 from draftscope_tracer.engine import environment
 from draftscope_tracer.engine.facts import _checkpoint_tensor, _safe, config_hash, weights_check
-from draftscope_tracer.transport.redact import redact_server_args
+from draftscope_tracer.redact import redact_server_args
 
 AUX_CONVENTION = "vllm: id i feeds hidden_states[i] (Hugging Face indexing: the input of layer i, 0 the embeddings)"
 # vLLM's name for the draft's d2t; a parameter no checkpoint key fills under that name
