@@ -16,7 +16,7 @@ import torch
 
 from draftscope_tracer.engine import environment
 from draftscope_tracer.engine.facts import _checkpoint_tensor, _safe, config_hash, weights_check
-from draftscope_tracer.redact import redact_server_args
+from draftscope_tracer.redact import redact_message, redact_server_args
 
 AUX_CONVENTION = "vllm: id i feeds hidden_states[i] (Hugging Face indexing: the input of layer i, 0 the embeddings)"
 # vLLM's name for the draft's d2t; a parameter no checkpoint key fills under that name
@@ -141,6 +141,15 @@ def collect_config(vllm_config, vllm_version: str) -> Tuple[Dict[str, Any], Dict
            "draft_path": draft_path, "draft_config_hash": config_hash(draft_path),
            "server_args": _safe(server_args, vllm_config)}
     return facts, {k: v for k, v in run.items() if v is not None}
+
+
+def start_failure(vllm_config, vllm_version: str, exc: BaseException) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(facts, run fields) of a worker that failed to load the models: :func:`collect_config`'s, the
+    paths it was given and the exception (its message redacted), so a run that never served says why."""
+    facts, run = collect_config(vllm_config, vllm_version)
+    facts.update(start_error={"type": type(exc).__name__, "message": redact_message(str(exc), os.environ)},
+                 target={"path": run.get("target_path")}, draft={"path": run.get("draft_path")})
+    return facts, run
 
 
 def collect(runner, vllm_version: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:

@@ -155,7 +155,13 @@ def _around_engine_core(orig, engine_core, *args, **kwargs):
 
 
 def _around_init(orig, runner, *args, **kwargs):
-    out = orig(runner, *args, **kwargs)
+    try:
+        out = orig(runner, *args, **kwargs)
+    except Exception as exc:  # vLLM refused to load the models: leave a crashed run that says why
+        t = _tracer()
+        if t.active and not t.attached:
+            t.guard("init", t.start_failed, runner, exc)
+        raise
     t = _tracer()
     if t.active and not t.attached:
         t.health.beat("init")

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
@@ -32,7 +33,7 @@ from draftscope_tracer.engine import vllm_facts
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
 from draftscope_tracer.engine.shutdown import SigtermChain
 from draftscope_tracer.health import Health
-from draftscope_tracer.transport import records, vllm_records
+from draftscope_tracer.transport import records, vllm_records, wire
 from draftscope_tracer.transport.outbox import Transport
 from draftscope_tracer.transport.relay import Relay
 
@@ -144,6 +145,26 @@ class VLLMTracer:
         atexit.register(self.close)
         self.sigterm.install()
         return True
+
+    def start_failed(self, runner, exc: BaseException) -> None:
+        """The worker failed to load the target or the draft (vLLM refused to start): write one run, ended
+        ``crashed``, with the exception and the paths it was given, straight through the sink (the process
+        is about to die, and no recorder runs yet), so the dashboard says why it never served."""
+        from draftscope_tracer.transport.sinks import open_sink
+
+        self.attached = True
+        if runner.device.type != "cpu" or not _is_recording_rank():
+            return
+        facts, run_fields = vllm_facts.start_failure(runner.vllm_config, self.vllm_version, exc)
+        sink = open_sink(self.config, self.health.drop)
+        if sink is None:
+            return
+        run = {**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()}
+        try:
+            sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
+                       "run_id": self.run_id, "sent_at": time.time(), "run": run})
+        finally:
+            sink.close()
 
     # -- one engine step: verify results, then the draft ---------------------------------------------
     def before_propose(self, runner, a: Dict[str, Any]) -> Optional[StepContext]:
