@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from draftscope import models
 from draftscope.bundle.spec import imported_spec
 from draftscope.findings import Finding, runtime_findings, static_findings
-from draftscope.spec import SpecError, TargetSpec, expect_sglang, read_draft, read_target
+from draftscope.spec import SpecError, TargetSpec, engines, read_draft, read_target
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
 from draftscope.stats import fold_run_stats, observation, update_run_stats
@@ -147,4 +147,5 @@ def _static(run: Mapping[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec
     server_args = redact_server_args(run["server_args"] or {})
     server_args.setdefault("speculative_algorithm", run["algorithm"] or facts.get("algorithm"))
     env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else None
-    return spec, static_findings(spec, target, expect_sglang(spec, target, server_args, env))
+    exp = engines.expect(engines.engine_of(facts), spec, target, server_args, env)
+    return spec, static_findings(spec, target, exp)

@@ -1,4 +1,5 @@
-"""``draftscope doctor``: check a draft checkpoint against its target and SGLang, before serving.
+"""``draftscope doctor``: check a draft checkpoint against its target and the serving engine (SGLang
+0.5.23 by default, vLLM 0.32 with ``--engine vllm``), before serving.
 
 Standard library only (plus numpy, through the spec reader), so that it runs from the base install
 inside an SGLang environment: the command line is argparse, the colours plain ANSI on a terminal.
@@ -14,30 +15,35 @@ from pathlib import Path
 
 from draftscope.findings import Finding, static_findings
 from draftscope.fix import FixError, apply_fixes
-from draftscope.spec import (SpecError, expect_sglang, parse_server_args, read_draft, read_target)
-from draftscope.spec.sglang import format_server_args
+from draftscope.spec import ENGINES, SpecError, expect, parse_server_args, read_draft, read_target
 from draftscope.spec.describe import SpecRow, describe_spec, render_text
+from draftscope.spec.expectations import NAMES, engine_label
+from draftscope.spec.sglang import format_server_args
 from draftscope.spec.target import check_target_matches
 
-SUMMARY = "Diagnose a draft + target pair for SGLang from headers and configs only (no weights loaded)."
+SUMMARY = ("Diagnose a draft + target pair for SGLang (or vLLM) from headers and configs only (no weights "
+           "loaded).")
 COLOURS = {"error": "1;31", "warning": "33", "info": "36", "ok": "32", "dim": "2", "bold": "1"}
 
 
 def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin: bool = False,
-             training_config: Path | None = None,
-             server_env: dict[str, str] | None = None) -> tuple[dict, list[Finding]]:
-    """Read both models, derive SGLang's behaviour, return (summary, findings); raises SpecError.
+             training_config: Path | None = None, server_env: dict[str, str] | None = None,
+             engine: str = "sglang") -> tuple[dict, list[Finding]]:
+    """Read both models, derive the engine's behaviour, return (summary, findings); raises SpecError.
     ``summary["spec"]`` is the spec block's rows (draftscope.spec.describe)."""
     target = read_target(target_dir)
     spec = read_draft(draft_dir, target_layers=target.num_layers, allow_bin=allow_bin,
                       training_config=training_config)
     check_target_matches(spec, target)
-    exp = expect_sglang(spec, target, parse_server_args(server_args), server_env)
+    exp = expect(engine, spec, target, parse_server_args(server_args), server_env)
     summary = {"draft": str(draft_dir), "target": str(target_dir), "format": spec.source_format,
+               "engine": engine, "engine_label": exp.label,
                "algorithm": exp.algorithm, "aux_layer_ids": spec.aux_layer_ids,
                "trained_physical": spec.aux_layers_physical,
+               "layers_to_capture": exp.layers_to_capture,
                "captured_physical": exp.captured_physical,
-               "draft_input_width": exp.draft_input_width,
+               "aux_count": exp.aux_count, "fc_runs": exp.fc_runs,
+               "draft_input_width": exp.draft_input_width, "load_error": exp.load_error,
                "expected_fc_in_width": spec.expected_fc_in_width,
                "training_config": spec.training_path,
                "spec": [row.to_dict() for row in describe_spec(spec, target, exp)]}
@@ -47,15 +53,17 @@ def diagnose(draft_dir: Path, target_dir: Path, server_args: str = "", allow_bin
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="draftscope doctor", description=SUMMARY + " Prints the spec first (the draft as "
-        "trained beside what SGLang will do), then the findings.",
+        "trained beside what the engine will do), then the findings.",
         epilog="Exit 0: no error findings in the input; 1: at least one error finding; 2: the input "
         "could not be read or the fix could not be written.")
     p.add_argument("draft_dir", type=Path, metavar="DRAFT_DIR",
                    help="Draft checkpoint directory (config.json + weights).")
     p.add_argument("--target", type=Path, required=True, help="Target model directory or its config.json.")
-    p.add_argument("--engine", default="sglang", help="Serving engine; only sglang for now.")
+    p.add_argument("--engine", default="sglang", choices=ENGINES,
+                   help="Serving engine whose behaviour to predict: sglang (0.5.23, the default) or vllm (0.32).")
     p.add_argument("--server-args", default="",
-                   help="SGLang launch flags, quoted (one flag alone: --server-args=--flag).")
+                   help="The engine's launch flags, quoted (one flag alone: --server-args=--flag); for "
+                   "vllm only --speculative-config's method is read.")
     p.add_argument("--allow-bin", action="store_true", help="Read *.bin with torch.load(weights_only=True).")
     p.add_argument("--json", dest="as_json", action="store_true", help="Machine-readable output.")
     p.add_argument("--training-config", type=Path, help="The trainer's config (YAML or JSON), when it "
@@ -77,8 +85,6 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return int(exc.code or 0)
     paint = _painter(sys.stdout)
-    if args.engine != "sglang":
-        return _fail(paint, args.as_json, args.engine, f"engine {args.engine!r} is not supported; use --engine sglang.")
     env = {}
     for item in args.server_env:
         name, sep, value = item.partition("=")
@@ -88,7 +94,7 @@ def main(argv: list[str]) -> int:
         env[name] = value
     try:
         summary, findings = diagnose(args.draft_dir, args.target, args.server_args, args.allow_bin,
-                                     args.training_config, env)
+                                     args.training_config, env, args.engine)
     except SpecError as exc:
         return _fail(paint, args.as_json, exc.path, exc.problem)
     errors = sum(f.severity == "error" for f in findings)
@@ -96,7 +102,7 @@ def main(argv: list[str]) -> int:
     if args.fix is not None:
         try:
             fixed = fix_and_recheck(args.draft_dir, args.target, args.server_args, args.allow_bin,
-                                    findings, args.fix, args.training_config, env)
+                                    findings, args.fix, args.training_config, env, args.engine)
         except (FixError, SpecError) as exc:
             return _fail(paint, args.as_json, args.fix, str(exc))
     if args.as_json:
@@ -113,12 +119,12 @@ def main(argv: list[str]) -> int:
 
 def fix_and_recheck(draft_dir: Path, target: Path, server_args: str, allow_bin: bool,
                     findings: list[Finding], out_dir: Path, training_config: Path | None = None,
-                    server_env: dict[str, str] | None = None) -> dict:
+                    server_env: dict[str, str] | None = None, engine: str = "sglang") -> dict:
     """Apply the findings' patches to a copy in ``out_dir`` and diagnose the copy with the fixed
     flags; a summary of both for printing or JSON."""
     result = apply_fixes(draft_dir, out_dir, findings, parse_server_args(server_args))
     _, after = diagnose(out_dir, target, format_server_args(result.server_args), allow_bin,
-                        training_config, server_env)
+                        training_config, server_env, engine)
     return {"out_dir": str(out_dir), "changes": result.changes, "applied": result.applied,
             "not_fixed": result.skipped, "server_flags": result.flags(),
             "after": {"errors": sum(f.severity == "error" for f in after),
@@ -144,11 +150,14 @@ def _print_fix(paint, fixed: dict) -> None:
 
 
 def _print_human(paint, summary: dict, findings: list[Finding]) -> None:
+    engine = summary["engine"]
+    method = (f"--speculative-config method {summary['algorithm'].lower()}" if engine == "vllm"
+              else f"--speculative-algorithm {summary['algorithm']}")
     print(f"draft {summary['draft']} ({summary['format']}) for target {summary['target']}, "
-          f"SGLang --speculative-algorithm {summary['algorithm']}")
-    print(render_text([SpecRow(**row) for row in summary["spec"]]))
+          f"{engine_label(engine)} {method}")
+    print(render_text([SpecRow(**row) for row in summary["spec"]], engine))
     if not findings:
-        print(f"{paint('ok', 'ok')} no findings: SGLang will feed the draft what it was trained on "
+        print(f"{paint('ok', 'ok')} no findings: {NAMES[engine]} will feed the draft what it was trained on "
               f"(output of layers {summary['captured_physical']}, {summary['draft_input_width']} wide).")
     for f in findings:
         print(f"{paint(f'{f.severity:<7}', f.severity)} {paint(f.rule_id, 'bold')}: {f.message}. "

@@ -8,8 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from draftscope.spec import (DraftFeatureSpec, SpecError, TargetSpec, expect_sglang, read_draft,
-                             read_target)
+from draftscope.spec import DraftFeatureSpec, SpecError, TargetSpec, engines, read_draft, read_target
 from draftscope.spec.describe import SpecRow, describe_spec
 from draftscope.spec.target import check_target_matches
 from draftscope_tracer.redact import redact_server_args
@@ -28,7 +27,7 @@ def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpe
                                      or args.get("speculative_algorithm"))
     # As the findings see the server: its arguments and the override variables it started with.
     env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else {}
-    served = json.dumps([args, env], sort_keys=True, default=str)
+    served = json.dumps([engines.engine_of(facts), args, env], sort_keys=True, default=str)
     if draft and target and Path(draft).is_dir():
         return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"),
                      served)
@@ -51,6 +50,6 @@ def _read(draft: str, target: str, _draft_hash: str | None, _target_hash: str | 
 
 
 def _describe(spec: DraftFeatureSpec, target: TargetSpec, served: str) -> list[SpecRow]:
-    args, env = json.loads(served)
-    exp = expect_sglang(spec, target, {k: v for k, v in args.items() if v is not None}, env)
+    engine, args, env = json.loads(served)
+    exp = engines.expect(engine, spec, target, {k: v for k, v in args.items() if v is not None}, env)
     return describe_spec(spec, target, exp)

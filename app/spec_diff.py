@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from draftscope.spec.convention import IN_HF, OWNER, config_readings, sglang_path, verdicts
+from draftscope.spec import engines
+from draftscope.spec.convention import IN_HF, OWNER, config_readings, verdicts
 from draftscope.spec.describe import SpecRow
-from draftscope.spec.draft import config_ids
+from draftscope.spec.draft import config_fc_width, config_ids
 from draftscope.spec.sglang import random_weights
 from draftscope.spec.target import recorded_target
 
-EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3Speculator"}
+EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3Speculator",
+                        "Eagle3LlamaForCausalLM"}  # the last: vLLM's class
 # depends: right under one layer-id convention, wrong under the other, and the draft does not say
 # which it was trained in (never highlighted as a mismatch; the note gives both verdicts)
 OK, MISMATCH, UNKNOWN, DEPENDS = "ok", "mismatch", "unknown", "depends"
@@ -34,7 +36,7 @@ class DiffRow:
     served: str
     state: str
     note: str = ""
-    predicted: str = ""  # what SGLang will do, predicted from the checkpoint (doctor's spec block)
+    predicted: str = ""  # what the engine will do, predicted from the checkpoint (doctor's spec block)
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -74,6 +76,7 @@ class _Spec:
     """What the facts say the draft was trained on."""
 
     def __init__(self, facts: dict[str, Any]) -> None:
+        self.engine = engines.engine_of(facts)
         self.target = facts.get("target") or {}
         self.draft = facts.get("draft") or {}
         config = self.draft.get("config") or {}
@@ -86,7 +89,7 @@ class _Spec:
         self.read = config_ids(config, self.num_layers) if config else None
         self.hidden = config.get("target_hidden_size") or self.target.get("hidden_size")
         self.embed = self.draft.get("embed_width") or self.draft.get("hidden_size")
-        self.fc_in = self.draft.get("fc_in_features")
+        self.fc_in = self.draft.get("fc_in_features") or config_fc_width(config, self.hidden)
         self.k = self.fc_in // self.hidden if self.fc_in and self.hidden and self.fc_in % self.hidden == 0 else None
         self.eagle3 = self.draft.get("architecture") in EAGLE3_DRAFT_CLASSES
         self.uses_fc = bool(self.eagle3 and self.fc_in and self.fc_in != self.embed)
@@ -147,10 +150,10 @@ def _capture(spec: _Spec) -> DiffRow:
 
 def _layers(spec: _Spec) -> DiffRow:
     """The trained layers in the convention the draft records (both, when it records none) against
-    what SGLang captures, in HF ``hidden_states`` indices (0 = the embedding output)."""
+    what the engine captures, in HF ``hidden_states`` indices (0 = the embedding output)."""
     captured, n, arch = spec.target.get("layers_to_capture"), spec.num_layers, spec.target.get("architecture")
     where = f" in {spec.ids_where}" if spec.ids_where else " (none written: format default)"
-    readings = config_readings(spec.read, recorded_target(spec.target)) if spec.read and n else []
+    readings = config_readings(spec.read, recorded_target(spec.target), spec.engine) if spec.read and n else []
     known = [(c, p) for c, p in readings if p is not None]
     if len(known) == 1:
         conv, physical = known[0]
@@ -163,13 +166,15 @@ def _layers(spec: _Spec) -> DiffRow:
         trained = f"ids {_list(spec.ids)}{where} → trained layers not resolved"
     if captured is None:
         return DiffRow("layers", "Aux layers", trained, "not recorded", UNKNOWN)
-    fed = [i for i in range(n) if i in captured] if n else list(captured)
-    served = (f"{sglang_path(arch)} captures the input of layers {_list(fed)} = hidden_states{_list(fed)}"
+    last = n if spec.engine == "vllm" else n - 1 if n else None  # vLLM also captures hidden_states[L]
+    fed = [i for i in range(last + 1) if i in captured] if n else list(captured)
+    served = (f"{engines.path(arch, spec.engine)} captures the input of layers {_list(fed)} = "
+              f"hidden_states{_list(fed)}"
               if fed else "none captured")
     out = [i - 1 for i in fed]
     right = [p == out for _, p in known]
     state = UNKNOWN if not known else OK if all(right) else MISMATCH if not any(right) else DEPENDS
-    note = verdicts(known, out, arch) if known and (len(known) > 1 or state == MISMATCH) else ""
+    note = verdicts(known, out, arch, spec.engine) if known and (len(known) > 1 or state == MISMATCH) else ""
     return DiffRow("layers", "Aux layers", trained, served, state, note)
 
 
@@ -224,7 +229,8 @@ def _fc(spec: _Spec, widths: dict) -> DiffRow:
     if n:
         return DiffRow("fc", "fc ran", trained, f"yes ({n} samples)", OK)
     return DiffRow("fc", "fc ran", trained, f"no: 0 fc samples over {inputs} draft inputs", MISMATCH,
-                   "SGLang skips fc when the input is already the embed width")
+                   "vLLM skips fc when eagle_config.use_aux_hidden_state is false" if spec.engine == "vllm"
+                   else "SGLang skips fc when the input is already the embed width")
 
 
 def _vocab(spec: _Spec) -> DiffRow:
@@ -304,7 +310,7 @@ _SAME = {"algorithm": "algorithm", "layers": "layers", "aux_widths": "aux_width"
 
 
 def combine(static: list[SpecRow] | None, observed: list[DiffRow]) -> list[DiffRow]:
-    """One table: doctor's spec block (trained, and what SGLang will do) with what the tracer saw
+    """One table: doctor's spec block (trained, and what the engine will do) with what the tracer saw
     on the same row where both speak of one thing; observed-only rows after their anchor row.
     Without a readable checkpoint the observed rows stand alone, trained values from the facts."""
     if not static:
@@ -323,7 +329,7 @@ def combine(static: list[SpecRow] | None, observed: list[DiffRow]) -> list[DiffR
         mine_note = mine.note if mine and mine.state != DEPENDS else ""  # else the static note says it
         note = "; ".join(n for n in (s.note, mine_note) if n)
         rows.append(DiffRow(s.key, s.label, s.trained, mine.served if mine else "", state, note,
-                            predicted=s.sglang))
+                            predicted=s.predicted))
         rows += [r for r in observed if _ANCHOR.get(r.key) == s.key and r.key not in _SAME]
     placed = {r.key for r in rows} | set(_SAME)
     return rows + [r for r in observed if r.key not in placed]

@@ -197,6 +197,21 @@ FINDINGS = {
     # fallback, not the trained ones.
     "top-level-ids": ("aux-ids-not-read", "captured-layers-differ", False),
 }
+# The same checkpoints on vLLM 0.32 (tests/test_vllm_scenarios.py): scenario -> (doctor --engine vllm's root
+# cause, the runtime root cause, what the vLLM server did with the demo prompts: served | died | refused to
+# start). None: no error or warning; vLLM's reading of the test bed's SpecForge-style ids one layer below
+# SGLang's is aux-convention-ambiguous (info: the checkpoint names no trainer).
+VLLM_FINDINGS = {
+    "healthy": (None, None, "served"),
+    "aux-off": ("fc-bypassed", "fc-bypassed", "served"),
+    # an unknown key stops vLLM at start (SGLang loads the draft uninitialised)
+    "weights-dropped": ("draft-weights-not-loaded", "server-start-failed", "refused"),
+    # vLLM scatters every mapped id at the first draft (SGLang crashes once such an id is drafted)
+    "d2t-absolute": ("d2t-not-offsets", "d2t-not-offsets", "died"),
+    # vLLM reads top-level ids (SGLang falls back to its default) and id L-1 (SGLang drops it)
+    "top-level-ids": (None, None, "served"),
+    "last-layer-id": (None, None, "served"),
+}
 # Scenarios whose diagnosis needs more than the demo prompts, proven by their own tests: a start-up
 # refusal, and acceptance signatures that need their own traffic.
 ELSEWHERE = {"short-context": "tests/test_startup_refusal.py",

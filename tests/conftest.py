@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.fixtures.store",
     "tests.fixtures.sglang_server",
+    "tests.fixtures.vllm_server",
     "tests.fixtures.demo_store",
     "tests.fixtures.disk",
     "tests.fixtures.compose",

@@ -207,4 +207,4 @@ def test_mla_draft_ignores_norm_before_fc(tmp_path):
                                                               ("eagle31-flag-without-weights", "fc_norm")]
     assert "Eagle3DeepseekV2ForCausalLM has no norm_before_fc" in found[0].evidence["sglang_source"]
     row = {r.key: r for r in describe_spec(spec, t, exp)}["norms"]
-    assert row.sglang == "norm_before_fc not applied, fc_norm applied" and row.mismatch
+    assert row.predicted == "norm_before_fc not applied, fc_norm applied" and row.mismatch

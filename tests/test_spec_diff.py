@@ -65,7 +65,7 @@ def test_seed_ids_without_a_trainer_give_both_verdicts_and_no_mismatch():
     [finding] = runtime_findings(None, observe(kimi()))
     assert (finding.rule_id, finding.severity) == ("aux-convention-ambiguous", "info")
     assert SEED_VERDICTS in finding.message
-    assert [r["matches_sglang"] for r in finding.evidence["readings"]] == [False, True]
+    assert [r["matches_engine"] for r in finding.evidence["readings"]] == [False, True]
 
 
 def test_seed_ids_trained_by_speculators_match():
@@ -102,7 +102,7 @@ def test_seed_ids_without_a_trainer_on_the_combined_table(tmp_path):
     f["target"]["architecture"] = target.architecture
     rows = {r.key: r for r in combine(describe_spec(spec, target, expect_sglang(spec, target)),
                                       spec_diff({"facts": f}, HEALTHY_WIDTHS))}
-    assert rows["layers"].state == DEPENDS and rows["aux_ids_sglang"].state == DEPENDS
+    assert rows["layers"].state == DEPENDS and rows["aux_ids_engine"].state == DEPENDS
     assert "off by one" in rows["layers"].note and rows["layers"].note.count("under SpecForge's") == 1
     assert not [k for k, r in rows.items() if r.state == MISMATCH]
 

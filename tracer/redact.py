@@ -1,12 +1,12 @@
 """Server arguments a diagnosis needs, and nothing else (stdlib only).
 
-``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields (speculative
-settings, model and draft paths, dtypes, parallel sizes, attention backends, CUDA-graph and
-scheduling settings), then drops any name that looks secret-shaped even if the allow-list names it
-by mistake. ``redact_tracer_config`` does the same for the tracer's own configuration: named
-fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where
-the tracer records a run and where the dashboard reads one, so a store written before them shows no
-more than a new one.
+``redact_server_args`` keeps an allow-list of SGLang 0.5.23 ``ServerArgs`` fields and vLLM 0.32's names
+for the same (speculative settings, model and draft paths, dtypes, parallel sizes, attention backends,
+CUDA-graph and scheduling settings), then drops any name that looks secret-shaped even if the allow-list
+names it by mistake. ``redact_tracer_config`` does the same for the tracer's own configuration: named
+fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where the
+tracer records a run and where the dashboard reads one, so a store written before them shows no more
+than a new one.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ ALLOWED = frozenset({
     "disable_radix_cache", "num_continuous_decode_steps", "enable_two_batch_overlap",
     "enable_single_batch_overlap", "stream_interval", "skip_server_warmup", "log_level",
 })
+# vLLM 0.32's names for the same, read from its config objects (``engine/vllm_facts.py``; its
+# ``speculative_config`` is a ``speculative_`` field)
+VLLM_ALLOWED = frozenset({
+    "model", "tokenizer", "seed", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "async_scheduling",
+    "enable_prefix_caching", "enable_chunked_prefill", "block_size",
+})
 
 # Fragments that drop a name whatever the allow-list says: credentials, the verbatim command line,
 # and SGLang's private copies of its input (``_raw_input`` holds every field again, secrets included).
@@ -63,7 +70,7 @@ def is_denied(name: str) -> bool:
 
 
 def is_allowed(name: str) -> bool:
-    return (name in ALLOWED or name.startswith(ALLOWED_PREFIXES)) and not is_denied(name)
+    return (name in ALLOWED or name in VLLM_ALLOWED or name.startswith(ALLOWED_PREFIXES)) and not is_denied(name)
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Runtime rules: what the tracer saw in a run (facts, widths, acceptance, heartbeats)."""
+"""Runtime rules: what the tracer saw in a run (facts, widths, acceptance, heartbeats), on SGLang or
+vLLM (``engines.engine_of(facts)``): a finding names what the engine of the run did."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from dataclasses import replace
 from typing import Any
 
 from draftscope.findings.model import Finding, Observation
-from draftscope.spec.convention import IN_HF, OWNER, config_readings, spec_readings, verdicts
-from draftscope.spec.draft import ConfigIds, DraftFeatureSpec, config_ids
+from draftscope.spec.convention import IN_HF, OWNER, config_readings, other_engine, spec_readings, verdicts
+from draftscope.spec.draft import ConfigIds, DraftFeatureSpec, config_fc_width, config_ids
 from draftscope.spec.feature_stats import relative_gap
-from draftscope.spec.sglang import ids_capturing, random_weights
+from draftscope.spec import engines
+from draftscope.spec.expectations import NAMES
+from draftscope.spec.sglang import random_weights
 from draftscope.spec.target import TargetSpec, recorded_target
 
-EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
+EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3LlamaForCausalLM"}
 COLLAPSE_RATE = 0.10  # draft acceptance rate under which acceptance has "collapsed"
 MIN_PROPOSED = 20  # proposals needed before judging acceptance
 TARGET_PHASES = ("prefill", "draft_extend")  # draft.input right after a target forward
@@ -27,13 +30,16 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
     """Findings for one run; ``spec`` (the draft read from disk) sharpens them when available."""
     facts = obs.facts or {}
     target, draft = facts.get("target") or {}, facts.get("draft") or {}
+    engine = engines.engine_of(facts)
     if isinstance(facts.get("start_error"), dict):  # nothing was served: the exception is the story
         error = facts["start_error"]
+        doctor = "draftscope doctor --engine vllm predicts vLLM's" if engine == "vllm" else \
+            "draftscope doctor predicts SGLang's"
         return [_f("server-start-failed", "error",
                    f"the server failed while starting, before serving: {error.get('type')}: "
                    f"{error.get('message')}",
-                   "see the static findings for the cause (draftscope doctor predicts SGLang's "
-                   "start-up refusals), fix it and restart", {"start_error": error})]
+                   f"see the static findings for the cause ({doctor} start-up refusals), fix it and restart",
+                   {"start_error": error})]
     found: list[Finding] = []
     algorithm = facts.get("algorithm")
     eagle3_draft = draft.get("architecture") in EAGLE3_DRAFT_CLASSES or spec is not None
@@ -45,9 +51,10 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
                         {"algorithm": algorithm, "lm_head_shared_with_target":
                          draft.get("lm_head_shared_with_target")}))
     else:
-        found += _widths(spec, obs, target, draft)
+        found += _widths(spec, obs, target, draft, engine)
     random = random_weights(obs.server_args)
-    found += _weights(obs, draft, draft_random="draft" in random)
+    fc_off = any(f.rule_id == "fc-bypassed" for f in found)
+    found += _weights(obs, draft, engine, draft_random="draft" in random, fc_off=fc_off)
     found += _vocab(target, draft)
     found += _positions(spec, obs, draft)
     if not any(f.severity == "error" for f in found):  # a wiring error already explains odd norms
@@ -132,11 +139,13 @@ def _f(rule_id: str, severity: str, message: str, fix: str, evidence: dict[str, 
     return Finding(rule_id, severity, message, fix, evidence, first_step, source="runtime")
 
 
-def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft: dict) -> list[Finding]:
+def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft: dict,
+            engine: str) -> list[Finding]:
     found = []
     hidden = target.get("hidden_size") or (spec.target_hidden_size if spec else None)
     embed = draft.get("embed_width") or (spec.hidden_size if spec else None)
-    expected = draft.get("fc_in_features") or (spec.expected_fc_in_width if spec else None)
+    expected = draft.get("fc_in_features") or (spec.expected_fc_in_width if spec else None) \
+        or config_fc_width(draft.get("config") or {}, hidden)
     k = spec.k if spec else (expected // hidden if expected and hidden else None)
     seen = sorted({w for phase in TARGET_PHASES for w in obs.draft_input_widths.get(phase, [])})
     ev = {"draft_input_widths": obs.draft_input_widths, "expected_width": expected,
@@ -145,7 +154,8 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
           "layers_to_capture": target.get("layers_to_capture")}
     layers = target.get("layers_to_capture")
     n = target.get("num_layers")
-    captured = [i for i in range(n) if i in layers] if layers is not None and n else None
+    last = n if engine == "vllm" else n - 1 if n else None  # vLLM also captures hidden_states[L]
+    captured = [i for i in range(last + 1) if i in layers] if layers is not None and n else None
     if expected and embed and expected != embed and embed in seen:
         why = ("the target captures no aux states (capture_aux_hidden_states is false)"
                if target.get("capture_aux_hidden_states") is False
@@ -154,6 +164,8 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
         found.append(_f("fc-bypassed", "error",
                         f"the draft received {embed}-wide features, {embed} instead of {expected}{parts}: "
                         f"{why}, and {embed} is its embed width, so fc is silently skipped",
+                        "enable aux capture: use_aux_hidden_state true in eagle_config and "
+                        "--speculative-config method eagle3" if engine == "vllm" else
                         "enable aux capture: use_aux_hidden_state true in eagle_config, "
                         "--speculative-algorithm EAGLE3, a target class with set_eagle3_layers_to_capture",
                         ev))
@@ -162,6 +174,7 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
                         f"the target captures {len(captured)} aux states (input of layers {captured}"
                         f"{', ' + str(sorted(set(layers) - set(captured))) + ' do not exist' if set(layers) - set(captured) else ''}"
                         f") but the draft's fc expects {k}",
+                        "use distinct ids vLLM can capture (0..L)" if engine == "vllm" else
                         "use eagle_config ids SGLang can capture (<= L-2, distinct, inside eagle_config)",
                         {**ev, "captured": captured}))
     elif expected and any(w not in (expected, embed) for w in seen):
@@ -172,58 +185,61 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
                         f"expects {expected}",
                         "make the captured aux layers match the draft's eagle_config ids", ev))
     if captured is not None and n and not found:
-        found += _layers(spec, draft, target, captured, ev)
+        found += _layers(spec, draft, target, captured, ev, engine)
     return found
 
 
 def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: list[int],
-            ev: dict) -> list[Finding]:
+            ev: dict, engine: str) -> list[Finding]:
     """The captured layers against the trained ones, in the convention the draft records; both
     verdicts, each naming its convention, when it records none (``aux-convention-ambiguous``)."""
     arch, t = target.get("architecture"), recorded_target(target)
     read = config_ids(draft.get("config") or {}, t.num_layers) if spec is None else None
-    readings = spec_readings(spec, t) if spec is not None else config_readings(read, t) if read else []
+    readings = spec_readings(spec, t, engine) if spec is not None else \
+        config_readings(read, t, engine) if read else []
     readings = [(c, p) for c, p in readings if p is not None]
     out = [i - 1 for i in captured]
     wrong = [(c, p) for c, p in readings if p != out]
     if not wrong:
         return []
-    ev = {**ev, "captured": captured, "readings": [{"convention": c, "physical": p, "matches_sglang": p == out}
+    ev = {**ev, "captured": captured, "readings": [{"convention": c, "physical": p, "matches_engine": p == out}
                                                    for c, p in readings]}
+    said = verdicts(readings, out, arch, engine) + other_engine(_ids(spec, read), engine, t.num_layers)
     if len(readings) > 1:
-        fixes = "; ".join(f"if it was trained in {OWNER[c]} convention: {_fix(p, t)}" for c, p in wrong)
+        fixes = "; ".join(f"if it was trained in {OWNER[c]} convention: {_fix(p, t, engine)}" for c, p in wrong)
         return [_f("aux-convention-ambiguous", "info" if len(wrong) < len(readings) else "error",
-                   f"the draft's config names no trainer, so its ids {_ids(spec, read)} read two ways: "
-                   f"{verdicts(readings, out, arch)}",
+                   f"the draft's config names no trainer, so its ids {_ids(spec, read)} read two ways: {said}",
                    "record the trainer (speculators_config, or the training config beside the "
                    f"checkpoint); {fixes}", ev)]
     conv, trained = readings[0]
     return [_f("captured-layers-differ", "error",
                f"the target captures the output of layers {out} but the draft was trained on {trained} "
-               f"({OWNER[conv]} convention: {IN_HF[conv]}); {verdicts(readings, out, arch)}",
-               _fix(trained, t), ev)]
+               f"({OWNER[conv]} convention: {IN_HF[conv]}); {said}",
+               _fix(trained, t, engine), ev)]
 
 
 def _ids(spec: DraftFeatureSpec | None, read: ConfigIds | None) -> list[int] | None:
     return spec.aux_layer_ids if spec is not None else read.ids if read else None
 
 
-def _fix(trained: list[int], target: TargetSpec) -> str:
-    ids = ids_capturing(trained, target)
+def _fix(trained: list[int], target: TargetSpec, engine: str) -> str:
+    ids, name = engines.ids_capturing(trained, target, engine), NAMES[engine]
     if ids is not None:
-        return (f"write eagle_config.eagle_aux_hidden_state_layer_ids {ids} (SGLang then captures "
+        return (f"write eagle_config.eagle_aux_hidden_state_layer_ids {ids} ({name} then captures "
                 f"the output of layers {trained})")
-    return (f"no eagle_config ids make SGLang capture the output of layers {trained} on "
+    return (f"no eagle_config ids make {name} capture the output of layers {trained} on "
             f"{target.architecture}: use a draft trained on layers it can capture")
 
 
-def _weights(obs: Observation, draft: dict, draft_random: bool = False) -> list[Finding]:
+def _weights(obs: Observation, draft: dict, engine: str, draft_random: bool = False,
+             fc_off: bool = False) -> list[Finding]:
     """``draft_random``: the draft was loaded with random values, so its parameters differing from
-    the checkpoint is expected (its keys and finiteness still count)."""
+    the checkpoint is expected (its keys and finiteness still count). ``fc_off``: ``fc-bypassed`` was
+    found, which explains an fc weight no parameter took (vLLM builds no fc then)."""
     weights = draft.get("weights") or {}
     missing, nonfinite = weights.get("not_in_checkpoint") or [], weights.get("nonfinite") or []
     mismatched = [] if draft_random else weights.get("mismatched") or []
-    unused = weights.get("checkpoint_keys_unused") or []
+    unused = [k for k in weights.get("checkpoint_keys_unused") or [] if not (fc_off and k.endswith("fc.weight"))]
     found = []
     if missing or nonfinite or mismatched or obs.draft_logits_nonfinite:
         example = (missing or nonfinite or mismatched or ["draft logits"])[0]
@@ -231,7 +247,7 @@ def _weights(obs: Observation, draft: dict, draft_random: bool = False) -> list[
                         f"the live draft has parameters the checkpoint did not fill (e.g. {example}; "
                         f"{len(missing)} missing, {len(mismatched)} differing, {len(nonfinite)} "
                         f"non-finite, {obs.draft_logits_nonfinite} non-finite logits): it proposes garbage",
-                        "rename the checkpoint keys to the names SGLang's load_weights expects "
+                        f"rename the checkpoint keys to the names {NAMES[engine]}'s load_weights expects "
                         "(fc.weight, midlayer.*, norm.weight, lm_head.weight)",
                         {"not_in_checkpoint": missing[:50], "mismatched": mismatched[:50],
                          "nonfinite": nonfinite[:50], "checkpoint_keys_unused": unused[:50],

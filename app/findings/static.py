@@ -1,7 +1,10 @@
-"""Static rules: the draft checkpoint, the target config and SGLang's expected behaviour.
+"""Static rules: the draft checkpoint, the target config and the serving engine's expected behaviour
+(SGLang 0.5.23 or vLLM 0.32: ``Expectations.engine``).
 
 Each rule returns its findings; a root cause suppresses the consequences it explains, so every
-problem is reported once, in one line naming the cause.
+problem is reported once, in one line naming the cause. A finding names the engine it predicts for,
+and where the other engine does something else with the same checkpoint, says that too. Its
+evidence cites the engine's source under ``<engine>_source``.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from draftscope.findings.model import Finding
+from draftscope.spec import engines, sglang, vllm
 from draftscope.spec.convention import (IN_HF, OWNER, SHORT, Reading, aux_readings, hidden_states,
-                                        verdicts)
+                                        other_engine, verdicts)
 from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
-from draftscope.spec.sglang import DRAFT_NORMS, SGLANG_VERSION, SGLangExpectations, ids_capturing
+from draftscope.spec.expectations import NAMES, VERSIONS, Expectations
 from draftscope.spec.target import TargetSpec
 from draftscope.spec.training import training_settings
 
@@ -30,25 +34,42 @@ NORM_FLAG_PATH = {"norm_before_fc": "eagle_config.norm_before_fc", "fc_norm": "f
 
 
 def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
-                    exp: SGLangExpectations) -> list[Finding]:
-    """Every static finding for this draft, target and SGLang expectation, errors first."""
+                    exp: Expectations) -> list[Finding]:
+    """Every static finding for this draft, target and engine expectation, errors first."""
     found: list[Finding] = []
     if not exp.draft_class_supported:
-        found += _unsupported_draft(spec)
+        found += _unsupported_draft(spec, exp)
     elif exp.algorithm != "EAGLE3":
         found += _eagle_algorithm(spec, exp)
     else:
         found += _capture(spec, target, exp)
     found += _weights(spec, exp) if exp.draft_class_supported else []
-    found += _norms(spec) if exp.draft_class_supported else []
+    found += _norms(spec, exp) if exp.draft_class_supported else []
     found += _vocab(spec, target, exp)
     found += _positions(spec, target, exp)
-    found += _training(spec, target)
+    found += _training(spec, target, exp)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])
 
 
-def _unsupported_draft(spec: DraftFeatureSpec) -> list[Finding]:
+def _name(exp: Expectations) -> str:
+    """How a message names the engine: "SGLang" or "vLLM"."""
+    return NAMES[exp.engine]
+
+
+def _src(exp: Expectations) -> str:
+    """The evidence key of the engine's source: ``sglang_source`` or ``vllm_source``."""
+    return f"{exp.engine}_source"
+
+
+def _unsupported_draft(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
+    if exp.engine == "vllm":
+        return [Finding("draft-arch-unsupported", "error",
+                        f"architecture {spec.architecture} is not one vLLM {VERSIONS['vllm']} builds as an "
+                        "EAGLE-3 draft head (Eagle3LlamaForCausalLM), so the draft weights do not fit",
+                        "set \"architectures\": [\"LlamaForCausalLMEagle3\"] in the draft's config.json",
+                        {"architecture": spec.architecture, "source_format": spec.source_format,
+                         "vllm_source": "model_executor/models/registry.py (_SPECULATIVE_DECODING_MODELS)"})]
     if spec.source_format == "speculators":
         return [Finding("draft-arch-unsupported", "error",
                         "architecture Eagle3Speculator is vLLM speculators' format; SGLang 0.5.23 "
@@ -65,33 +86,41 @@ def _unsupported_draft(spec: DraftFeatureSpec) -> list[Finding]:
                      "sglang_source": "models/llama_eagle3.py::EntryClass"})]
 
 
-def _eagle_algorithm(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
+def _eagle_algorithm(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
+    src = [exp.sources["aux_config"], exp.sources["lm_head"], exp.sources["d2t"]]
+    if exp.engine == "vllm":
+        return [Finding("eagle-algorithm-with-eagle3-draft", "error",
+                        f"speculative method {exp.algorithm.lower()} with an EAGLE-3 draft: vLLM "
+                        f"captures no aux states (the draft gets {spec.target_hidden_size}-wide final hidden "
+                        f"states, so its fc {spec.fc_in_features}->{spec.hidden_size} never runs)",
+                        "launch with --speculative-config '{\"method\": \"eagle3\", ...}'",
+                        {"algorithm": exp.algorithm, "draft_architecture": spec.architecture, "vllm_source": src})]
     return [Finding("eagle-algorithm-with-eagle3-draft", "error",
                     f"--speculative-algorithm {exp.algorithm} with an EAGLE-3 draft: SGLang captures "
                     f"no aux states (the draft gets {spec.target_hidden_size}-wide final hidden "
                     f"states, so its fc {spec.fc_in_features}->{spec.hidden_size} never runs), "
                     "swaps in the target's lm_head and ignores d2t",
                     "launch with --speculative-algorithm EAGLE3",
-                    {"algorithm": exp.algorithm, "draft_architecture": spec.architecture,
-                     "sglang_source": [exp.sources["aux_config"], exp.sources["lm_head"],
-                                       exp.sources["d2t"]]},
+                    {"algorithm": exp.algorithm, "draft_architecture": spec.architecture, "sglang_source": src},
                     patch=[{"op": "server_arg", "name": "speculative_algorithm", "value": "EAGLE3"}])]
 
 
-def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
+def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> list[Finding]:
     src = [exp.sources[k] for k in ("aux_config", "capture", "capture_loop", "fc_width", "fc_skip")
            if k in exp.sources]
+    name = _name(exp)
     ev = {"aux_layer_ids": spec.aux_layer_ids, "ids_location": spec.aux_ids_location,
           "trained_physical": spec.aux_layers_physical, "layers_to_capture": exp.layers_to_capture,
           "captured_physical": exp.captured_physical, "aux_count": exp.aux_count, "k": spec.k,
           "draft_input_width": exp.draft_input_width, "fc_in_features": exp.fc_in_features,
-          "target_layers": target.num_layers, "sglang_source": src}
+          "target_layers": target.num_layers, _src(exp): src}
     if not exp.aux_capture:
         if spec.fc_in_features and spec.fc_in_features != spec.hidden_size:
+            skips = "vLLM builds no fc" if exp.engine == "vllm" else "silently skips fc"
             return [Finding("fc-bypassed", "error",
-                            f"{exp.capture_reason}: SGLang captures no aux states, the draft gets "
+                            f"{exp.capture_reason}: {name} captures no aux states, the draft gets "
                             f"{exp.draft_input_width}-wide final hidden states (== its embed width) "
-                            f"and silently skips fc ({spec.fc_in_features}->{spec.hidden_size})",
+                            f"and {skips} ({spec.fc_in_features}->{spec.hidden_size})",
                             "remove \"use_aux_hidden_state\": false from eagle_config (EAGLE-3 "
                             "drafts are trained on aux states)", ev,
                             patch=[{"op": "config_delete", "path": "eagle_config.use_aux_hidden_state"}])]
@@ -99,12 +128,12 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
     if exp.shift_rule is None:
         return [Finding("capture-semantics-unknown", "info",
                         f"draftscope does not know how {target.architecture} captures aux states in "
-                        "SGLang 0.5.23; layer and width checks were skipped",
+                        f"{exp.label}; layer and width checks were skipped",
                         "check at runtime: attach the tracer and read target.layers_to_capture",
                         {"target_architecture": target.architecture})]
     if spec.fc_in_features and spec.fc_in_features != exp.fc_in_features:
         return [Finding("aux-width-mismatch", "error",
-                        f"the checkpoint's fc takes {spec.fc_in_features} inputs but SGLang builds "
+                        f"the checkpoint's fc takes {spec.fc_in_features} inputs but {name} builds "
                         f"fc for {exp.fc_in_features} (target_hidden_size {spec.target_hidden_size} "
                         "x the number of eagle_config ids): loading fails",
                         "list one eagle_config id per trained aux layer (or set "
@@ -115,33 +144,29 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
     differ = (spec.aux_layers_physical is not None
               and exp.captured_physical != spec.aux_layers_physical)
     readings = aux_readings(spec, target, exp)
-    if spec.aux_ids_location == "top_level" and (short or differ):
+    if exp.engine == "sglang" and spec.aux_ids_location == "top_level" and (short or differ):
         fix_ids = readings[0].fix_ids if len(readings) == 1 else None
         move = fix_ids if fix_ids is not None else spec.aux_layer_ids
         return [Finding("aux-ids-not-read", "error",
                         f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top "
                         "level; SGLang reads it only from eagle_config and captures its default "
                         f"[2, L//2, L-3] = input of layers {exp.captured_layers} instead"
-                        f"{crash or ' (silently the wrong features)'}",
+                        f"{crash or ' (silently the wrong features)'} (vLLM {VERSIONS['vllm']} reads the "
+                        "top level first)",
                         f"move the ids into \"eagle_config\" in the draft's config.json: {move}", ev,
                         patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
                                {"op": "config_set", "path": IDS, "value": move}]
                         + ([{"op": "config_set", "path": RECORDED_KEY, "value": readings[0].physical}]
                            if move != spec.aux_layer_ids else []))]
     if short and exp.dropped_layers:
-        last = target.num_layers - 1
-        return [Finding("aux-count-short", "error",
-                        f"aux id {last} is the target's last layer: SGLang captures the input of "
-                        f"layer id+1 and layer {target.num_layers} does not exist, so only "
-                        f"{exp.aux_count} of {spec.k} aux states are captured{crash}",
-                        f"none in the config: SGLang cannot capture the output of the last decoder "
-                        f"layer; use a draft trained on layers <= {last - 1} (retrain with those ids)", ev)]
+        return [_dropped(spec, target, exp, crash, ev)]
     if short:
         return [Finding("aux-count-short", "error",
-                        f"SGLang captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
+                        f"{name} captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
                         f"but the draft was trained on {spec.k}{crash}",
                         "give eagle_config distinct ids, one per trained aux layer", ev)]
-    found = []
+    found = [_top_level_read(spec, target, ev)] if exp.engine == "vllm" and spec.aux_ids_location == "top_level" \
+        else []
     if len(readings) > 1:
         found.append(_ambiguous(spec, target, exp, readings, ev))
     elif differ:
@@ -149,58 +174,106 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations
     if exp.fc_shape_error:
         found.append(Finding("aux-width-mismatch", "error",
                              f"the draft will receive {exp.draft_input_width}-wide aux features but "
-                             f"SGLang builds fc for {exp.fc_in_features}: the first request crashes",
+                             f"{name} builds fc for {exp.fc_in_features}: the first request crashes",
                              "make num_aux_hidden_states / the eagle_config ids match the trained "
                              "fc width", ev))
     return found
 
 
-def _reading_fix(r: Reading, target: TargetSpec) -> str:
+def _top_level_read(spec: DraftFeatureSpec, target: TargetSpec, ev: dict) -> Finding:
+    """vLLM reads top-level ids; SGLang would not (its ``aux-ids-not-read``): info, with the move."""
+    n = target.num_layers
+    return Finding("aux-ids-not-read", "info",
+                   f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top level: vLLM "
+                   f"{VERSIONS['vllm']} reads it there, but SGLang {VERSIONS['sglang']} reads it only from "
+                   f"eagle_config and would capture its default [2, L//2, L-3] = hidden_states"
+                   f"{[2, n // 2, n - 3]} instead",
+                   f"move the ids into \"eagle_config\" (both engines read them there): {spec.aux_layer_ids}", ev,
+                   patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
+                          {"op": "config_set", "path": IDS, "value": spec.aux_layer_ids}])
+
+
+def _dropped(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations, crash: str,
+             ev: dict) -> Finding:
+    """``aux-count-short`` for ids the engine never reaches: SGLang's id L-1, any id past vLLM's L."""
+    last = target.num_layers - 1
+    if exp.engine == "vllm":
+        return Finding("aux-count-short", "error",
+                       f"aux ids {exp.dropped_layers} are outside 0..{target.num_layers}: vLLM captures "
+                       f"hidden_states[i] for 0 <= i <= {target.num_layers} only, so {exp.aux_count} of "
+                       f"{spec.k} aux states are captured{crash}",
+                       f"use ids 0..{target.num_layers} (hidden_states[{target.num_layers}] is the last "
+                       "layer's output)", ev)
+    return Finding("aux-count-short", "error",
+                   f"aux id {last} is the target's last layer: SGLang captures the input of "
+                   f"layer id+1 and layer {target.num_layers} does not exist, so only "
+                   f"{exp.aux_count} of {spec.k} aux states are captured{crash} (vLLM {VERSIONS['vllm']} "
+                   f"reads id {last} as hidden_states[{last}], the input of layer {last}, and serves)",
+                   f"none in the config: SGLang cannot capture the output of the last decoder "
+                   f"layer; use a draft trained on layers <= {last - 1} (retrain with those ids)", ev)
+
+
+def _reading_fix(r: Reading, target: TargetSpec, exp: Expectations) -> str:
+    name = _name(exp)
     if r.fix_ids is not None:
-        return f"write {IDS} {r.fix_ids} (SGLang then captures the output of layers {r.physical})"
+        return f"write {IDS} {r.fix_ids} ({name} then captures the output of layers {r.physical})"
     last = target.num_layers - 1
     why = (f"the output of layer {last}, the last decoder layer, is never captured"
-           if r.physical and last in r.physical else "no id list makes SGLang capture exactly those")
-    return f"no eagle_config ids can ({why}): use a draft trained on layers SGLang can capture"
+           if exp.engine == "sglang" and r.physical and last in r.physical
+           else f"no id list makes {name} capture exactly those")
+    return f"no eagle_config ids can ({why}): use a draft trained on layers {name} can capture"
 
 
-def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations,
+def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations,
                    r: Reading, ev: dict) -> Finding:
     return Finding("captured-layers-differ", "error",
-                   f"SGLang captures the output of layers {exp.captured_physical} but the draft was "
+                   f"{_name(exp)} captures the output of layers {exp.captured_physical} but the draft was "
                    f"trained on {r.physical} (ids {spec.aux_layer_ids} in {OWNER[r.convention]} "
                    f"convention: {IN_HF[r.convention]}; {spec.aux_convention_reason}); "
-                   + verdicts([(r.convention, r.physical)], exp.captured_physical, target.architecture),
-                   _reading_fix(r, target), ev,
+                   + verdicts([(r.convention, r.physical)], exp.captured_physical, target.architecture, exp.engine)
+                   + other_engine(spec.aux_layer_ids, exp.engine, target.num_layers),
+                   _reading_fix(r, target, exp), ev,
                    patch=[{"op": "config_set", "path": IDS, "value": r.fix_ids},
                           {"op": "config_set", "path": RECORDED_KEY, "value": r.physical}]
                    if r.fix_ids else [])
 
 
-def _ambiguous(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations,
+def _ambiguous(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations,
                readings: list[Reading], ev: dict) -> Finding:
     """One finding naming both readings of ids whose convention the checkpoint does not settle:
-    info when one of them is what SGLang captures (right if the draft was trained that way)."""
-    ok = [r for r in readings if r.matches_sglang]
+    info when one of them is what the engine captures (right if the draft was trained that way)."""
+    ok = [r for r in readings if r.matches_engine]
     said = verdicts([(r.convention, r.physical) for r in readings], exp.captured_physical,
-                    target.architecture)
-    fixes = [f"if it was trained {SHORT[r.convention]}: {_reading_fix(r, target)}"
-             for r in readings if not r.matches_sglang]
+                    target.architecture, exp.engine)
+    fixes = [f"if it was trained {SHORT[r.convention]}: {_reading_fix(r, target, exp)}"
+             for r in readings if not r.matches_engine]
     return Finding("aux-convention-ambiguous", "info" if ok else "error",
-                   f"the checkpoint names no trainer ({spec.trainer_source}); SGLang "
-                   f"{SGLANG_VERSION} on {target.architecture} captures "
+                   f"the checkpoint names no trainer ({spec.trainer_source}); {exp.label} on "
+                   f"{target.architecture} captures "
                    f"{hidden_states(exp.captured_physical)} (the output of layers "
-                   f"{exp.captured_physical}) for ids {spec.aux_layer_ids}: {said}",
+                   f"{exp.captured_physical}) for ids {spec.aux_layer_ids}: {said}"
+                   + other_engine(spec.aux_layer_ids, exp.engine, target.num_layers),
                    "settle which trainer wrote the checkpoint (pass its training config with "
                    "--training-config, or ask its publisher); " + "; ".join(fixes),
                    {**ev, "readings": [{"convention": r.convention, "physical": r.physical,
-                                        "matches_sglang": r.matches_sglang, "fix_ids": r.fix_ids}
+                                        "matches_engine": r.matches_engine, "fix_ids": r.fix_ids}
                                        for r in readings]})
 
 
-def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
-    src = exp.sources.get("load_weights")
+def _weights(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
+    src, key = exp.sources.get("load_weights"), _src(exp)
     ignored = exp.keys_ignored
+    prefix = spec.key_style[len("prefixed:"):] if spec.key_style.startswith("prefixed:") else None
+    if exp.load_error:
+        return [Finding("draft-weights-not-loaded", "error",
+                        f"vLLM {VERSIONS['vllm']} refuses to start while loading the draft: {exp.load_error}"
+                        + (f" (its keys sit under '{prefix}'; SGLang {VERSIONS['sglang']} would skip them "
+                           "without a word and serve a draft of uninitialised weights)" if prefix else ""),
+                        (f"rename the keys without the '{prefix}' prefix" if prefix else
+                         "rename the keys to fc.weight, midlayer.* (or layers.0.*), norm.weight, lm_head.weight"),
+                        {"load_error": exp.load_error, "key_style": spec.key_style, key: src},
+                        patch=[{"op": "strip_key_prefix", "prefix": prefix}] if prefix else [])]
+    name = _name(exp)
     if exp.params_missing:
         lm_only = exp.params_missing == ["lm_head.weight"]
         if lm_only:
@@ -210,37 +283,40 @@ def _weights(spec: DraftFeatureSpec, exp: SGLangExpectations) -> list[Finding]:
                             "head (acceptance ~0, no error)",
                             "ship lm_head.weight, or remove draft_vocab_size so SGLang takes the "
                             "target's head", {"params_missing": exp.params_missing,
-                                              "sglang_source": [src, exp.sources["lm_head"]]})]
-        prefix = spec.key_style[len("prefixed:"):] if spec.key_style.startswith("prefixed:") else None
-        cause = (f"its keys sit under '{prefix}', a prefix SGLang's load_weights does not strip"
-                 if prefix else f"{len(ignored)} checkpoint keys match no parameter name")
+                                              key: [src, exp.sources["lm_head"]]})]
+        cause = (f"its keys sit under '{prefix}', a prefix {name}'s load_weights does not strip"
+                 if prefix else f"{len(ignored)} checkpoint keys match no parameter name" if ignored
+                 else "the checkpoint has no key for them")
         return [Finding("draft-weights-not-loaded", "error",
                         f"{len(exp.params_missing)} draft parameters get no checkpoint tensor "
-                        f"(e.g. {exp.params_missing[0]}): {cause}, so they stay uninitialised "
+                        f"(e.g. {exp.params_missing[0]}): {cause}, so {name} leaves them uninitialised "
                         "and the draft proposes garbage",
                         (f"rename the keys without the '{prefix}' prefix" if prefix else
                          "rename the keys to fc.weight, midlayer.* (or layers.0.*), norm.weight, "
                          "lm_head.weight"),
                         {"params_missing": exp.params_missing, "keys_ignored": ignored[:50],
-                         "key_style": spec.key_style, "sglang_source": src},
+                         "key_style": spec.key_style, key: src},
                         patch=[{"op": "strip_key_prefix", "prefix": prefix}] if prefix else [])]
     norm = {k for keys in spec.norm_keys.values() for k in keys}
     ignored = [k for k in ignored if k not in norm]  # the EAGLE-3.1 rules name those
     if ignored:
         return [Finding("checkpoint-keys-ignored", "warning",
-                        f"SGLang's load_weights silently skips {len(ignored)} checkpoint keys "
+                        f"{name}'s load_weights silently skips {len(ignored)} checkpoint keys "
                         f"(e.g. {ignored[0]})",
                         "rename or drop those keys; if they are trained weights (fc_norm, "
                         "input_norm) set the config flag that creates their parameters",
-                        {"keys_ignored": ignored[:50], "sglang_source": src})]
+                        {"keys_ignored": ignored[:50], key: src})]
     return []
 
 
-def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
+def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> list[Finding]:
     vm, found = spec.vocab_map, []
     v_t, v_d = target.vocab_size, spec.draft_vocab_size
-    src = exp.sources.get("d2t")
+    src, key, name = exp.sources.get("d2t"), _src(exp), _name(exp)
     sev = "error" if exp.d2t_used else "warning"
+    crash = ("an id >= vocab crashes the server" if exp.engine == "sglang" else
+             f"the server crashes {vllm.D2T_CRASH}, where SGLang {VERSIONS['sglang']} crashes only "
+             f"{sglang.D2T_CRASH}")
     if spec.target_vocab_size is not None and spec.target_vocab_size != v_t:
         found.append(Finding("target-vocab-mismatch", "error",
                              f"the draft was built for a {spec.target_vocab_size}-token vocabulary, "
@@ -252,13 +328,13 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
         what = ("d2t holds absolute target ids, not offsets" if vm.looks_absolute
                 else "d2t offsets map draft ids outside the target vocabulary or onto the same id")
         found.append(Finding("d2t-not-offsets", sev,
-                             f"{what}: SGLang maps draft id i to i + d2t[i] (max "
+                             f"{what}: {name} maps draft id i to i + d2t[i] (max "
                              f"{vm.target_id_max}, vocab {v_t}), so drafts land on wrong tokens and "
-                             "an id >= vocab crashes the server",
+                             f"{crash}",
                              "store offsets: d2t = selected_target_ids - arange(draft_vocab_size)",
                              {"target_id_min": vm.target_id_min, "target_id_max": vm.target_id_max,
                               "unique": vm.target_ids_unique, "looks_absolute": vm.looks_absolute,
-                              "sglang_source": src},
+                              key: src},
                              patch=[{"op": "d2t_to_offsets"}] if vm.looks_absolute else []))
     elif vm.d2t_present and vm.d2t_all_zero and v_d is not None and v_d < v_t:
         found.append(Finding("d2t-identity-slice", "warning",
@@ -269,19 +345,19 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
     if not vm.d2t_present and exp.algorithm == "EAGLE3" and v_d is not None and v_d < v_t:
         found.append(Finding("d2t-missing", "error",
                              f"draft_vocab_size {v_d} < target vocab {v_t} but the checkpoint has no "
-                             "d2t: SGLang uses draft ids as target ids",
-                             "add the d2t tensor from training's vocab mapping", {"sglang_source": src}))
+                             f"d2t: {name} uses draft ids as target ids",
+                             "add the d2t tensor from training's vocab mapping", {key: src}))
     d2t_bad = any(f.rule_id == "d2t-not-offsets" for f in found)
     if vm.t2d_present and not d2t_bad and (
             vm.t2d_size != v_t or (v_d is not None and vm.t2d_sum != v_d) or vm.t2d_matches_d2t is False):
         found.append(Finding("t2d-inconsistent", "warning",
                              f"t2d (size {vm.t2d_size}, {vm.t2d_sum} set) does not agree with the "
-                             f"target vocab {v_t}, draft_vocab_size {v_d} or d2t; SGLang ignores "
+                             f"target vocab {v_t}, draft_vocab_size {v_d} or d2t; {name} ignores "
                              "t2d, but the vocab mapping it came from is suspect",
                              "regenerate t2d and d2t together from the same vocab mapping",
                              {"t2d_size": vm.t2d_size, "t2d_sum": vm.t2d_sum,
                               "matches_d2t": vm.t2d_matches_d2t,
-                              "sglang_source": "models/llama_eagle3.py::LlamaForCausalLMEagle3.load_weights (t2d skipped)"}))
+                              key: exp.sources.get("load_weights", "") + " (t2d skipped)"}))
     sizes = {"lm_head rows": spec.lm_head_rows, "draft_vocab_size": v_d,
                                       "d2t size": vm.d2t_size}
     known = {k: v for k, v in sizes.items() if v is not None}
@@ -289,24 +365,24 @@ def _vocab(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) 
         found.append(Finding("draft-vocab-lm-head-mismatch", "error",
                              "the draft's vocabulary sizes disagree ("
                              + ", ".join(f"{k} {v}" for k, v in known.items())
-                             + "): SGLang builds lm_head with draft_vocab_size rows, so loading or "
+                             + f"): {name} builds lm_head with draft_vocab_size rows, so loading or "
                              "id mapping breaks",
                              "make draft_vocab_size, lm_head.weight rows and d2t length equal",
-                             {**known, "sglang_source": exp.sources["lm_head"]},
+                             {**known, key: exp.sources["lm_head"]},
                              patch=[{"op": "config_set", "path": "draft_vocab_size",
                                      "value": spec.lm_head_rows}]
                              if spec.lm_head_rows and vm.d2t_size in (None, spec.lm_head_rows) else []))
     return found
 
 
-def _positions(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectations) -> list[Finding]:
+def _positions(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> list[Finding]:
     found = []
-    src = exp.sources["context_length"]
+    src = exp.sources.get("context_length")  # None: the engine's start-up checks are not modelled
     if exp.startup_error:
         draft_side = "Target model's" in exp.startup_error
         cap = spec.context_length if draft_side else target.context_length
         found.append(Finding("startup-refused", "error",
-                             f"SGLang {SGLANG_VERSION} refuses to start: {exp.startup_error}",
+                             f"SGLang {VERSIONS['sglang']} refuses to start: {exp.startup_error}",
                              f"serve with --context-length {cap} (every request then fits "
                              f"{'the draft' if draft_side else 'the target'}), or set "
                              "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to serve longer"
@@ -340,7 +416,7 @@ def _positions(spec: DraftFeatureSpec, target: TargetSpec, exp: SGLangExpectatio
     return found
 
 
-def _training(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
+def _training(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> list[Finding]:
     """The trainer's config against config.json: aux layers, widths, vocabularies, length."""
     if not spec.training:
         return []
@@ -353,9 +429,9 @@ def _training(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
         if trained != spec.aux_layers_physical:
             diffs["aux layers (output of layer j)"] = (f"{trained} (ids {ids})", f"{spec.aux_layers_physical} "
                                                        f"(ids {spec.aux_layer_ids})")
-            fix_ids = ids_capturing(trained, target) if trained is not None else None
+            fix_ids = engines.ids_capturing(trained, target, exp.engine) if trained is not None else None
             if fix_ids is not None:
-                fix += (f"; if the training config is right, write {IDS} {fix_ids} (SGLang then "
+                fix += (f"; if the training config is right, write {IDS} {fix_ids} ({_name(exp)} then "
                         f"captures the output of layers {trained})")
     for setting, mine in (("target_hidden_size", spec.target_hidden_size), ("hidden_size", spec.hidden_size),
                           ("vocab_size", spec.target_vocab_size), ("draft_vocab_size", spec.draft_vocab_size),
@@ -369,39 +445,39 @@ def _training(spec: DraftFeatureSpec, target: TargetSpec) -> list[Finding]:
     return [Finding("training-config-disagrees", "error" if serious else "info",
                     f"the training config {spec.training_path} disagrees with config.json: "
                     + "; ".join(f"{k} {a} vs {b}" for k, a, b in ((k, *v) for k, v in diffs.items()))
-                    + (" (SGLang follows config.json)" if serious else
+                    + (f" ({_name(exp)} follows config.json)" if serious else
                        ": acceptance may fall past the length the draft was trained on"), fix,
                     {"training_config": spec.training_path, "disagreements": {
                         k: {"training_config": a, "config_json": b} for k, (a, b) in diffs.items()}})]
 
 
-def _norms(spec: DraftFeatureSpec) -> list[Finding]:
-    """EAGLE-3.1 flags against their weights and against what SGLang's draft class applies."""
-    applies = DRAFT_NORMS.get(spec.architecture, {})
+def _norms(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
+    """EAGLE-3.1 flags against their weights and against what the engine's draft class applies."""
+    applies, name = engines.draft_norms(exp.engine).get(spec.architecture, {}), _name(exp)
     found = []
     for flag, meaning in NORM_MEANING.items():
         on, keys = getattr(spec, flag), spec.norm_keys.get(flag)
         ev = {"flag": flag, "set": on, "weights": keys, "draft_class": spec.architecture,
-              "sglang_source": applies.get(flag, f"{spec.architecture} has no {flag}")}
+              _src(exp): applies.get(flag, f"{spec.architecture} has no {flag}")}
         if (on or keys) and flag not in applies:
             found.append(Finding("eagle31-flag-ignored", "error",
                                  f"the draft was trained with {flag} ({meaning}"
-                                 f"{', weights ' + ', '.join(keys[:3]) if keys else ''}) but SGLang "
-                                 f"{SGLANG_VERSION}'s {spec.architecture} does not implement it: the "
+                                 f"{', weights ' + ', '.join(keys[:3]) if keys else ''}) but "
+                                 f"{exp.label}'s {spec.architecture} does not implement it: the "
                                  "draft gets features it was not trained on, silently",
                                  f"serve it with an engine version whose {spec.architecture} applies "
                                  f"{flag}, or use a draft trained without it", ev))
         elif keys and not on:
             found.append(Finding("eagle31-weights-without-flag", "error",
                                  f"the checkpoint holds trained {flag} weights ({', '.join(keys[:3])}) "
-                                 f"but config.json does not set {flag}: SGLang builds no such norm "
+                                 f"but config.json does not set {flag}: {name} builds no such norm "
                                  f"({meaning}) and drops the weights without a word",
                                  f"set {NORM_FLAG_PATH[flag]}: true in config.json", ev,
                                  patch=[{"op": "config_set", "path": NORM_FLAG_PATH[flag], "value": True}]))
         elif on and keys == []:
             found.append(Finding("eagle31-flag-without-weights", "warning",
                                  f"config.json sets {flag} but the checkpoint has no weights for it: "
-                                 f"SGLang applies {meaning} with unit weights, not trained ones",
+                                 f"{name} applies {meaning} with unit weights, not trained ones",
                                  f"ship the trained {flag} weights, or unset {flag} if the draft was "
                                  "trained without it", ev))
     return found

@@ -6,8 +6,9 @@ The same id names different tensors in different trainers: SpecForge counts deco
 Llama-family targets read ids the SpecForge way (``models/llama.py::set_eagle3_layers_to_capture``:
 layers_to_capture = id + 1, capture = input of layer i = ``hidden_states[i]``); its DeepSeek/Kimi
 path adds 1 only when the first id is 1 (``models/deepseek_v2.py::set_eagle3_layers_to_capture``,
-sglang PR #25454), so it reads every other id list the speculators way. When the checkpoint does not
-name its trainer and the format's convention differs from SGLang's reading, both readings are
+sglang PR #25454), so it reads every other id list the speculators way. vLLM 0.32 reads every id
+the speculators way (id i feeds ``hidden_states[i]``, ``spec/vllm.py``). When the checkpoint does not
+name its trainer and the format's convention differs from the engine's reading, both readings are
 possible: each verdict then says which convention it assumes.
 """
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftscope.spec import engines
 from draftscope.spec.draft import FORMAT_CONVENTION, ConfigIds, DraftFeatureSpec, physical_layers
-from draftscope.spec.sglang import (CAPTURE_SHIFT, SGLangExpectations, ids_capturing,
-                                    sglang_reading)
+from draftscope.spec.expectations import VERSIONS, Expectations
 from draftscope.spec.target import TargetSpec
 
 MEANING = {"output_of": "SpecForge's convention: id j is the output of decoder layer j",
@@ -35,56 +36,57 @@ IN_HF = {"output_of": "id j = output of layer j = hidden_states[j+1]",
          "input_to": "id j = hidden_states[j] = input of layer j",
          "boundary": "id j = hidden_states[j], id L the last layer's output",
          "recorded": "the trained layers, recorded by draftscope doctor --fix"}
-PATH = {"plus1": "SGLang's Llama-family path", "first1": "SGLang's DeepSeek path"}
 
 
 @dataclass
 class Reading:
-    """One way to read the draft's aux ids, and what SGLang makes of it."""
+    """One way to read the draft's aux ids, and what the engine makes of it."""
 
     convention: str  # output_of | input_to | boundary | recorded
     meaning: str
     physical: list[int] | None  # the trained layers ("output of layer j") under this reading
-    matches_sglang: bool | None  # SGLang captures exactly these; None: unknown
-    fix_ids: list[int] | None  # eagle_config ids that make SGLang capture ``physical``; None: none can
+    matches_engine: bool | None  # the engine feeds exactly these; None: unknown
+    fix_ids: list[int] | None  # ids that make the engine feed ``physical``; None: none can
 
 
 def aux_readings(spec: DraftFeatureSpec, target: TargetSpec,
-                 exp: SGLangExpectations) -> list[Reading]:
+                 exp: Expectations) -> list[Reading]:
     """One reading when the convention is settled; both (the format's first) when it is not."""
     readings = []
-    for conv, physical in spec_readings(spec, target):
+    for conv, physical in spec_readings(spec, target, exp.engine):
         matches = None if exp.captured_physical is None or physical is None \
             else exp.captured_physical == physical
-        fix = ids_capturing(physical, target) if physical is not None else None
+        fix = engines.ids_capturing(physical, target, exp.engine) if physical is not None else None
         readings.append(Reading(conv, MEANING[conv], physical, matches, fix))
     return readings
 
 
-def spec_readings(spec: DraftFeatureSpec, target: TargetSpec) -> list[tuple[str, list[int] | None]]:
+def spec_readings(spec: DraftFeatureSpec, target: TargetSpec,
+                  engine: str = "sglang") -> list[tuple[str, list[int] | None]]:
     """(convention, trained layers as "output of layer j") per possible reading of the ids."""
-    if not is_ambiguous(spec, target):
+    if not is_ambiguous(spec, target, engine):
         return [(spec.aux_convention, spec.aux_layers_physical)]
     return _both(spec.source_format, spec.aux_layer_ids, target.num_layers)
 
 
-def config_readings(read: ConfigIds, target: TargetSpec) -> list[tuple[str, list[int] | None]]:
+def config_readings(read: ConfigIds, target: TargetSpec,
+                    engine: str = "sglang") -> list[tuple[str, list[int] | None]]:
     """``spec_readings`` for a draft config alone (``draft.config_ids``: no training config)."""
-    if not _ambiguous(read.source_format, read.ids, read.convention, read.trainer, target):
+    if not _ambiguous(read.source_format, read.ids, read.convention, read.trainer, target, engine):
         return [(read.convention, read.physical)]
     return _both(read.source_format, read.ids, target.num_layers)
 
 
-def is_ambiguous(spec: DraftFeatureSpec, target: TargetSpec) -> bool:
-    """True when no trainer metadata settles the ids and SGLang reads them unlike the format."""
-    return _ambiguous(spec.source_format, spec.aux_layer_ids, spec.aux_convention, spec.trainer, target)
+def is_ambiguous(spec: DraftFeatureSpec, target: TargetSpec, engine: str = "sglang") -> bool:
+    """True when no trainer metadata settles the ids and the engine reads them unlike the format."""
+    return _ambiguous(spec.source_format, spec.aux_layer_ids, spec.aux_convention, spec.trainer, target, engine)
 
 
 def _ambiguous(fmt: str, ids: list[int] | None, convention: str, trainer: str | None,
-               target: TargetSpec) -> bool:
+               target: TargetSpec, engine: str) -> bool:
     if trainer is not None or ids is None or convention in ("boundary", "recorded"):
         return False
-    seen = sglang_reading(ids, target)
+    seen = engines.reading(ids, target, engine)
     return seen is not None and seen != FORMAT_CONVENTION[fmt]
 
 
@@ -99,17 +101,12 @@ def hidden_states(physical: list[int]) -> str:
     return "hidden_states[" + ", ".join(str(j + 1) for j in physical) + "]"
 
 
-def sglang_path(architecture: str | None) -> str:
-    """How a verdict names SGLang's capture for this target class."""
-    return PATH.get(CAPTURE_SHIFT.get(architecture or ""), "SGLang")
-
-
 def verdicts(readings: list[tuple[str, list[int] | None]], captured: list[int],
-             architecture: str | None) -> str:
+             architecture: str | None, engine: str = "sglang") -> str:
     """Each reading's verdict, naming its convention: "under SpecForge's convention these ids mean
     hidden_states[21, 41, 61] and SGLang's DeepSeek path feeds hidden_states[20, 40, 60]: off by
-    one; under speculators' they match". ``captured``: what SGLang feeds, as outputs of layers."""
-    fed, path, parts = hidden_states(captured), sglang_path(architecture), []
+    one; under speculators' they match". ``captured``: what the engine feeds, as outputs of layers."""
+    fed, path, parts = hidden_states(captured), engines.path(architecture, engine), []
     for conv, physical in readings:
         if physical is None:
             parts.append(f"under {OWNER[conv]} convention the trained layers are unknown")
@@ -132,3 +129,15 @@ def offset(trained: list[int], captured: list[int]) -> str:
     d = shifts.pop()
     n = "one" if abs(d) == 1 else str(abs(d))
     return f"off by {n} ({n} layer{'s' if abs(d) > 1 else ''} {'deeper' if d > 0 else 'shallower'})"
+
+
+def other_engine(ids: list[int] | None, engine: str, num_layers: int | None) -> str:
+    """On vLLM, a clause on what SGLang's Llama-family path makes of the same ids (one layer deeper,
+    and never the input of layer L); "" on SGLang."""
+    if engine != "vllm" or not ids or not num_layers:
+        return ""
+    fed = [i + 1 for i in ids if 0 <= i + 1 < num_layers]
+    lost = [i for i in ids if not 0 <= i + 1 < num_layers]
+    return (f"; SGLang {VERSIONS['sglang']} reads the same ids one layer deeper (hidden_states{fed} on a "
+            "Llama-family target" + (f", and never captures id {lost}'s hidden_states"
+                                     f"{[i + 1 for i in lost]}" if lost else "") + ")")

@@ -219,6 +219,16 @@ def config_ids(config: dict, target_layers: int | None) -> ConfigIds | None:
                      physical_layers(ids, convention, target_layers, config))
 
 
+def config_fc_width(config: dict, hidden: int | None = None) -> int | None:
+    """The fc width a draft config implies, one ``target_hidden_size`` (else ``hidden``) per aux id;
+    None without ids. For a trace whose live draft has no fc (vLLM builds none without aux capture)."""
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    k = config.get("num_aux_hidden_states") or (len(ids) if ids else None)
+    width = config.get("target_hidden_size") or hidden
+    return int(k) * int(width) if k and width else None
+
+
 def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
     archs = config.get("architectures") or []
     if config.get("speculators_model_type") == "eagle3" and "Eagle3Speculator" not in archs:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
 from typing import Any
 
 from draftscope.spec.draft import DraftFeatureSpec
+from draftscope.spec.expectations import Expectations
 from draftscope.spec.target import TargetSpec
-
-SGLANG_VERSION = "0.5.23"
 
 SRC = {
     "aux_config": "model_executor/model_runner_components/spec_aux_hidden_state.py::"
@@ -71,45 +69,12 @@ CAPTURE_SHIFT = {
     "KimiK25ForConditionalGeneration": "first1",  # delegates to its DeepseekV3 language_model
 }
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
+D2T_CRASH = "once an id >= vocab is drafted (IndexError in embed_tokens): it depends on the traffic"
 LEGACY_NAME_MAP = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
                    "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
 STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
 SHARDS = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
-
-
-@dataclass
-class SGLangExpectations:
-    """What SGLang will capture, feed, load and ignore for this pair."""
-
-    algorithm: str
-    draft_class_supported: bool
-    aux_capture: bool
-    capture_reason: str
-    ids_passed: list[int] | None  # argument of set_eagle3_layers_to_capture
-    shift_rule: str | None  # plus1 | first1 | None (target class unknown to draftscope)
-    layers_to_capture: list[int] | None  # the target's live attribute (capture = input of layer i)
-    captured_layers: list[int] | None  # the ones that exist, in capture (layer) order
-    dropped_layers: list[int]  # requested but beyond the last layer: silently never captured
-    captured_physical: list[int] | None  # as "output of layer j"
-    aux_count: int | None
-    draft_input_width: int | None  # spec_info.hidden_states width at draft prefill / extend
-    fc_in_features: int  # the fc SGLang builds
-    fc_runs: bool | None
-    fc_shape_error: bool | None  # fc runs on a width it was not built for: crash at request 1
-    lm_head_source: str  # draft | target | draft_embed (tied)
-    d2t_used: bool
-    keys_loaded: dict[str, str] = field(default_factory=dict)  # checkpoint key -> parameter
-    keys_renamed: dict[str, str] = field(default_factory=dict)  # legacy key -> new name
-    keys_ignored: list[str] = field(default_factory=list)
-    params_missing: list[str] = field(default_factory=list)  # required params no key fills
-    sources: dict[str, str] = field(default_factory=dict)
-    # start-up (configs/model_config.py::_derive_context_length, for the target then the draft)
-    context_len: int | None = None  # the target's, which the draft runs at
-    draft_context_len: int | None = None  # derived from the draft config (before any override)
-    startup_error: str | None = None  # the ValueError SGLang raises before serving, if any
-    draft_max_position_override: int | None = None  # the draft's max_position_embeddings after override
-    override_env: str | None = None  # the variable that allowed an override
 
 
 def parse_server_args(text: str | None) -> dict[str, Any]:
@@ -159,7 +124,7 @@ def format_server_args(args: dict[str, Any]) -> str:
 
 def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
                   server_args: dict[str, Any] | None = None,
-                  env: dict[str, str] | None = None) -> SGLangExpectations:
+                  env: dict[str, str] | None = None) -> Expectations:
     """SGLang's behaviour for ``spec`` drafting for ``target`` under ``server_args`` and the
     server's environment ``env`` (only OVERRIDE_ENV is read)."""
     server_args = server_args or {}
@@ -217,7 +182,7 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
         d2t_used = spec.vocab_map.d2t_present
         sources["lm_head"], sources["d2t"] = SRC["lm_head"], SRC["hot_token_id"]
 
-    exp = SGLangExpectations(
+    exp = Expectations(
         algorithm=algorithm, draft_class_supported=spec.architecture in EAGLE3_DRAFT_CLASSES,
         aux_capture=capture, capture_reason=reason, ids_passed=ids, shift_rule=shift,
         layers_to_capture=layers, captured_layers=captured, dropped_layers=dropped,
@@ -230,7 +195,7 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
 
 
 def _context_length(spec: DraftFeatureSpec, target: TargetSpec, server_args: dict[str, Any],
-                    env: dict[str, str], exp: SGLangExpectations) -> None:
+                    env: dict[str, str], exp: Expectations) -> None:
     """``ModelConfig._derive_context_length``, for the target (user --context-length) and then the
     draft (given the target's context_len): a longer context than derived raises ValueError unless
     an override variable is set, which for the draft also overwrites its max_position_embeddings."""
@@ -313,7 +278,7 @@ def _llama_eagle3_params(spec: DraftFeatureSpec, num_aux: int, with_lm_head: boo
     return params
 
 
-def _simulate_load(spec: DraftFeatureSpec, exp: SGLangExpectations, needs_lm_head: bool,
+def _simulate_load(spec: DraftFeatureSpec, exp: Expectations, needs_lm_head: bool,
                    num_aux: int) -> None:
     """Replay the draft class's load_weights over the checkpoint key names."""
     if spec.architecture == "Eagle3DeepseekV2ForCausalLM":
