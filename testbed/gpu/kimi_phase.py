@@ -2,8 +2,8 @@
 
 ``kimi`` (``bash .cache/gpu-kit/run.sh --only kimi``): the models are made on the device
 (``testbed.gpu.kimi_models``: the target served with ``--load-format dummy``, the drafts written from a
-seed), then the four servers of ``kimi_models.SCENARIOS`` in ``WAVES`` of two (~45 GB each: all four do
-not fit one H200), each traced (file sink, every request sampled), answering four requests one by one and
+seed), then the four servers of ``kimi_models.SCENARIOS`` and the healthy draft's eager twin (``EAGER``,
+``--disable-cuda-graph``) in ``WAVES`` (~40 GB each: all five do not fit one H200), each traced (file sink, every request sampled), answering four requests one by one and
 sixteen eight at a time (token ids, fixed request ids), then stopped with SIGTERM so the tracer flushes.
 
 ``kimi-throughput`` (``--only kimi-throughput``): the healthy draft's server three times at once (no
@@ -39,7 +39,9 @@ BASE_ARGS = ["--dtype", "bfloat16", "--load-format", "dummy", "--speculative-dra
 TRACE_ARGS = [*BASE_ARGS, "--max-running-requests", "8", "--cuda-graph-max-bs-decode", "8"]
 THROUGHPUT_ARGS = [*BASE_ARGS, "--max-running-requests", "64", "--cuda-graph-bs-decode", "1", "2", "4", "8", "16",
                    "32", "64"]
-WAVES = (("kimi-healthy", "kimi-aux-off"), ("kimi-weights-dropped", "kimi-d2t-absolute"))
+# the healthy draft once more with CUDA graphs off: its sequential requests must record what the graphs server's do
+EAGER = {"kimi-healthy-eager": "kimi-healthy"}
+WAVES = (("kimi-healthy", "kimi-aux-off", "kimi-healthy-eager"), ("kimi-weights-dropped", "kimi-d2t-absolute"))
 EVERY = {"DRAFTSCOPE_SAMPLE_RATE": "1"}
 NEW_TOKENS = 32
 START_TIMEOUT_S = 300
@@ -59,7 +61,10 @@ def make_models(work: Path) -> tuple[Path, dict]:
 
 
 def trace_specs(models: Path) -> dict:
-    return {name: Spec(name, models / "target", models / name, TRACE_ARGS, EVERY) for name in kimi_models.SCENARIOS}
+    specs = {name: Spec(name, models / "target", models / name, TRACE_ARGS, EVERY) for name in kimi_models.SCENARIOS}
+    for name, draft in EAGER.items():
+        specs[name] = Spec(name, models / "target", models / draft, [*TRACE_ARGS, "--disable-cuda-graph"], EVERY)
+    return specs
 
 
 def throughput_specs(models: Path) -> list:
@@ -145,7 +150,7 @@ def wait_gpu_free(limit_mib: int = 4000, timeout_s: float = 30.0) -> None:
 
 def crashes(name: str) -> bool:
     """Whether the CPU bed's twin of scenario ``name`` ends its server serving (``testbed.scenarios.FINDINGS``)."""
-    return FINDINGS[kimi_models.SCENARIOS[name][1]][2]
+    return FINDINGS[kimi_models.SCENARIOS[EAGER.get(name, name)][1]][2]
 
 
 def run_traces(bed, models: Path, deadline: float) -> dict:

@@ -56,6 +56,13 @@ def load(path: Path | str) -> Trace:
     return t
 
 
+def only(t: Trace, prefix: str) -> Trace:
+    """The records of ``t``'s requests whose ids start with ``prefix``."""
+    return Trace(run=t.run, requests={k: v for k, v in t.requests.items() if k.startswith(prefix)},
+                 steps={k: v for k, v in t.steps.items() if k[0].startswith(prefix)},
+                 samples={k: v for k, v in t.samples.items() if (k[0] or "").startswith(prefix)}, health=t.health)
+
+
 def _close(a, b, rel: float = REL, abs_: float = ABS) -> bool:
     if a is None or b is None:
         return a is b

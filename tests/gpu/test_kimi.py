@@ -105,6 +105,17 @@ def test_kimi_hidden_states_are_bf16_at_their_width(results, name):
     assert widths == ({7168} if name == "kimi-aux-off" else {21504}), (widths, t.summary())
 
 
+def test_kimi_graphs_on_and_off_record_the_same(results):
+    """The healthy draft with CUDA graphs on and off (``kimi_phase.EAGER``), its four requests sent one at a
+    time (a graph batch of 1 is not padded): the same steps, acceptance, top-k and samples, in bf16."""
+    on = traces.only(traces.load(server(results, "kimi-healthy")["trace"]), "kimi-seq-")
+    off = traces.only(traces.load(server(results, "kimi-healthy-eager")["trace"]), "kimi-seq-")
+    facts = server(results, "kimi-healthy-eager")["log_facts"]
+    assert facts["cuda_graph_batches"] == 0 and facts["eager_batches"] > 0, facts
+    assert len(off.requests) == 4 and off.steps and off.samples, off.summary()
+    assert traces.differences(off, on) == [], f"graphs on: {on.summary()}\ngraphs off: {off.summary()}"
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if not crashes(n)])
 def test_kimi_graphs_are_replayed_with_the_standin(results, name):
     facts = server(results, name)["log_facts"]

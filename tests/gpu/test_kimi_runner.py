@@ -121,9 +121,12 @@ def test_kimi_phase_serves_every_scenario_in_waves(bed, tmp_path):
     models = tmp_path / "models"
     kimi_models.make(models, kimi_models.TINY)
     out = kimi_phase.run_traces(bed, models, deadline=time.monotonic() + 600)
-    assert set(out["servers"]) == set(kimi_models.SCENARIOS) and all(s["ok"] for s in out["servers"].values())
+    assert set(out["servers"]) == {*kimi_models.SCENARIOS, *kimi_phase.EAGER} and \
+        all(s["ok"] for s in out["servers"].values())
     for name, s in out["servers"].items():
-        assert s["spec"]["draft"] == str(models / name) and "bfloat16" in s["spec"]["args"], s["spec"]
+        draft = kimi_phase.EAGER.get(name, name)
+        assert s["spec"]["draft"] == str(models / draft) and "bfloat16" in s["spec"]["args"], s["spec"]
+        assert ("--disable-cuda-graph" in s["spec"]["args"]) == (name in kimi_phase.EAGER), s["spec"]
         assert s["trace"] == str(bed.work / "traces" / f"{name}.jsonl"), s
         got = out["answers"][name]
         assert [a["rid"] for a in got[:4]] == [f"kimi-seq-{i}" for i in range(4)], got
