@@ -16,8 +16,9 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
    round and the ratios to no tracer per round.
 4. ``pytest -m gpu`` over the checks of the phases that ran (``PHASE_CHECKS``; and the live CUDA checks).
 
-Those four run by default. ``--only kimi`` and ``--only kimi-throughput`` run instead the Kimi-K2.5-shaped
-phases (``testbed/gpu/kimi_phase.py``: bf16, production widths, each fits one device call), then their checks.
+Those four run by default. ``--only kimi``, ``--only kimi-throughput`` and ``--only kimi-profile`` run instead
+the Kimi-K2.5-shaped phases (``testbed/gpu/kimi_phase.py``: bf16, production widths, each fits one device call),
+then their checks (the profile phase has none: ``--skip pytest``; ``bench/gpu_profile.py`` reads it).
 
 Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks, kimi), ``traces/``,
 ``logs/``, ``pytest.log``, the benches' JSON.
