@@ -140,8 +140,9 @@ def runs_json(request: Request, sort: str = "started_at", desc: bool = True,
 
 @router.get("/runs.csv")
 def runs_csv(request: Request, sort: str = "started_at", desc: bool = True,
-             status: str | None = None, q: str | None = None, severity: str | None = None):
-    return _csv(_runs(request, sort, desc, status, q, severity), RUN_CSV, "runs.csv")
+             status: str | None = None, q: str | None = None, severity: str | None = None,
+             engine: str | None = None):
+    return _csv(_runs(request, sort, desc, status, q, severity, engine), RUN_CSV, "runs.csv")
 
 
 # --- run page ------------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ def test_runs_filter_by_engine(client) -> None:
             listed = client.get(url, params={"engine": engine}).json()
             assert [(r["id"], r["engine"]) for r in listed] == [(run_id, engine)], url
         assert client.get(url, params={"engine": "trt"}).status_code == 400, url
+    csv = client.get("/runs.csv", params={"engine": "vllm"}).text
+    assert runs["vllm"] in csv and runs["sglang"] not in csv
     page = client.get("/", params={"engine": "vllm"}).text
     assert runs["vllm"][:8] in page and runs["sglang"][:8] not in page
     assert '<option value="vllm" selected>' in page and "vllm 0.32.0" in page
