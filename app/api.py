@@ -68,10 +68,13 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
 
 
 @router.get("/runs")
-def get_runs(request: Request) -> list[dict]:
-    """Runs, newest first, with record counts."""
-    with request.app.state.engine.connect() as conn:
-        return queries.list_runs(conn)
+def get_runs(request: Request, engine: str | None = None) -> Response:
+    """Runs, newest first, with record counts; ``?engine=sglang|vllm``: that engine's runs only."""
+    try:
+        with request.app.state.engine.connect() as conn:
+            return as_json(queries.list_runs(conn, engine=engine or None))
+    except queries.BadQuery as exc:
+        return error(400, str(exc))
 
 
 @router.get("/runs/{run_id}")

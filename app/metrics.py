@@ -2,7 +2,8 @@
 
 Every scrape reads the per-run aggregates (``run_stats``) of the ``max_runs`` most recently
 started runs and one sum over ``ingest_batches``; nothing is kept in this process, so several
-dashboard processes on one store report the same numbers. Label cardinality is bounded: ``run_id``
+dashboard processes on one store report the same numbers. Every per-run series carries ``run_id`` and
+``engine`` (``sglang`` or ``vllm``: one per run, so it adds no series). Label cardinality is bounded: ``run_id``
 takes at most ``METRICS_RUNS`` values, ``position`` at most ``MAX_POSITIONS``, ``severity`` three,
 ``reason`` (tracer drops) at most ``MAX_DROP_REASONS``; ``table`` and ``state`` are fixed sets.
 docs/dashboard.md lists every metric.
@@ -35,6 +36,7 @@ _BATCHES = models.IngestBatch.__table__
 INGEST_TABLES = {"requests": "request_rows", "verify_steps": "step_rows",
                  "tensor_samples": "sample_rows", "tracer_health": "health_rows",
                  "findings": "finding_rows"}
+RUN = ["run_id", "engine"]  # every per-run series: the run and the serving engine that recorded it
 _REASON = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -43,45 +45,47 @@ class StoreCollector(Collector):
 
     def __init__(self, conn: sa.Connection, max_runs: int = METRICS_RUNS):
         self.conn, self.max_runs = conn, max_runs
+        self.engines: dict[str, str] = {}  # run id -> engine, of the listed runs
 
     def collect(self) -> Iterator[Metric]:
         conn = self.conn
         runs = queries.list_runs(conn, limit=self.max_runs)
         ids = [r["id"] for r in runs]
+        self.engines = {r["id"]: r["engine"] for r in runs}
         stats = {r["run_id"]: r for r in conn.execute(
             sa.select(_STATS.c.run_id, _STATS.c.verify_steps, _STATS.c.proposed, _STATS.c.accepted,
                       _STATS.c.per_position).where(_STATS.c.run_id.in_(ids))).mappings()}
         steps = CounterMetricFamily("draftscope_verify_steps", "Verify steps the tracer stored "
-                                    "(sampled requests).", labels=["run_id"])
+                                    "(sampled requests).", labels=RUN)
         proposed = CounterMetricFamily("draftscope_drafts_proposed", "Draft tokens proposed in "
-                                       "the stored verify steps.", labels=["run_id"])
+                                       "the stored verify steps.", labels=RUN)
         accepted = CounterMetricFamily("draftscope_drafts_accepted", "Draft tokens accepted in the "
-                                       "stored verify steps.", labels=["run_id"])
+                                       "stored verify steps.", labels=RUN)
         pos_proposed = CounterMetricFamily("draftscope_position_proposed", "Drafts proposed at each "
-                                           "draft position (1-based).", labels=["run_id", "position"])
+                                           "draft position (1-based).", labels=[*RUN, "position"])
         pos_accepted = CounterMetricFamily("draftscope_position_accepted", "Drafts accepted at each "
-                                           "draft position (1-based).", labels=["run_id", "position"])
+                                           "draft position (1-based).", labels=[*RUN, "position"])
         accept_len = GaugeMetricFamily("draftscope_accept_length", "Mean accept length: "
                                        "definition=traced (1 + accepted drafts per stored verify "
                                        "step) or sglang (output tokens per verify step, prefill "
-                                       "token included).", labels=["run_id", "definition"])
+                                       "token included).", labels=[*RUN, "definition"])
         live = GaugeMetricFamily("draftscope_run_live", "1 while the run is live (running, a batch "
-                                 "within the last minute).", labels=["run_id"])
+                                 "within the last minute).", labels=RUN)
         for run in runs:
-            rid, s = run["id"], stats.get(run["id"])
-            live.add_metric([rid], 1.0 if run["live"] else 0.0)
+            s, rid, eng = stats.get(run["id"]), run["id"], run["engine"]
+            live.add_metric([rid, eng], 1.0 if run["live"] else 0.0)
             for definition, value in (("traced", run["mean_accept_length"]),
                                       ("sglang", run["sglang_accept_length"])):
                 if value is not None:
-                    accept_len.add_metric([rid, definition], value)
+                    accept_len.add_metric([rid, eng, definition], value)
             if s is None:
                 continue
-            steps.add_metric([rid], s["verify_steps"])
-            proposed.add_metric([rid], s["proposed"])
-            accepted.add_metric([rid], s["accepted"])
+            steps.add_metric([rid, eng], s["verify_steps"])
+            proposed.add_metric([rid, eng], s["proposed"])
+            accepted.add_metric([rid, eng], s["accepted"])
             for i, (p, a) in enumerate(s["per_position"][:MAX_POSITIONS], start=1):
-                pos_proposed.add_metric([rid, str(i)], p)
-                pos_accepted.add_metric([rid, str(i)], a)
+                pos_proposed.add_metric([rid, eng, str(i)], p)
+                pos_accepted.add_metric([rid, eng, str(i)], a)
         yield from (steps, proposed, accepted, pos_proposed, pos_accepted, accept_len, live)
         yield self._findings(ids)
         yield self._drops(ids)
@@ -94,25 +98,25 @@ class StoreCollector(Collector):
 
     def _findings(self, ids: list[str]) -> Metric:
         family = GaugeMetricFamily("draftscope_findings", "Findings of the run by severity.",
-                                   labels=["run_id", "severity"])
+                                   labels=[*RUN, "severity"])
         counts = {(r, s): n for r, s, n in self.conn.execute(
             sa.select(_FINDINGS.c.run_id, _FINDINGS.c.severity, sa.func.count())
             .where(_FINDINGS.c.run_id.in_(ids)).group_by(_FINDINGS.c.run_id, _FINDINGS.c.severity))}
         for rid in ids:
             for severity in queries.SEVERITY_ORDER:
-                family.add_metric([rid, severity], counts.get((rid, severity), 0))
+                family.add_metric([rid, self.engines[rid], severity], counts.get((rid, severity), 0))
         return family
 
     def _drops(self, ids: list[str]) -> Metric:
         family = CounterMetricFamily("draftscope_tracer_drops", "Records the tracer dropped, by "
-                                     "reason (its latest health snapshot).", labels=["run_id", "reason"])
+                                     "reason (its latest health snapshot).", labels=[*RUN, "reason"])
         for rid in ids:
             health = queries.latest_health(self.conn, rid)
             drops: dict[str, Any] = (health or {}).get("drops") or {}
             reasons = sorted(r for r in drops if isinstance(r, str) and _REASON.match(r))
             for reason in reasons[:MAX_DROP_REASONS]:
                 if isinstance(drops[reason], (int, float)):
-                    family.add_metric([rid, reason], drops[reason])
+                    family.add_metric([rid, self.engines[rid], reason], drops[reason])
         return family
 
     def _ingest(self) -> Iterator[Metric]:

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from draftscope import charts, queries, topk_gaps
+from draftscope import charts, engine_compare, queries, topk_gaps
 from draftscope.facts_view import fact_sections
 from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
@@ -91,10 +91,11 @@ def _not_found(exc: queries.NotFound) -> PageError:
 # --- runs list -----------------------------------------------------------------------------------
 
 def _runs(request: Request, sort: str, desc: bool, status: str | None, q: str | None,
-          severity: str | None) -> list[dict[str, Any]]:
+          severity: str | None, engine: str | None = None) -> list[dict[str, Any]]:
     try:
         with _conn(request) as conn:
-            runs = queries.list_runs(conn, sort=sort, desc=desc, status=status or None, q=q or None)
+            runs = queries.list_runs(conn, sort=sort, desc=desc, status=status or None, q=q or None,
+                                     engine=engine or None)
     except queries.BadQuery as exc:
         raise _bad_query(exc) from None
     if severity == "none":
@@ -106,16 +107,18 @@ def _runs(request: Request, sort: str, desc: bool, status: str | None, q: str | 
 
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
-              status: str | None = None, q: str | None = None, severity: str | None = None):
+              status: str | None = None, q: str | None = None, severity: str | None = None,
+              engine: str | None = None):
     """Runs list: the root cause of each run as a badge; an htmx request gets only the table."""
-    runs = _runs(request, sort, desc, status, q, severity)
-    params = {k: v for k, v in (("status", status), ("q", q), ("severity", severity)) if v}
+    runs = _runs(request, sort, desc, status, q, severity, engine)
+    params = {k: v for k, v in (("status", status), ("q", q), ("severity", severity),
+                                ("engine", engine)) if v}
 
     def sort_url(key: str) -> str:
         return "/?" + urlencode({**params, "sort": key, "desc": int(key != sort or not desc)})
 
     context = {"runs": runs, "sort": sort, "desc": desc, "status_filter": status, "q": q,
-               "severity": severity, "filtered": bool(params), "sort_url": sort_url,
+               "severity": severity, "engine": engine, "engines": queries.ENGINES, "filtered": bool(params), "sort_url": sort_url,
                "self_url": "/?" + urlencode({**params, "sort": sort, "desc": int(desc)}),
                "any_live": any(r["live"] for r in runs), "port": request.app.state.settings.port,
                "columns": [(None, "Run", False), ("state", "Status", False),
@@ -123,21 +126,23 @@ def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
                            ("mean_accept_length", "Accept length", True),
                            (None, "Per position", False), ("requests_count", "Requests", True),
                            ("algorithm", "Algorithm", False), ("target_path", "Target", False),
-                           ("draft_path", "Draft", False), ("engine_version", "Engine", False)]}
+                           ("draft_path", "Draft", False), ("engine", "Engine", False)]}
     return templates.TemplateResponse(request, "runs.html", context,
                                       block_name="runs_table" if _htmx(request) else None)
 
 
 @router.get("/runs.json")
 def runs_json(request: Request, sort: str = "started_at", desc: bool = True,
-              status: str | None = None, q: str | None = None, severity: str | None = None):
-    return _json(_runs(request, sort, desc, status, q, severity))
+              status: str | None = None, q: str | None = None, severity: str | None = None,
+              engine: str | None = None):
+    return _json(_runs(request, sort, desc, status, q, severity, engine))
 
 
 @router.get("/runs.csv")
 def runs_csv(request: Request, sort: str = "started_at", desc: bool = True,
-             status: str | None = None, q: str | None = None, severity: str | None = None):
-    return _csv(_runs(request, sort, desc, status, q, severity), RUN_CSV, "runs.csv")
+             status: str | None = None, q: str | None = None, severity: str | None = None,
+             engine: str | None = None):
+    return _csv(_runs(request, sort, desc, status, q, severity, engine), RUN_CSV, "runs.csv")
 
 
 # --- run page ------------------------------------------------------------------------------------
@@ -475,7 +480,8 @@ def _compare_data(conn, a_id: str, b_id: str) -> dict[str, Any]:
     rows_a, rows_b = {r.key: r for r in a["diff"]}, {r.key: r for r in b["diff"]}
     keys = list(rows_a) + [k for k in rows_b if k not in rows_a]
     pairs = [((rows_a.get(k) or rows_b[k]).label, rows_a.get(k), rows_b.get(k)) for k in keys]
-    return {"a": a, "b": b, "diff_pairs": pairs}
+    fed = engine_compare.block(a["run"], a["summary"], b["run"], b["summary"])
+    return {"a": a, "b": b, "diff_pairs": pairs, "engines": fed}
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -502,7 +508,8 @@ def compare_json(request: Request, a: str | None = None, b: str | None = None,
     with _conn(request) as conn:
         data = _compare_data(conn, a_id, b_id)
     side = ("run", "summary", "findings", "diff")
-    return _json({"a": {k: data["a"][k] for k in side}, "b": {k: data["b"][k] for k in side}})
+    return _json({"a": {k: data["a"][k] for k in side}, "b": {k: data["b"][k] for k in side},
+                  "engines": data["engines"]})
 
 
 def error_response(request: Request, exc: PageError) -> Response:

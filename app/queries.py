@@ -85,7 +85,8 @@ def _latest_health(column: str) -> sa.ScalarSelect:
 
 
 def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = True,
-              status: str | None = None, q: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+              status: str | None = None, q: str | None = None, engine: str | None = None,
+              limit: int = 200) -> list[dict[str, Any]]:
     """Runs for the runs list: the columns of ``RUN_LIST_COLUMNS`` plus
 
     - ``requests_count``, ``steps_count``, ``samples_count``, ``findings_count`` (steps and samples
@@ -101,8 +102,9 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
       requests it saw whose record never reached the store (``run_gaps``).
 
     ``sort``: one of ``RUN_SORTS`` (nulls last either way); ``status``: one of ``RUN_STATES``;
-    ``q``: case-insensitive substring of the id, engine, algorithm, host, target or draft path.
-    Raises BadQuery for an unknown sort or status.
+    ``q``: case-insensitive substring of the id, engine, algorithm, host, target or draft path;
+    ``engine``: one of ``ENGINES`` (the serving engine that recorded the run).
+    Raises BadQuery for an unknown sort, status or engine.
     """
     last = _last_batch()
     state = run_state(last)
@@ -126,6 +128,8 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
     query = query.order_by((key.desc() if desc else key.asc()).nulls_last(), _RUNS.c.id)
     if status is not None:
         query = query.where(state == _pick(status, {s: s for s in RUN_STATES}, "run state"))
+    if engine is not None:
+        query = query.where(_RUNS.c.engine == _pick(engine, {e: e for e in ENGINES}, "engine"))
     if q:
         needle = q.lower()
         query = query.where(sa.or_(*(sa.func.lower(_RUNS.c[c]).contains(needle, autoescape=True)
@@ -142,6 +146,7 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
     return rows
 
 
+ENGINES = ("sglang", "vllm")  # run.engine: the serving engines a tracer records from
 RUN_SORTS = ("started_at", "ended_at", "id", "state", "engine", "algorithm", "target_path",
              "draft_path", "requests_count", "steps_count", "samples_count", "findings_count",
              "mean_accept_length", "sglang_accept_length", "worst_severity", "last_batch_at")

@@ -18,9 +18,9 @@ def _samples(text: str) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def _post(client, run_id: str, **records) -> None:
+def _post(client, run_id: str, engine: str = "sglang", **records) -> None:
     response = client.post("/api/v1/batches", json=make_batch(run_id, run=run_record(
-        started_at=records.pop("started_at", time.time())), **records))
+        started_at=records.pop("started_at", time.time()), engine=engine), **records))
     assert response.status_code == 200, response.text
 
 
@@ -38,25 +38,40 @@ def test_metrics_per_run_and_ingest(client) -> None:
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     got = _samples(response.text)
-    run = (("run_id", run_id),)
+    run = (("engine", "sglang"), ("run_id", run_id))
     assert got[("draftscope_verify_steps_total", run)] == 3
     assert got[("draftscope_drafts_proposed_total", run)] == 9
     assert got[("draftscope_drafts_accepted_total", run)] == 3
     for position, (proposed, accepted) in enumerate([(3, 2), (3, 1), (3, 0)], start=1):
-        labels = tuple(sorted({"run_id": run_id, "position": str(position)}.items()))
+        labels = tuple(sorted({"run_id": run_id, "engine": "sglang", "position": str(position)}.items()))
         assert got[("draftscope_position_proposed_total", labels)] == proposed
         assert got[("draftscope_position_accepted_total", labels)] == accepted
     assert got[("draftscope_accept_length", (("definition", "traced"), *run))] == 2.0
     assert got[("draftscope_accept_length", (("definition", "sglang"), *run))] == 3.0
-    assert got[("draftscope_findings", (("run_id", run_id), ("severity", "error")))] == 1
-    assert got[("draftscope_findings", (("run_id", run_id), ("severity", "info")))] == 0
-    assert got[("draftscope_tracer_drops_total", (("reason", "queue_full"), *run))] == 7
+    assert got[("draftscope_findings", (*run, ("severity", "error")))] == 1
+    assert got[("draftscope_findings", (*run, ("severity", "info")))] == 0
+    assert got[("draftscope_tracer_drops_total", (run[0], ("reason", "queue_full"), run[1]))] == 7
     assert not [k for k in got if k[0] == "draftscope_tracer_drops_total" and
                 ("reason", "Bad Label!") in k[1]]
     assert got[("draftscope_ingest_rows_total", (("table", "verify_steps"),))] == 3
     assert got[("draftscope_ingest_rows_total", (("table", "tracer_health"),))] == 1
     assert got[("draftscope_ingest_batches_total", ())] == 1
     assert got[("draftscope_run_live", run)] == 1 and got[("draftscope_runs", (("state", "live"),))] == 1
+
+
+def test_every_run_series_names_its_engine(client) -> None:
+    runs = {"sglang": uuid.uuid4().hex, "vllm": uuid.uuid4().hex}
+    for engine, run_id in runs.items():
+        _post(client, run_id, engine=engine, steps=[step_record("r0", 0)],
+              findings=[{"rule_id": "fc-bypassed", "severity": "error", "message": "m"}])
+    settle(client)
+    got = _samples(client.get("/metrics").text)
+    per_run = [dict(k[1]) for k in got if "run_id" in dict(k[1])]
+    assert per_run and all(labels["engine"] == ("vllm" if labels["run_id"] == runs["vllm"] else "sglang")
+                           for labels in per_run), per_run
+    run = (("engine", "vllm"), ("run_id", runs["vllm"]))
+    assert got[("draftscope_verify_steps_total", run)] == 1
+    assert got[("draftscope_findings", (*run, ("severity", "error")))] == 1
 
 
 def test_metrics_label_cardinality_is_bounded(client) -> None:

@@ -228,6 +228,8 @@ def test_compare(client, run_id) -> None:
     assert 'id="fig-cmp-per-position"' in page.text
     data = client.get(f"/compare.json?a={run_id}&b={other}").json()
     assert data["a"]["run"]["id"] == run_id and data["b"]["run"]["id"] == other
+    assert 'id="engines-fed"' in page.text and 'id="engines-note"' not in page.text
+    assert [data["engines"][s]["engine"] for s in "ab"] == ["sglang", "sglang"] and data["engines"]["note"] is None
     one = client.get("/compare", params={"a": run_id})
     assert one.status_code == 400 and "exactly two runs" in one.text
 

@@ -89,6 +89,7 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
                 "created_at": created,
                 "created_by": f"draftscope {_version()}",
                 "run_id": run_id,
+                "engine": private.get("engine") or "sglang",
                 "requests": requests,
                 "include_text": include_text,
                 "paths": "kept" if keep_paths else "shortened",
@@ -215,10 +216,11 @@ def _version() -> str:
 
 
 def _environment(run: dict[str, Any]) -> dict[str, Any]:
-    """Versions and hardware: SGLang's from the run, the rest from the tracer's ``environment``
+    """Versions and hardware: the serving engine's (SGLang's or vLLM's) from the run, the rest from the tracer's ``environment``
     fact (None where the tracer that recorded the run did not record it)."""
     env = (run.get("facts") or {}).get("environment") or {}
-    versions = {"draftscope": _version(), "sglang": run.get("engine_version")}
+    engine = run.get("engine") or "sglang"
+    versions = {"draftscope": _version(), engine: run.get("engine_version")}
     versions |= {k: env.get(k) for k in ("python", "torch", "cuda", "driver")}
     return {"versions": {k: None if v is None else str(v) for k, v in versions.items()},
             "hardware": env.get("hardware")}

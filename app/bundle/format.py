@@ -68,10 +68,11 @@ class Manifest(BaseModel):
     created_at: float
     created_by: str  # "draftscope <version>"
     run_id: str = Field(min_length=1, max_length=200)
+    engine: Literal["sglang", "vllm"] = "sglang"  # the serving engine that recorded the run (older bundles: SGLang's)
     requests: list[str] | None  # the requests selected at export (None: all of them)
     include_text: bool
     paths: Literal["shortened", "kept"]
-    versions: dict[str, str | None]  # draftscope, sglang, python, torch, cuda, driver
+    versions: dict[str, str | None]  # draftscope, the engine (sglang or vllm), python, torch, cuda, driver
     hardware: dict[str, Any] | None
     server_args: dict[str, Any]  # redacted
     feature_spec: FeatureSpec

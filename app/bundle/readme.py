@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+_ENGINE = {"sglang": "SGLang", "vllm": "vLLM"}
 
 
 def readme_text(manifest: dict[str, Any]) -> str:
-    counts = manifest["counts"]
+    counts, engine = manifest["counts"], manifest.get("engine") or "sglang"
     selected = ("all requests" if manifest["requests"] is None
                 else f"{len(manifest['requests'])} selected request(s)")
     text = ("- `text.jsonl`: per request, the token ids its verify steps emitted and their text "
             "(exported with `--include-text`)\n" if manifest["include_text"] else "")
     return f"""# draftscope trace bundle
 
-Run `{manifest['run_id']}` ({selected}), traced by draftscope inside SGLang
-{manifest['versions'].get('sglang')}, exported by {manifest['created_by']}. It shows what an
+Run `{manifest['run_id']}` ({selected}), traced by draftscope inside {_ENGINE[engine]}
+{manifest['versions'].get(engine)}, exported by {manifest['created_by']}. It shows what an
 EAGLE-3 (or EAGLE) draft model received inside the server, verify step by verify step, and why
 its drafts were accepted or rejected.
 
