@@ -98,6 +98,13 @@ def test_rule_fires(spec, obs, expected):
     assert found[0].source == "runtime" and found[0].fix
 
 
+def test_a_health_record_older_than_the_stored_steps_is_not_read_as_starved_hooks(spec):
+    """Verify steps are stored only by the verify hook, which counts itself first: a record whose counters show no
+    verify call beside stored steps predates them (seen under load: the attach-time counters, {graphs, init})."""
+    stale = healthy(facts=_facts(tracing=TRACING), heartbeats={"graphs": 1, "init": 1}, verify_steps=82)
+    assert runtime_findings(spec, stale) == []
+
+
 def test_every_expected_hook_fired_is_silent(spec):
     beats = {name: 40 for name in TRACING["expected_to_fire"]}
     assert runtime_findings(spec, healthy(facts=_facts(tracing=TRACING), heartbeats=beats)) == []

@@ -350,6 +350,8 @@ def _hooks(obs: Observation) -> list[Finding]:
     if (obs.heartbeats_at is None or obs.first_sampled_finish is None
             or obs.heartbeats_at < obs.first_sampled_finish + HEALTH_LAG_S):
         return []
+    if obs.verify_steps and not obs.heartbeats.get("verify"):
+        return []  # the tracer stored verify steps that its verify hook made: this record's counters predate them
     expected = (obs.facts.get("tracing") or {}).get("expected_to_fire")
     if expected is None:  # a run recorded before the tracer listed them
         expected = list(obs.heartbeats)
