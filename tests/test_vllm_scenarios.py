@@ -89,6 +89,10 @@ def test_doctor_predicts_what_vllm_did(name, vllm_runs):
         assert not mapped or mapped[0]["evidence"]["target_id_max"] == hot["max_id"]
         if outcome == "served":
             assert widths(served.store_url)[("draft.input", "prefill")] == {summary["draft_input_width"]}
+            assert status == "ended"
+        else:  # the engine core died serving: the run says so, with vLLM's error among the tracer's
+            errors = [e for (e,) in read(served.store_url, "SELECT errors FROM tracer_health ORDER BY at")]
+            assert status == "crashed" and errors and errors[-1].get("engine") == 1, (status, errors)
 
     engine = db.make_engine(served.store_url)
     try:

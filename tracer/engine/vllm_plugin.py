@@ -37,6 +37,7 @@ TARGETS = {
     "draft_logits": "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM.compute_logits",
     "spec_stats": f"{SCHEDULER}.make_spec_decoding_stats",
     "finish": f"{SCHEDULER}._free_request",
+    "engine_dead": "vllm.v1.engine.core.EngineCoreProc._send_engine_dead",
 }
 # the positional parameters of the hooked methods after ``self`` (vLLM 0.32)
 VERIFY_ARGS = ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
@@ -233,7 +234,19 @@ def _around_finish(orig, scheduler, request, *args, **kwargs):
     return orig(scheduler, request, *args, **kwargs)
 
 
+def _around_engine_dead(orig, engine_core, *args, **kwargs):
+    """vLLM's engine core hit a fatal error and is about to tell its client it is dead: before it does, this
+    process's run ends ``crashed``, with the error (called inside vLLM's ``except``, so ``sys.exc_info``
+    holds it)."""
+    t = _live()
+    if t is not None:
+        exc = sys.exc_info()[1] or RuntimeError("vLLM's engine core reported a fatal error")
+        t.guard("engine", t.crashed, exc)
+    return orig(engine_core, *args, **kwargs)
+
+
 _AROUND = {
     "init": _around_init, "init_gpu": _around_init, "verify": _around_verify, "draft": _around_draft,
     "fc": _around_fc, "draft_logits": _around_draft_logits, "spec_stats": _around_spec_stats, "finish": _around_finish,
+    "engine_dead": _around_engine_dead,
 }

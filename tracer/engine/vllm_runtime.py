@@ -31,7 +31,7 @@ from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.engine import vllm_facts
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
-from draftscope_tracer.engine.shutdown import SigtermChain
+from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport import records, vllm_records, wire
 from draftscope_tracer.transport.outbox import Transport
@@ -114,6 +114,11 @@ class VLLMTracer:
         self.closed = True
         self._report_traced(list(self.traced))
         self.transport.close(status, timeout_s)
+
+    def crashed(self, exc: BaseException) -> None:
+        """vLLM's engine core died serving: flush what is there with status ``crashed`` and the error."""
+        self.health.failed("engine", exc)
+        self.close("crashed", SHUTDOWN_DEADLINE_S)
 
     # -- attach -----------------------------------------------------------------------------------
     def attach(self, hooks: List[str], runner=None, vllm_config=None) -> bool:
