@@ -211,7 +211,7 @@ class BatchWriter:
 
     def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
         """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key (a run marked
-        ``pruning`` keeps that status).
+        ``pruning`` keeps that status; a ``crashed`` one is not marked running or ended again).
 
         ``server_args`` and ``tracer_config`` pass the tracer's allow-lists here too: a tracer from
         before them sends them whole."""
@@ -224,6 +224,11 @@ class BatchWriter:
         changes = {k: v for k, v in record.items() if v is not None}
         if stored.status == "pruning":  # being deleted (``retention``): a late record does not bring it back
             changes.pop("status", None)
+        elif stored.status == "crashed" and changes.get("status") in ("running", "ended"):
+            # one process of a multi-process server (vLLM's engine core) saw it die; another (its worker)
+            # ends its own part later, cleanly: the run stays crashed
+            changes.pop("status", None)
+            changes.pop("ended_at", None)
         if record.get("facts") is not None:
             changes["facts"] = {**(stored.facts or {}), **record["facts"]}
         if changes:

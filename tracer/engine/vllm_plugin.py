@@ -237,8 +237,10 @@ def _around_finish(orig, scheduler, request, *args, **kwargs):
 def _around_engine_dead(orig, engine_core, *args, **kwargs):
     """vLLM's engine core hit a fatal error and is about to tell its client it is dead: before it does, this
     process's run ends ``crashed``, with the error (called inside vLLM's ``except``, so ``sys.exc_info``
-    holds it)."""
-    t = _live()
+    holds it). The worker that raised records in its own process; this one (attached now if no request
+    finished yet) writes the status, which the store keeps over the worker's later ``ended``."""
+    scheduler = getattr(engine_core, "scheduler", None)
+    t = _scheduler_side(scheduler) if scheduler is not None and _CONFIG is not None else _live()
     if t is not None:
         exc = sys.exc_info()[1] or RuntimeError("vLLM's engine core reported a fatal error")
         t.guard("engine", t.crashed, exc)
