@@ -94,6 +94,15 @@ def test_run_upsert_merges_facts_and_keeps_unsent_fields(client, store_url, run_
     assert as_json(facts) == {"sglang_version": "0.5.23", "spec_topk": 1, "tp_size": 2}
 
 
+def test_a_crashed_run_is_not_ended_again_by_another_process(client, store_url, run_id) -> None:
+    """vLLM's engine core marks the run crashed; its worker process, stopped after it, ends its part
+    ``ended``: the run stays crashed, at the crash's time (a later ``running`` batch is no revival either)."""
+    for status, ended_at in (("crashed", 50.0), ("ended", 60.0), ("running", None)):
+        batch = make_batch(run_id, run=run_record(status=status, ended_at=ended_at))
+        assert client.post(URL, json=batch).status_code == 200
+    assert fetch(store_url, "SELECT status, ended_at FROM runs") == [("crashed", 50.0)]
+
+
 def test_request_upsert_overwrites_only_non_null(client, store_url, run_id) -> None:
     first = make_batch(run_id, requests=[{"rid": "a", "prompt_len": 5, "output_len": 1}])
     later = make_batch(run_id, requests=[{"rid": "a", "output_len": 9, "spec_verify_ct": 4},
