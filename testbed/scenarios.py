@@ -106,6 +106,10 @@ def _layers_shifted(draft: Path, models: ModelPaths) -> None:
         eagle_aux_hidden_state_layer_ids=[i - 1 for i in c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]))
 
 
+def _ids_0_1_2(draft: Path, models: ModelPaths) -> None:
+    _edit_config(draft, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
+
+
 def _lm_head_removed(draft: Path, models: ModelPaths) -> None:
     _rewrite_tensors(draft, lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"})
 
@@ -174,6 +178,13 @@ SCENARIOS: dict[str, Scenario] = {
             server_args=("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"),
         ),
         Scenario(
+            "ids-0-1-2",
+            "eagle_config ids [0, 1, 2] (the trained draft's weights unchanged)",
+            "the engines part: SGLang 0.5.23 feeds fc the outputs of layers 0-2 (HF hidden_states[1, 2, 3]), "
+            "vLLM 0.32 the embeddings and the outputs of layers 0-1 (hidden_states[0, 1, 2]); width 384 on both",
+            _ids_0_1_2,
+        ),
+        Scenario(
             "lm-head-removed",
             "lm_head.weight dropped from the checkpoint (draft_vocab_size still set)",
             "silent: SGLang keeps a randomly initialised draft head",
@@ -216,7 +227,8 @@ VLLM_FINDINGS = {
 # refusal, and acceptance signatures that need their own traffic.
 ELSEWHERE = {"short-context": "tests/test_startup_refusal.py",
              "layers-shifted": "tests/test_acceptance_signatures.py",
-             "lm-head-removed": "tests/test_acceptance_signatures.py"}
+             "lm-head-removed": "tests/test_acceptance_signatures.py",
+             "ids-0-1-2": "tests/test_cross_engine.py"}
 
 
 def prepare(name: str, root: Path | str | None = None) -> PreparedScenario:

@@ -1,5 +1,5 @@
-"""The cross-engine diff: the test bed's healthy draft served by the real SGLang server and by the real
-vLLM server, each traced, both runs imported (as bundles, paths kept) into one dashboard store, and
+"""The cross-engine diff: one draft (the test bed's, its config naming aux ids ``[0, 1, 2]``: the
+``ids-0-1-2`` scenario) served by the real SGLang server and by the real vLLM server, each traced, both runs imported (as bundles, paths kept) into one dashboard store, and
 compared: the compare page says which target layers each engine fed the draft as Hugging Face
 ``hidden_states[i]`` indices (SGLang id i -> hidden_states[i+1], vLLM id i -> hidden_states[i]), with a
 note naming the config change for each engine.
@@ -23,7 +23,8 @@ from tests.test_vllm_server import the_run
 
 pytestmark = [pytest.mark.sglang, pytest.mark.vllm]
 
-IDS = [0, 3, 6]  # the healthy draft's eagle_config ids
+SCENARIO = "ids-0-1-2"
+IDS = [0, 1, 2]  # its eagle_config ids
 
 
 def _import(source_url: str, run_id: str, store_url: str) -> dict:
@@ -40,14 +41,14 @@ def _import(source_url: str, run_id: str, store_url: str) -> dict:
 
 
 def test_one_draft_on_both_engines(sglang_server, vllm_runs, store_url, make_client):
-    vllm_id = the_run(vllm_runs("healthy").store_url)[0]
-    server = sglang_server("healthy")
+    vllm_id = the_run(vllm_runs(SCENARIO).store_url)[0]
+    server = sglang_server(SCENARIO)
     before = wait_for_run(server.trace_db_url, 0, False, run_counts=(0, 1))[1]
     for prompt in DEMO_PROMPTS[:2]:
         server.generate(prompt, DEMO_NEW_TOKENS)
     sglang_id = wait_for_run(server.trace_db_url, before + 2, False)[0]
     manifests = [_import(server.trace_db_url, sglang_id, store_url),
-                 _import(vllm_runs("healthy").store_url, vllm_id, store_url)]
+                 _import(vllm_runs(SCENARIO).store_url, vllm_id, store_url)]
     assert [(m["engine"], m["versions"][m["engine"]][:4]) for m in manifests] == [("sglang", "0.5."), ("vllm", "0.32")]
 
     client = make_client()
@@ -60,13 +61,14 @@ def test_one_draft_on_both_engines(sglang_server, vllm_runs, store_url, make_cli
     assert a["fc_in_features"] == b["fc_in_features"] == 3 * 128
     assert a["per_position"] and b["per_position"]
     note = data["note"]
-    assert note and note["fed"] == {"A": [1, 4, 7], "B": [0, 3, 6]}, note
-    assert "SGLang" in note["message"] and "hidden_states[1, 4, 7]" in note["message"], note
-    assert "vLLM" in note["message"] and "hidden_states[0, 3, 6]" in note["message"], note
+    assert note and note["fed"] == {"A": [1, 2, 3], "B": [0, 1, 2]}, note
+    assert "SGLang" in note["message"] and "hidden_states[1, 2, 3]" in note["message"], note
+    assert "vLLM" in note["message"] and "hidden_states[0, 1, 2]" in note["message"], note
     trained = {tuple(t["hidden_states"]): t["fixes"] for t in note["trained"]}
-    # the draft was trained for SGLang's reading: vLLM needs every id one higher
-    assert "[1, 4, 7]" in trained[(1, 4, 7)]["vllm"] and "no change" in trained[(1, 4, 7)]["sglang"], trained
+    # trained on what SGLang fed: vLLM needs every id one higher; trained on what vLLM fed: SGLang one lower
+    assert "[1, 2, 3]" in trained[(1, 2, 3)]["vllm"] and "no change" in trained[(1, 2, 3)]["sglang"], trained
+    assert "no change" in trained[(0, 1, 2)]["vllm"], trained
 
     page = client.get("/compare", params={"a": sglang_id, "b": vllm_id})
     assert page.status_code == 200 and 'id="engines-fed"' in page.text and 'id="engines-note"' in page.text
-    assert "1, 4, 7" in page.text and "0, 3, 6" in page.text
+    assert "1, 2, 3" in page.text and "0, 1, 2" in page.text
