@@ -69,6 +69,13 @@ def test_one_draft_on_both_engines(sglang_server, vllm_runs, store_url, make_cli
     assert "[1, 2, 3]" in trained[(1, 2, 3)]["vllm"] and "no change" in trained[(1, 2, 3)]["sglang"], trained
     assert "no change" in trained[(0, 1, 2)]["vllm"], trained
 
+    # the vLLM run's own diagnosis says the ids read one layer lower there than under SpecForge's convention
+    found = {rid: {f["rule_id"]: f for f in client.get(f"/api/v1/runs/{rid}").json()["findings"]}
+             for rid in (sglang_id, vllm_id)}
+    ambiguous = found[vllm_id].get("aux-convention-ambiguous")
+    assert ambiguous and "hidden_states[0, 1, 2]" in ambiguous["message"], found[vllm_id]
+    assert "aux-convention-ambiguous" not in found[sglang_id], found[sglang_id]
+
     page = client.get("/compare", params={"a": sglang_id, "b": vllm_id})
     assert page.status_code == 200 and 'id="engines-fed"' in page.text and 'id="engines-note"' in page.text
     assert "1, 2, 3" in page.text and "0, 1, 2" in page.text
