@@ -3,6 +3,7 @@ crossing the pipe, a killed recorder replaced, a scheduler that vanishes, a fram
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -20,7 +21,7 @@ from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.device.devicecopy import HostInts
 from draftscope_tracer.health import Health
 from draftscope_tracer.device.host_reduce import host_rows
-from draftscope_tracer.transport.recorder import frame
+from draftscope_tracer.transport.recorder import frame, read_frame
 from draftscope_tracer.shared import Shared
 from draftscope_tracer.transport.relay import Relay
 from tests.fixtures.wait import until
@@ -79,6 +80,30 @@ def test_records_are_built_in_the_recorder_from_what_crossed_the_pipe(tmp_path):
     assert batches[-1]["run"]["status"] == "ended"
     final = batches[-1]["health"][-1]
     assert final["heartbeats"] == {"verify": 1} and final["drops"] == {} and final["errors"] == {}
+
+
+def test_the_counters_cross_ahead_of_the_jobs_they_count(tmp_path, monkeypatch):
+    """The recorder's writer may take a health record while it builds a frame's steps: the scheduler's
+    counters must already include the hook calls that made them, so the relay sends them first (sent
+    after, a loaded machine stored steps beside a record of attach-time counters: ``hooks-starved`` on a
+    healthy run)."""
+    relay, health, path = _relay(tmp_path)
+    sent, write = [], relay._write
+    monkeypatch.setattr(relay, "_write", lambda data, jobs: (sent.append(data), write(data, jobs))[1])
+    hot = Shared("hot_token_id", lambda: list(range(10, 50)))
+    health.beat("verify")
+    assert relay.submit(_verify_call(0, hot))
+    relay.close(10)
+    kinds = []
+    for data in sent:
+        stream = io.BytesIO(data)
+        while stream.tell() < len(data):
+            message = read_frame(stream)
+            kinds.append(message[0] if isinstance(message, tuple) else "jobs")
+    assert "jobs" in kinds, kinds
+    first = kinds.index("jobs")
+    assert first > 0 and kinds[first - 1] == "health", kinds
+    assert _batches(path)[-1]["health"][-1]["heartbeats"] == {"verify": 1}
 
 
 def test_the_recorder_imports_no_torch():

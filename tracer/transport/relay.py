@@ -115,11 +115,16 @@ class Relay(JobQueue):
             for job in jobs:
                 job.release()
             return next_health
-        frames = [frame(self._pickle(jobs))] if jobs else []
+        frames = []
         now = time.monotonic()
         if jobs or stopping or now >= next_health:
+            # the counters before the jobs they count: the recorder's writer may take a health record
+            # while it builds them, and one that showed the steps without their hooks' calls would read
+            # as hooks that never fired (``hooks-starved``)
             frames.append(frame(pickle.dumps(("health", self.health.snapshot(self.depth())))))
             next_health = now + self.health_interval_s
+        if jobs:
+            frames.append(frame(self._pickle(jobs)))
         if stopping:
             frames.append(frame(pickle.dumps(("close", self._final_status))))
         self._write(b"".join(frames), jobs)
