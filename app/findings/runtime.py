@@ -351,7 +351,7 @@ def _hooks(obs: Observation) -> list[Finding]:
             or obs.heartbeats_at < obs.first_sampled_finish + HEALTH_LAG_S):
         return []
     if obs.verify_steps and not obs.heartbeats.get("verify"):
-        return []  # the tracer stored verify steps that its verify hook made: this record's counters predate them
+        return []  # stored verify steps come from the verify hook: this record's counters predate them (older relays)
     expected = (obs.facts.get("tracing") or {}).get("expected_to_fire")
     if expected is None:  # a run recorded before the tracer listed them
         expected = list(obs.heartbeats)
