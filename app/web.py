@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from draftscope import access, api, bundle_web, charts, db, metrics, pages
+from draftscope import access, api, bundle_web, charts, db, metrics, pages, templating
 from draftscope.ingest import BatchWriter
 from draftscope.refresh import RunRefresher
 from draftscope.resources import STATIC_DIR
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if app.state.retainer is not None:
             app.state.retainer.start()
         charts.warm_up()
+        templating.warm_up()
         try:
             yield
         finally:
