@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -74,6 +75,20 @@ def _install_error_pages(app: FastAPI) -> None:
              "(draftscope export RUN_ID makes a bundle of the run without prompts or secrets)."]))
 
 
+def _freeze_start_up() -> None:
+    """Once per process: what start-up made lives as long as the process, so it goes out of the cyclic
+    collector's way (``gc.freeze``); a full collection (~60 ms over the ~130,000 objects of the modules,
+    templates and plotly) then no longer lands on a page load."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
+_frozen = False
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The dashboard for ``settings`` (default: from the environment)."""
     settings = settings or Settings()
@@ -96,6 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.retainer.start()
         charts.warm_up()
         templating.warm_up()
+        _freeze_start_up()
         try:
             yield
         finally:
