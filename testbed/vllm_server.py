@@ -85,12 +85,13 @@ class VLLMServer(ServerHandle):
 
 
 def start_vllm_server(target_dir, draft_dir, log_path, env: dict | None = None, extra_args: list[str] = (),
-                      timeout: float = 300.0) -> VLLMServer:
-    """Start the vLLM OpenAI server on a free local port and wait until ``/health`` answers.
+                      timeout: float = 300.0, python: Path | str | None = None) -> VLLMServer:
+    """Start the vLLM OpenAI server on a free local port and wait until ``/health`` answers. ``python``: the
+    interpreter with vLLM installed (default: the vLLM venv's, ``vllm_python()``).
 
     Raises ``ServerStartError`` with the log tail when the process exits or ``timeout`` passes, and
     then leaves no process behind; a port taken before the server bound it is retried."""
-    python = vllm_python()
+    python = vllm_python() if python is None else Path(python)
     for name, path in (("target", target_dir), ("draft", draft_dir)):
         if path is not None and not Path(path).is_dir():
             raise FileNotFoundError(f"{name} model directory {path} does not exist")

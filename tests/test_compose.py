@@ -164,9 +164,12 @@ def _a_healthy_and_a_broken_run(url: str, docker: Docker, project: str, profile:
         rules = {r["id"]: _error_rules(url, r["id"]) for r in runs}
         if len(runs) == 2 and all(r["requests_count"] > 0 for r in runs) and ["fc-bypassed"] in rules.values():
             break
-        assert time.monotonic() < deadline, (f"{profile} runs after 600 s: {runs} {rules}\n"
-                                             + docker.compose(project, "--profile", profile, "logs",
-                                                              "--no-color", service).stdout[-4000:])
+        exited = docker.compose(project, "--profile", profile, "ps", "-a", "--status", "exited", "--format",
+                                "{{.Service}}").stdout.split()
+        assert time.monotonic() < deadline and service not in exited, (
+            f"{profile} runs after {600 - deadline + time.monotonic():.0f} s ({service} "
+            f"{'exited' if service in exited else 'running'}): {runs} {rules}\n"
+            + docker.compose(project, "--profile", profile, "logs", "--no-color", service).stdout[-4000:])
         time.sleep(5)
     assert {r["engine"] for r in runs} == {engine}, runs
     broken = next(r for r in runs if rules[r["id"]] == ["fc-bypassed"])
