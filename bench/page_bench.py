@@ -15,8 +15,9 @@
    paused (SIGSTOP), the p95 of the wall time on loopback, and the page weight: HTML bytes, plus
    the JS and CSS files it links from /static/ (each counted once).
    Before that, small runs are added until the store holds --runs runs (the runs list at scale),
-   and once their aggregates are folded the dashboard is restarted: the first load of each page is
-   its first view in a freshly started process.
+   and once their aggregates are folded the dashboard is restarted (on PostgreSQL after a
+   ``VACUUM (ANALYZE)``, the work autovacuum does after a bulk load; ``--no-vacuum``: not): the first
+   load of each page is its first view in a freshly started process.
 5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
    paused), and the CPU time of each data-layer query behind the pages, called in this process on
    the same store (the best of 5); machine load inflates CPU time far less than wall time.
@@ -374,6 +375,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--runs", type=int, default=1000,
                         help="small runs added until the store holds this many (the runs list)")
+    parser.add_argument("--no-vacuum", dest="vacuum", action="store_false",
+                        help="PostgreSQL: measure while autovacuum works through the fill, not after "
+                             "a VACUUM (ANALYZE)")
     parser.add_argument("--postgres", action="store_true",
                         help="a throwaway PostgreSQL server (Debian's binaries) instead of SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
@@ -455,6 +459,20 @@ def all_folded(url: str, timeout_s: float) -> float:
         engine.dispose()
 
 
+def vacuum_analyze(url: str) -> float:
+    """``VACUUM (ANALYZE)`` of the whole database (PostgreSQL); its seconds."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    started = time.monotonic()
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("VACUUM (ANALYZE)")
+    finally:
+        engine.dispose()
+    return time.monotonic() - started
+
+
 def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
     """Fill (unless --store), add small runs, restart the dashboard, measure, profile, count bytes."""
     server = live = None
@@ -473,6 +491,9 @@ def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
         add_runs(url, args.runs)
         print(f"every run's aggregates caught up {all_folded(url, 600):.1f} s later")
         stop(server)
+        if url.startswith("postgresql") and args.vacuum:
+            print(f"VACUUM (ANALYZE) after the fill: {vacuum_analyze(url):.1f} s (what autovacuum does "
+                  "in the background after a bulk load, here before the measurement)")
         server, port = start_server(url)  # a cold process: no page rendered yet
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),
