@@ -37,6 +37,8 @@ TARGETS = {
     "draft_logits": "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM.compute_logits",
     "spec_stats": f"{SCHEDULER}.make_spec_decoding_stats",
     "finish": f"{SCHEDULER}._free_request",
+    "execute": f"{RUNNER}.execute_model",
+    "sample": f"{RUNNER}.sample_tokens",
     "engine_dead": "vllm.v1.engine.core.EngineCoreProc._send_engine_dead",
 }
 # the positional parameters of the hooked methods after ``self`` (vLLM 0.32)
@@ -234,13 +236,25 @@ def _around_finish(orig, scheduler, request, *args, **kwargs):
     return orig(scheduler, request, *args, **kwargs)
 
 
+def _around_step(orig, runner, *args, **kwargs):
+    """A forward pass or sampling step that raises kills vLLM's engine: before the error leaves this
+    worker, its run ends ``crashed`` with the error (this process records the steps; its recorder is
+    running, so the flush is quick)."""
+    try:
+        return orig(runner, *args, **kwargs)
+    except Exception as exc:
+        t = _live()
+        if t is not None:
+            t.guard("engine", t.crashed, exc)
+        raise
+
+
 def _around_engine_dead(orig, engine_core, *args, **kwargs):
-    """vLLM's engine core hit a fatal error and is about to tell its client it is dead: before it does, this
-    process's run ends ``crashed``, with the error (called inside vLLM's ``except``, so ``sys.exc_info``
-    holds it). The worker that raised records in its own process; this one (attached now if no request
-    finished yet) writes the status, which the store keeps over the worker's later ``ended``."""
-    scheduler = getattr(engine_core, "scheduler", None)
-    t = _scheduler_side(scheduler) if scheduler is not None and _CONFIG is not None else _live()
+    """vLLM's engine core hit a fatal error and is about to tell its client it is dead: a tracer this
+    process already runs ends its part ``crashed`` with the error (called inside vLLM's ``except``, so
+    ``sys.exc_info`` holds it). The store keeps the run crashed over a later ``ended`` from another
+    process."""
+    t = _live()
     if t is not None:
         exc = sys.exc_info()[1] or RuntimeError("vLLM's engine core reported a fatal error")
         t.guard("engine", t.crashed, exc)
@@ -250,5 +264,5 @@ def _around_engine_dead(orig, engine_core, *args, **kwargs):
 _AROUND = {
     "init": _around_init, "init_gpu": _around_init, "verify": _around_verify, "draft": _around_draft,
     "fc": _around_fc, "draft_logits": _around_draft_logits, "spec_stats": _around_spec_stats, "finish": _around_finish,
-    "engine_dead": _around_engine_dead,
+    "execute": _around_step, "sample": _around_step, "engine_dead": _around_engine_dead,
 }
