@@ -198,6 +198,18 @@ def test_sqlite_sink_writes_into_migrated_store(tmp_path):
     assert c.execute("select count(*) from ingest_batches").fetchone() == (2,)
 
 
+def test_sqlite_sink_keeps_a_crashed_run_crashed(tmp_path):
+    """vLLM's worker marks the run crashed; the engine core's tracer, closing later, ends its part ``ended``:
+    the run stays crashed at the crash's time, as the dashboard's ingest keeps it."""
+    path = tmp_path / "s.db"
+    store_db.upgrade(f"sqlite:///{path}")
+    sink = SqliteSink(str(path))
+    for i, (status, ended_at) in enumerate((("running", None), ("crashed", 50.0), ("ended", 60.0), ("running", None))):
+        sink.send(_batch(i, run={**RUN, "status": status, "ended_at": ended_at}))
+    sink.close()
+    assert sqlite3.connect(path).execute("select status, ended_at from runs").fetchone() == ("crashed", 50.0)
+
+
 def test_sqlite_sink_refuses_missing_or_unmigrated_store(tmp_path):
     with pytest.raises(StoreNotReady, match="draftscope db upgrade --db sqlite:///"):
         SqliteSink(str(tmp_path / "missing.db"))
