@@ -116,7 +116,8 @@ class VLLMTracer:
         self.transport.close(status, timeout_s)
 
     def crashed(self, exc: BaseException) -> None:
-        """vLLM's engine core died serving: flush what is there with status ``crashed`` and the error."""
+        """vLLM died serving (a step raised in this worker, or this engine core hit a fatal error): flush what
+        is there with status ``crashed`` and the error."""
         self.health.failed("engine", exc)
         self.close("crashed", SHUTDOWN_DEADLINE_S)
 

@@ -88,7 +88,7 @@ class SqliteSink:
             run = {**run, "facts": {**json.loads(old[0]), **run["facts"]}}
         values = {"id": run_id, **{c: run.get(c) for c in RUN_COLUMNS if c != "id"}}
         cols = [c for c in RUN_COLUMNS if c == "id" or values[c] is not None]
-        updates = ", ".join(KEEP.get(c, f"{c} = excluded.{c}") for c in cols if c != "id")
+        updates = ", ".join(_KEEP.get(c, f"{c} = excluded.{c}") for c in cols if c != "id")
         self._conn.execute(
             f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
             f"ON CONFLICT(id) DO UPDATE SET {updates}",
@@ -98,7 +98,7 @@ class SqliteSink:
 # as the dashboard's ingest keeps them: a run being pruned keeps that status; a crashed one (one process of a
 # multi-process server saw it die) is not marked running or ended again by another process's later batch
 _KEPT = "runs.status = 'crashed' AND excluded.status IN ('running', 'ended')"
-KEEP = {"status": f"status = CASE WHEN runs.status = 'pruning' OR ({_KEPT}) THEN runs.status ELSE excluded.status END",
+_KEEP = {"status": f"status = CASE WHEN runs.status = 'pruning' OR ({_KEPT}) THEN runs.status ELSE excluded.status END",
         "ended_at": f"ended_at = CASE WHEN {_KEPT} THEN runs.ended_at ELSE excluded.ended_at END"}
 
 
