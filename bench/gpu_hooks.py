@@ -11,7 +11,10 @@
    queues 3 ms of GPU work (``torch.cuda._sleep``, the model's forward), the hooks run while it is queued,
    and only then the host waits for the previous iteration's work. So the GPU is never idle when the hooks
    run and a hook that waited for it would show. Wall-clock microseconds of the hooks' host work per
-   iteration: median and 90th percentile of 300 iterations after 30 warm-up ones, and where it goes.
+   iteration: median and 90th percentile of 300 iterations after 30 warm-up ones, and where it goes. Each is
+   followed by the same iteration without the tracer (the hooks call the stand-ins for SGLang's methods only:
+   the draft-decode graph's replay is their cost), so the tracer's own host time is the difference of the
+   two medians.
 3. What single CUDA calls from Python cost on the host (GPU idle, median of 500): the parts of 2.
 
     python bench/gpu_hooks.py        # JSON also to $OUT/gpu_hooks.json if OUT is set
@@ -72,26 +75,31 @@ def host_time(batch: int, cycles_per_ms: float, graphs: bool = True) -> dict:
     torch.cuda.synchronize()  # once, before the measured run
     launches = path.tracer.capture.summaries  # counted below from the summarisers' launch counters
     before = sum(s.launches for s in launches._by_shape.values())
-    times, stages, previous, busy = [], {}, None, 0
+    times, bare, stages, previous, busy = [], [], {}, None, 0
     for _ in range(ITERATIONS):
-        torch.cuda._sleep(int(cycles_per_ms * FORWARD_MS))
-        t0 = time.perf_counter()
-        path.iteration(stages)
-        times.append(time.perf_counter() - t0)
-        busy += not torch.cuda.current_stream().query()
-        done = torch.cuda.Event()
-        done.record()
-        if previous is not None:
-            previous.synchronize()  # the scheduler's wait for the previous batch, outside the hooks
-        previous = done
+        for traced in (True, False):  # interleaved: the same iteration without the tracer, as the baseline
+            torch.cuda._sleep(int(cycles_per_ms * FORWARD_MS))
+            t0 = time.perf_counter()
+            path.iteration(stages if traced else None, traced=traced)
+            (times if traced else bare).append(time.perf_counter() - t0)
+            busy += traced and not torch.cuda.current_stream().query()
+            done = torch.cuda.Event()
+            done.record()
+            if previous is not None:
+                previous.synchronize()  # the scheduler's wait for the previous batch, outside the hooks
+            previous = done
     n = sum(s.launches for s in launches._by_shape.values()) - before
+    fallbacks = sum(s.fallbacks for s in launches._by_shape.values())
     health = path.close()
-    if health["errors"] or health["relay_error"]:
-        raise SystemExit(f"batch {batch}: the hooks' path failed: {health}")
+    if health["errors"] or health["relay_error"] or fallbacks:
+        raise SystemExit(f"batch {batch}: the hooks' path failed: {health}, Triton fallbacks {fallbacks}")
     times.sort()
+    bare_us = 1e6 * statistics.median(bare)
     return {"sampled_requests": len(path.tracer.sampled.live), "iterations": ITERATIONS,
             "host_us_median": round(1e6 * statistics.median(times), 1),
             "host_us_p90": round(1e6 * times[int(0.9 * len(times))], 1),
+            "no_tracer_us_median": round(bare_us, 1),
+            "tracer_us_median": round(1e6 * statistics.median(times) - bare_us, 1),
             "launches_per_iteration": n / ITERATIONS,
             "host_us_by_hook": {k: round(1e6 * v / ITERATIONS, 1) for k, v in stages.items()},
             "iterations_gpu_busy_after_hooks": busy, "drops": health["drops"]}
@@ -99,7 +107,8 @@ def host_time(batch: int, cycles_per_ms: float, graphs: bool = True) -> dict:
 
 def profile(batch: int, top: int = 25) -> list:
     """Where the host time of the hooks goes: cProfile over 200 paced iterations, the functions with the most
-    own time, as ``[microseconds per iteration, calls per iteration, function]``."""
+    own time, then the tracer's functions with the most time including what they call ("cumulative"), as
+    ``[microseconds per iteration, calls per iteration, function]``."""
     import cProfile
     import pstats
 
@@ -118,7 +127,11 @@ def profile(batch: int, top: int = 25) -> list:
     stats = pstats.Stats(prof).stats
     rows = sorted(((tt, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, tt, _, _) in stats.items()),
                   reverse=True)[:top]
-    return [[round(1e6 * tt / n, 1), round(nc / n, 1), where] for tt, nc, where in rows]
+    # and the tracer's own functions by time including what they call
+    ours = sorted(((ct, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, _, ct, _) in stats.items()
+                   if "draftscope_tracer" in fn), reverse=True)[:top]
+    return [[round(1e6 * tt / n, 1), round(nc / n, 1), where] for tt, nc, where in rows] + \
+        [[round(1e6 * ct / n, 1), round(nc / n, 1), "cumulative " + where] for ct, nc, where in ours]
 
 
 def call_costs() -> dict:
@@ -197,8 +210,9 @@ def main() -> None:
         results[f"batch {batch}"] = host_time(batch, cycles)
         r = results[f"batch {batch}"]
         print(f"batch {batch}: host time per sampled iteration {r['host_us_median']:.1f} us median, "
-              f"{r['host_us_p90']:.1f} us p90 ({r['launches_per_iteration']:.0f} summary launches); by hook: "
-              f"{r['host_us_by_hook']}", flush=True)
+              f"{r['host_us_p90']:.1f} us p90 ({r['launches_per_iteration']:.0f} summary launches); the same "
+              f"iteration without the tracer {r['no_tracer_us_median']:.1f} us, so the tracer's own "
+              f"{r['tracer_us_median']:.1f} us; by hook: {r['host_us_by_hook']}", flush=True)
     results["batch 64, draft loop eager"] = host_time(64, cycles, graphs=False)
     print(f"batch 64, draft loop eager: {results['batch 64, draft loop eager']['host_us_median']:.1f} us median",
           flush=True)

@@ -192,19 +192,26 @@ class HooksPath:
     def _finish(self, scheduler, batch, result):
         return None
 
-    def iteration(self, stages: Optional[Dict[str, float]] = None) -> None:
+    def iteration(self, stages: Optional[Dict[str, float]] = None, traced: bool = True) -> None:
         """The hooks of one decode iteration, in SGLang's order; ``stages`` (if given) adds up the host
-        seconds of each (the stand-ins for SGLang's methods cost next to nothing)."""
+        seconds of each (with the stand-ins for SGLang's methods: the draft-decode graph's replay is the
+        costliest). ``traced=False``: the same iteration with no tracer (each hook calls SGLang's method
+        only), what the host spends without draftscope."""
         w, b = self.worker, self.batch
         clock = _Stages(stages)
-        plugin._around_draft(self._draft, w, b)
-        clock("draft")
-        plugin._around_verify(self._verify, w, b)
-        clock("verify")
-        plugin._around_draft_extend(self._draft_extend, w, b, self.result)
-        clock("draft_extend")
-        plugin._around_finish(self._finish, None, b, self.result_on_host)
-        clock("result processing")
+        if not traced:
+            plugin.TRACER = None
+        try:
+            plugin._around_draft(self._draft, w, b)
+            clock("draft")
+            plugin._around_verify(self._verify, w, b)
+            clock("verify")
+            plugin._around_draft_extend(self._draft_extend, w, b, self.result)
+            clock("draft_extend")
+            plugin._around_finish(self._finish, None, b, self.result_on_host)
+            clock("result processing")
+        finally:
+            plugin.TRACER = self.tracer
 
     def close(self) -> dict:
         """Wait for the relay to read every call; the tracer's errors and drops, the relay's calls."""

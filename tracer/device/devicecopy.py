@@ -72,6 +72,7 @@ class HostSlots:
         self.memory = torch.zeros(self.nbytes * count, dtype=torch.uint8, pin_memory=cuda)
         self._held = [False] * count
         self._events = [torch.cuda.Event() for _ in range(count)] if cuda else None
+        self._copied = [True] * count  # the slot's last copy is known to have completed (its reader waited)
         self._next = 0
         self.full = 0
         self._ints: Optional[List[torch.Tensor]] = None
@@ -91,10 +92,10 @@ class HostSlots:
     def reserve(self) -> Optional[int]:
         """Slots are taken in ring order, so the oldest ones come first: only ``PROBE`` of them are looked at
         (each look at an event is a CUDA call; scanning a full ring would cost milliseconds in a hook)."""
-        held, events, n = self._held, self._events, len(self._held)
+        held, events, copied, n = self._held, self._events, self._copied, len(self._held)
         for i in range(min(n, PROBE)):
             slot = (self._next + i) % n
-            if held[slot] or (events is not None and not events[slot].query()):
+            if held[slot] or not (copied[slot] or events is None or events[slot].query()):
                 continue
             held[slot] = True
             self._next = (slot + 1) % n
@@ -108,9 +109,13 @@ class HostSlots:
             return None
         event = self._events[slot]
         record(event)
+        self._copied[slot] = False
         return event
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, read: bool = False) -> None:
+        """Give ``slot`` back; ``read``: its reader waited for its copy (the next reservation need not ask)."""
+        if read:
+            self._copied[slot] = True
         self._held[slot] = False
 
 
@@ -138,18 +143,20 @@ def prepare(device: torch.device | str) -> Transfers:
     return out
 
 
-def device_index(values: Sequence[int], device: torch.device) -> Optional[torch.Tensor]:
-    """``values`` as an int64 tensor on ``device`` (callers only read it). On CUDA it is staged through a
-    pinned slot and copied without blocking; recent lists are kept. None when no slot is free or the list
-    is longer than a slot (the caller drops its work and counts it)."""
+def device_index(values: Sequence[int], device: torch.device, pad: int = 0) -> Optional[torch.Tensor]:
+    """``values`` (then ``-1`` up to ``pad`` entries) as an int64 tensor on ``device`` (callers only read it).
+    On CUDA it is staged through a pinned slot and copied without blocking; recent lists are kept. None when
+    no slot is free or the list is longer than a slot (the caller drops its work and counts it)."""
     if device.type != "cuda":
-        return torch.tensor(values, dtype=torch.int64, device=device)
+        return torch.tensor([*values, *[-1] * (pad - len(values))], dtype=torch.int64, device=device)
     tr = prepare(device)
-    key = tuple(values)
+    key = (tuple(values), pad)  # the padding is built on a miss only
     out = tr.cache.get(key)
     if out is not None:
         tr.cache.move_to_end(key)
         return out
+    if pad > len(values):
+        values = [*values, *[-1] * (pad - len(values))]
     slot = tr.index.reserve() if len(values) <= INDEX_SLOT_INTS else None
     if slot is None:
         return None
@@ -222,14 +229,14 @@ class HostInts:
             return Resolved, (self._values,)
         self._wait()
         data = self._host.numpy().tobytes()
-        self.release()
+        self.release(read=True)
         return ArrayBytes, ("ints", [(data, "int64", (len(data) // 8,))], self._parts)
 
     def result(self) -> list:
         if self._values is None:
             self._wait()
             self._values = indexed_ints([self._host.numpy()], self._parts)
-            self.release()
+            self.release(read=True)
         return self._values
 
     def _wait(self) -> None:
@@ -238,9 +245,9 @@ class HostInts:
         if self.event is not None:
             self.event.synchronize()
 
-    def release(self) -> None:
-        """Give the slot back (after reading, or when the record is dropped). Safe to call twice."""
+    def release(self, read: bool = False) -> None:
+        """Give the slot back (after reading: ``read``, or when the record is dropped). Safe to call twice."""
         if self._slot is not None:
             self._host = None
-            self._slots.release(self._slot)
+            self._slots.release(self._slot, read)
             self._slot = None

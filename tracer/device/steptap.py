@@ -72,6 +72,7 @@ class StepTap:
         self.probs, self.ids, self.tree = _split(self._buf, shape, self._tree_shape)
         self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
+        self._loaded: Optional[tuple] = None  # the requests' rows the row buffer holds
         self._slots = HostSlots(self._bytes, READS, dev)
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._step = 0
@@ -119,8 +120,13 @@ class StepTap:
 
     def select(self, rows: List[int]) -> int:
         """Requests (their batch rows) of the next draft to read (at most ``requests``); how many were taken (0:
-        no pinned slot was free for the row list)."""
+        no pinned slot was free for the row list). The row buffer keeps its rows from one draft to the next: a
+        batch whose sampled rows have not changed costs no copy."""
         n, b = min(len(rows), self.requests), self.branches
+        key = tuple(rows[:n])
+        if key == self._loaded:
+            self.armed = True
+            return n
         if b == 1:  # a chain: the logits rows are the requests' rows, and draft_forward's outputs are not read
             index, target = device_index(rows[:n] + [0] * (ROWS - n), self.rows.device), self.rows
         else:
@@ -131,7 +137,7 @@ class StepTap:
         if index is None:
             return 0
         target.copy_(index, non_blocking=True)
-        self.armed = True
+        self._loaded, self.armed = key, True
         return n
 
     def read(self, n: int) -> Optional["StepTopk"]:
@@ -178,7 +184,7 @@ class StepTopk:
             return Resolved, (self._value,)
         self._wait()
         arrays = self._arrays()
-        self.release()
+        self.release(read=True)
         return ArrayBytes, ("draft_steps", arrays, (self._n, self._layout[2]))
 
     def result(self) -> DraftSteps:
@@ -186,7 +192,7 @@ class StepTopk:
             self._wait()
             arrays = [np.frombuffer(d, dtype=t).reshape(s) for d, t, s in self._arrays()]
             self._value = draft_steps(arrays, (self._n, self._layout[2]))
-            self.release()
+            self.release(read=True)
         return self._value
 
     def _wait(self) -> None:
@@ -195,8 +201,8 @@ class StepTopk:
         if self.event is not None:
             self.event.synchronize()
 
-    def release(self) -> None:
-        """Give the slot back (after reading, or when the step is dropped). Safe to call twice."""
+    def release(self, read: bool = False) -> None:
+        """Give the slot back (after reading: ``read``, or when the step is dropped). Safe to call twice."""
         if self._slot is not None:
-            self._slots.release(self._slot)
+            self._slots.release(self._slot, read)
             self._slot = None

@@ -95,12 +95,15 @@ class Summaries:
             logits = logits.float()
         summ = self._summarizer(width, chunk, vocab, n, hidden.device, ints is not None)
         # the padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
-        index = device_index(list(rows) + [-1] * (summ.max_rows - n), hidden.device)
+        index = device_index(rows, hidden.device, pad=summ.max_rows)
         if index is None:
             self.health.drop("host_slots_full")
             return None
-        pending = summ.summarize(hidden.detach(), index, logits=None if logits is None else logits.detach(), tag=tag,
-                                 ints=ints)
+        if hidden.requires_grad:
+            hidden = hidden.detach()
+        if logits is not None and logits.requires_grad:
+            logits = logits.detach()
+        pending = summ.summarize(hidden, index, logits=logits, tag=tag, ints=ints)
         if pending is None:
             self.health.drop("summary_ring_full")
         return pending

@@ -30,11 +30,6 @@ def _int_key(v: int) -> tuple:
     return v == 1, v % 16 == 0, -2**31 <= v < 2**31
 
 
-def _ptr_key(t: torch.Tensor) -> tuple:
-    """What Triton specialises a tensor argument on: its dtype and 16-byte alignment."""
-    return t.dtype, t.data_ptr() % 16 == 0
-
-
 def _hooked() -> bool:
     """Whether a Triton launch hook is set (Triton >= 3.4 keeps an empty ``HookChain`` when none is), or
     Triton is too old for direct launches."""
@@ -47,26 +42,34 @@ def _hooked() -> bool:
 class Launches:
     """One Triton kernel's compiled variants, launched without the ``JITFunction`` dispatch.
 
-    The first launch of each variant goes through ``kernel[grid](...)`` (which compiles or finds the
-    kernel and returns it); later ones call the compiled kernel's launcher with the same arguments. The
-    caller names the variant by ``key``: every argument property Triton specialises on (``_int_key`` of
-    each int that varies between launches, ``_ptr_key`` of each tensor that does), so a kernel is never
-    launched with arguments it was not compiled for. With a Triton launch hook set (a profiler), every
-    launch takes the ``JITFunction`` path."""
+    The first launch of each variant goes through ``kernel[grid](...)`` (:meth:`first`: it compiles or finds
+    the kernel and returns it); later ones call the compiled kernel's launcher (:meth:`direct`) with every
+    tensor given as its address, an int, which the launcher takes as is (a tensor costs it a ``data_ptr``
+    call and a driver query each). The caller names the variant by ``key``: every argument property Triton
+    specialises on (``_int_key`` of each int that varies between launches; the dtype and 16-byte alignment
+    of each tensor that does), so a kernel is never launched with arguments it was not compiled for. With a Triton launch hook
+    set (a profiler), every launch takes the ``JITFunction`` path."""
 
     def __init__(self, kernel, warps: Callable[[], int]):
         """``warps()``: the warps per program now (a bench may tune them between launches)."""
         self.kernel, self.warps = kernel, warps
         self._compiled: dict = {}
 
-    def __call__(self, grid: tuple, key: tuple, *args) -> None:
+    def compiled(self, key: tuple):
+        """The compiled variant of ``key``, or None when the launch must go through :meth:`first`."""
+        compiled = self._compiled.get((self.warps(), *key))
+        return None if compiled is None or _hooked() else compiled
+
+    def first(self, grid: tuple, key: tuple, *args) -> None:
+        """Launch through the ``JITFunction`` (tensors as tensors) and keep the compiled variant."""
         warps = self.warps()
-        key = (warps, *key)
-        compiled = self._compiled.get(key)
-        if compiled is None or _hooked():
-            self._compiled[key] = self.kernel[grid](*args, num_warps=warps)
-            return
-        stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)
+        self._compiled[(warps, *key)] = self.kernel[grid](*args, num_warps=warps)
+
+    @staticmethod
+    def direct(compiled, grid: tuple, device: int, *args) -> None:
+        """Launch ``compiled`` on the current stream of CUDA device ``device``; ``args`` as for :meth:`first`,
+        every tensor replaced by its ``data_ptr()``."""
+        stream = torch._C._cuda_getCurrentRawStream(device)
         compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args)
 
@@ -220,6 +223,7 @@ class TritonPath:
         # kernel uses "hidden"; the one-launch summary the most of the three.
         self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
         self.block = None
+        self._out: Optional[dict] = None  # the device views whose addresses ``_addresses`` holds
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.warps["hidden"])
         if vocab_size is None:
             return
@@ -237,6 +241,19 @@ class TritonPath:
         self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
         self._summary = Launches(_summary_kernel, lambda: max(self.warps.values()))
 
+    def _addresses(self, out: dict) -> tuple:
+        """The addresses of ``out`` (a Summarizer's device views, the same dict every launch) and of this path's
+        scratch, in the kernels' argument order, worked out once."""
+        if self._out is not out:
+            ptr = {name: t.data_ptr() for name, t in out.items()}
+            self._out = out
+            self._out_ptrs = (ptr["rows"], ptr["sums"], ptr["absmax"])
+            if self.vocab_size is not None:
+                self._scratch_ptrs = (self.bmax.data_ptr(), self.bsum.data_ptr(), self.cval.data_ptr(),
+                                      self.cid.data_ptr(), ptr["topk_p"], ptr["topk_id"], self.tickets.data_ptr())
+                self._ints_ptr = ptr.get("ints")
+        return self._out_ptrs
+
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict,
             ints: Optional[tuple] = None) -> bool:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device views), and the verify's
@@ -245,28 +262,45 @@ class TritonPath:
             return False
         R, K = self.max_rows, self.num_chunks
         sh, nh = hidden.stride(0), hidden.shape[0]
+        hp, rp = hidden.data_ptr(), rows.data_ptr()
+        outs = self._addresses(out)
         if self.vocab_size is None:
-            self._hidden((R, K), (_ptr_key(hidden), _ptr_key(rows), _int_key(sh), _int_key(nh)),
-                         hidden, sh, nh, rows, out["rows"], out["sums"], out["absmax"], R, K, self.chunk_width,
-                         self.hblock)
+            key = ((hidden.dtype, hp % 16 == 0), (rows.dtype, rp % 16 == 0), _int_key(sh), _int_key(nh))
+            compiled = self._hidden.compiled(key)
+            if compiled is None:
+                self._hidden.first((R, K), key, hidden, sh, nh, rows, out["rows"], out["sums"], out["absmax"], R, K,
+                                   self.chunk_width, self.hblock)
+            else:
+                Launches.direct(compiled, (R, K), hidden.device.index, hp, sh, nh, rp, *outs, R, K, self.chunk_width,
+                                self.hblock)
             return True
         nb, k = self.nb, self.topk
-        sl, nl = logits.stride(0), logits.shape[0]
-        key = (_ptr_key(hidden), _ptr_key(logits), _ptr_key(rows), _int_key(sh), _int_key(nh), _int_key(sl),
-               _int_key(nl))
-        if ints is not None:
+        sl, nl, lp = logits.stride(0), logits.shape[0], logits.data_ptr()
+        key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0), _int_key(sh),
+               _int_key(nh), _int_key(sl), _int_key(nl))
+        if ints is not None:  # each source as int32 words (its address), and the words per element
             *tensors, nodes = ints
-            words = []  # each source as int32 words, and the words per element
+            words = []
             for t in tensors:
                 if t.dim() != 1 or t.stride(0) != 1 or t.dtype not in (torch.int32, torch.int64):
                     return False
-                words += [t.view(torch.int32), 2 if t.dtype == torch.int64 else 1]
-            key += tuple(_ptr_key(t) for t in words[::2]) + (_int_key(nodes),)
-        else:  # unused pointers (GATHER is off): any tensor of this device
-            words, nodes = [rows, 1] * 4, 1
-        self._summary((R, K + nb), key, hidden, sh, nh, logits, sl, nl, rows, out["rows"], out["sums"],
-                      out["absmax"], self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
-                      self.tickets, *words, out.get("ints", rows), nodes, R, K, self.chunk_width,
-                      self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb), pow2_at_least(nb * k),
-                      ints is not None)
+                words += [t.data_ptr(), 2 if t.dtype == torch.int64 else 1]
+            key += tuple((torch.int32, w % 16 == 0) for w in words[::2]) + (_int_key(nodes),)
+        else:  # unused pointers (GATHER is off): any address of this device
+            words, nodes = [rp, 1] * 4, 1
+        grid = (R, K + nb)
+        compiled = self._summary.compiled(key)
+        if compiled is None:
+            tensors = [t.view(torch.int32) for t in ints[:4]] if ints is not None else [rows] * 4
+            words = [x for t, m in zip(tensors, words[1::2]) for x in (t, m)]
+            self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, out["rows"], out["sums"],
+                                out["absmax"], self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
+                                self.tickets, *words, out.get("ints", rows), nodes, R, K, self.chunk_width,
+                                self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
+                                pow2_at_least(nb * k), ints is not None)
+        else:
+            Launches.direct(compiled, grid, hidden.device.index, hp, sh, nh, lp, sl, nl, rp, *outs, *self._scratch_ptrs,
+                            *words, rp if self._ints_ptr is None else self._ints_ptr, nodes, R, K, self.chunk_width,
+                            self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb), pow2_at_least(nb * k),
+                            ints is not None)
         return True

@@ -125,15 +125,16 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
     if t is None:
         return orig(scheduler, batch, result, *args, **kwargs)
     t.health.beat("finish")
-    t.sampled.new_iteration()
-    live = [(i, r) for i, r in enumerate(batch.reqs) if not (r.finished() or r.is_retracted)]
+    reqs = batch.reqs
+    live = [r for r in reqs if not (r.finished() or r.is_retracted)]
+    counted = t.sampled.counted_rows(reqs)  # the sampled ones among them: the tracer's totals are theirs
     with t.sigterm.deferred():  # SGLang answers requests in here; their records must be queued first
         out = orig(scheduler, batch, result, *args, **kwargs)
-        if live:
-            t.guard("totals", t.count, batch, result, live)
-            done = [r for _, r in live if r.finished()]
-            if done:
-                t.guard("finish", t.on_finished, done)
+        if counted:
+            t.guard("totals", t.count, batch, result, counted)
+        done = [r for r in live if r.finished()]
+        if done:
+            t.guard("finish", t.on_finished, done)
     return out
 
 

@@ -16,8 +16,8 @@ class Sampled:
     rows a hook records: the state the tracer and its probes share on the scheduler thread.
 
     Which rows of a batch are sampled is worked out once per iteration (the draft, verify and draft extend
-    hooks see the same ``reqs`` list): :meth:`new_iteration` forgets it, and so does any change to which
-    requests are sampled (:meth:`admit`, :meth:`finish`)."""
+    hooks see the same ``reqs`` list): :meth:`counted_rows` (result processing) forgets it, and so does any
+    change to which requests are sampled (:meth:`admit`, :meth:`finish`)."""
 
     def __init__(self, step_stride: int):
         self.live: Dict[str, int] = {}
@@ -33,9 +33,6 @@ class Sampled:
         self._found = None
         return self.live.pop(rid, None) is not None
 
-    def new_iteration(self) -> None:
-        self._found = None
-
     def found(self, reqs) -> List[tuple]:
         """``(row, rid)`` of the sampled requests in ``reqs`` (one pass over the batch per iteration)."""
         c = self._found
@@ -46,6 +43,16 @@ class Sampled:
         self._found = (reqs, len(reqs), out)
         return out
 
+    def counted_rows(self, reqs) -> List[tuple]:
+        """``(row, rid)`` of the sampled requests in ``reqs`` that are neither finished nor retracted: those whose
+        verify step a result counts. Starts a new iteration (result processing is an iteration's last hook)."""
+        self._found = None
+        if not self.live:
+            return []
+        out = [(i, rid) for i, rid in self.found(reqs) if not (reqs[i].finished() or reqs[i].is_retracted)]
+        self._found = None
+        return out
+
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
         live, stride = self.live, self.step_stride
@@ -53,13 +60,13 @@ class Sampled:
                 if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
 
 
-def count(totals: Totals, accept_lens: Sequence[int], live_reqs, num_draft_tokens: Optional[int]) -> None:
-    """One verify step and ``accept_len - 1`` accepted drafts for each request live before the result."""
+def count(totals: Totals, accept_lens: Sequence[int], rows, num_draft_tokens: Optional[int]) -> None:
+    """One verify step and ``accept_len - 1`` accepted drafts for each ``(row, rid)`` live before the result."""
     proposed = (num_draft_tokens or 1) - 1
-    for i, r in live_reqs:
-        t = totals.get(r.rid)
+    for i, rid in rows:
+        t = totals.get(rid)
         if t is None:
-            t = totals[r.rid] = [0, 0, 0]
+            t = totals[rid] = [0, 0, 0]
         t[0] += 1
         t[1] += accept_lens[i] - 1
         t[2] += proposed
@@ -73,19 +80,22 @@ def _finish_reason(req) -> Optional[str]:
         return None
 
 
-def finished_record(req, sampled: bool, traced: List[int], started_at: Optional[float],
+def finished_record(req, sampled: bool, traced: Optional[List[int]], started_at: Optional[float],
                     num_draft_tokens: Optional[int], now: Optional[float] = None) -> Tuple[Dict[str, Any], Optional[str]]:
-    """(the ``RequestRecord`` of ``req``, a message when the tracer's totals differ from SGLang's)."""
+    """(the ``RequestRecord`` of ``req``, a message when the tracer's totals differ from SGLang's). ``traced``:
+    the tracer's own totals, counted for sampled requests only (None: none, and no ``traced_*`` fields)."""
     ct = int(getattr(req, "spec_verify_ct", 0))
     accepted = int(getattr(req, "spec_num_correct_drafts", 0))
     info = {"rid": req.rid, "sampled": sampled,
             "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),
             "started_at": started_at, "finished_at": time.time() if now is None else now,
             "finish_reason": _finish_reason(req), "spec_verify_ct": ct, "spec_accepted_drafts": accepted,
-            "spec_proposed_drafts": ct * (num_draft_tokens - 1) if num_draft_tokens else None,
-            "traced_verify_ct": traced[0], "traced_accepted_drafts": traced[1],
-            "traced_proposed_drafts": traced[2] if num_draft_tokens else None}
+            "spec_proposed_drafts": ct * (num_draft_tokens - 1) if num_draft_tokens else None}
     mismatch = None
+    if traced is None:
+        return {k: v for k, v in info.items() if v is not None}, None
+    info.update(traced_verify_ct=traced[0], traced_accepted_drafts=traced[1],
+                traced_proposed_drafts=traced[2] if num_draft_tokens else None)
     if (traced[0], traced[1]) != (ct, accepted):
         mismatch = f"{req.rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / {accepted}"
     return {k: v for k, v in info.items() if v is not None}, mismatch

@@ -53,6 +53,7 @@ class Tracer:
 
     def __init__(self, config: TracerConfig, sglang_version: str, hooks: Optional[Dict[str, Any]] = None):
         self.config = config
+        self._testing = bool(config.fault) or config.sync_debug  # guard's slower path: faults, sync debug
         self.hooks = hooks or {}  # name -> hooks.HookHandle, checked at attach (coverage.check)
         self.attached = False
         self.expected_to_fire: List[str] = []  # checked once, when the first sampled request finishes
@@ -78,16 +79,17 @@ class Tracer:
         """Run ``fn``; any exception is counted against ``probe``, never raised into SGLang.
         ``DRAFTSCOPE_SYNC_DEBUG``: ``fn`` runs under CUDA sync-debug "error" (attach excepted: it reads
         the draft's weights once, before serving)."""
-        if self.health.is_disabled(probe):
+        health = self.health
+        if health.disabled and probe in health.disabled:
             return None
         try:
-            if probe in self.config.fault:
-                raise InjectedFault(f"DRAFTSCOPE_FAULT={probe}")
-            if self.config.sync_debug and probe != "init":
-                out = _under_sync_debug(fn, args)
+            if self._testing:
+                if probe in self.config.fault:
+                    raise InjectedFault(f"DRAFTSCOPE_FAULT={probe}")
+                out = _under_sync_debug(fn, args) if self.config.sync_debug and probe != "init" else fn(*args)
             else:
                 out = fn(*args)
-            self.health.ok(probe)
+            health.ok(probe)
             return out
         except Exception as exc:
             if self.config.sync_debug and probe not in self.health.last_error:
@@ -181,13 +183,14 @@ class Tracer:
         return self.sampled.rows_of(batch.reqs)
 
     # -- results: per-request totals and finished requests -------------------------------------------
-    def count(self, batch, result, live_reqs) -> None:
-        """The tracer's own totals, from ``accept_lens`` as SGLang's result processing left them on the
-        host: one verify step per request that was live before it, ``accept_len - 1`` accepted drafts."""
+    def count(self, batch, result, rows) -> None:
+        """The tracer's own totals of the sampled requests (``rows``: ``(row, rid)``, live before the result),
+        from ``accept_lens`` as SGLang's result processing left them on the host: one verify step each,
+        ``accept_len - 1`` accepted drafts. Unsampled requests cost nothing here."""
         acc = getattr(result, "accept_lens", None)
-        if acc is None or not batch.forward_mode.is_decode() or not live_reqs:
+        if acc is None or not batch.forward_mode.is_decode() or not rows:
             return
-        requests.count(self.totals, acc.tolist(), live_reqs, self.num_draft_tokens)
+        requests.count(self.totals, acc.tolist(), rows, self.num_draft_tokens)
 
     def on_finished(self, reqs) -> None:
         now = time.time()
@@ -195,7 +198,8 @@ class Tracer:
         for req in reqs:
             rid = req.rid
             sampled = self.sampled.finish(rid)
-            record, mismatch = requests.finished_record(req, sampled, self.totals.pop(rid, [0, 0, 0]),
+            traced = self.totals.pop(rid, [0, 0, 0]) if sampled else None
+            record, mismatch = requests.finished_record(req, sampled, traced,
                                                         self.first_seen.pop(rid, None), self.num_draft_tokens, now)
             if mismatch:
                 self.health.failed("totals_mismatch", RuntimeError(mismatch))

@@ -65,7 +65,7 @@ class RequestRecord(TypedDict):
     spec_verify_ct: NotRequired[int]  # SGLang's own counters (meta_info)
     spec_accepted_drafts: NotRequired[int]
     spec_proposed_drafts: NotRequired[int]
-    traced_verify_ct: NotRequired[int]  # the tracer's own totals over every verify step
+    traced_verify_ct: NotRequired[int]  # the tracer's own totals over every verify step (sampled requests only)
     traced_accepted_drafts: NotRequired[int]
     traced_proposed_drafts: NotRequired[int]
 
