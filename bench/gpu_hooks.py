@@ -18,6 +18,7 @@
 3. What single CUDA calls from Python cost on the host (GPU idle, median of 500): the parts of 2.
 
     python bench/gpu_hooks.py        # JSON also to $OUT/gpu_hooks.json if OUT is set
+    python bench/gpu_hooks.py --host-time-only   # part 2 alone
 
 Needs a CUDA GPU, torch (Triton for the fast summaries) and the tracer importable as ``draftscope_tracer``
 (the checkout installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runner.py`` runs it).
@@ -175,6 +176,15 @@ def main() -> None:
     dev = torch.device("cuda")
     gpu, cpu = Summaries(Health(), topk=8), Summaries(Health(), topk=8)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if "--host-time-only" in sys.argv[1:]:  # part 2 alone (an A/B of two tracers runs it in turns)
+        cycles = gpu_sleep_cycles_per_ms()
+        for batch in (8, 64):
+            r = results[f"batch {batch}"] = host_time(batch, cycles)
+            print(f"batch {batch}: {r['host_us_median']:.1f} us median with the tracer, {r['no_tracer_us_median']:.1f} "
+                  f"without, the tracer's own {r['tracer_us_median']:.1f}; by hook {r['host_us_by_hook']}", flush=True)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "gpu_hooks.json").write_text(json.dumps(results, indent=2))
+        return
     for batch in (8, 64):
         sampled = list(range(0, batch, 16))  # 1 request in 16
         nodes = [i * N + p for i in sampled for p in range(N)]

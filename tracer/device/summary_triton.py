@@ -55,23 +55,36 @@ class Launches:
         self.kernel, self.warps = kernel, warps
         self._compiled: dict = {}
 
-    def compiled(self, key: tuple):
-        """The compiled variant of ``key``, or None when the launch must go through :meth:`first`."""
+    def compiled(self, key: tuple) -> Optional[tuple]:
+        """The launcher of ``key``'s compiled variant (see :meth:`direct`), or None when the launch must go
+        through :meth:`first`."""
         compiled = self._compiled.get((self.warps(), *key))
         return None if compiled is None or _hooked() else compiled
 
     def first(self, grid: tuple, key: tuple, *args) -> None:
-        """Launch through the ``JITFunction`` (tensors as tensors) and keep the compiled variant."""
+        """Launch through the ``JITFunction`` (tensors as tensors) and keep the compiled variant's launcher."""
         warps = self.warps()
-        self._compiled[(warps, *key)] = self.kernel[grid](*args, num_warps=warps)
+        compiled = self.kernel[grid](*args, num_warps=warps)
+        self._compiled[(warps, *key)] = None if compiled is None else _launcher(compiled)
 
     @staticmethod
-    def direct(compiled, grid: tuple, device: int, *args) -> None:
-        """Launch ``compiled`` on the current stream of CUDA device ``device``; ``args`` as for :meth:`first`,
-        every tensor replaced by its ``data_ptr()``."""
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *args)
+    def direct(launcher: tuple, grid: tuple, device: int, *args) -> None:
+        """Launch a variant (its :meth:`compiled` launcher) on the current stream of CUDA device ``device``;
+        ``args`` as for :meth:`first`, every tensor replaced by its ``data_ptr()``."""
+        fn, head = launcher
+        fn(grid[0], grid[1], 1, torch._C._cuda_getCurrentRawStream(device), *head, *args)
+
+
+def _launcher(compiled) -> tuple:
+    """``(fn, head)``: ``fn(gridX, gridY, gridZ, stream, *head, *kernel args)`` launches ``compiled``. Where
+    Triton's CUDA launcher needs no scratch memory (Triton 3.6: ``CudaLauncher``), its C ``launch`` is called
+    directly, without the Python wrapper that allocates scratch (a few µs a launch); else its ``run``."""
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0 \
+            and hasattr(run, "launch") and hasattr(run, "launch_cooperative_grid"):
+        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                            compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
 if triton is not None:

@@ -126,13 +126,13 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
         return orig(scheduler, batch, result, *args, **kwargs)
     t.health.beat("finish")
     reqs = batch.reqs
-    live = [r for r in reqs if not (r.finished() or r.is_retracted)]
-    counted = t.sampled.counted_rows(reqs)  # the sampled ones among them: the tracer's totals are theirs
+    counted = t.sampled.counted_rows(reqs)  # the live sampled requests: the tracer's totals are theirs
     with t.sigterm.deferred():  # SGLang answers requests in here; their records must be queued first
         out = orig(scheduler, batch, result, *args, **kwargs)
         if counted:
             t.guard("totals", t.count, batch, result, counted)
-        done = [r for r in live if r.finished()]
+        reported = t.reported  # a request finished in one result is still in the next batch (overlap)
+        done = [r for r in reqs if r.finished() and r.rid not in reported]
         if done:
             t.guard("finish", t.on_finished, done)
     return out

@@ -28,12 +28,18 @@ ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are
 PERIODIC_STEPS = 8
 
 
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
 def _dtype(t: torch.Tensor) -> str:
     return _dtype_name(t.dtype)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 class TensorProbes:
@@ -203,7 +209,8 @@ class TensorProbes:
         hidden, H = lo.hidden_states, self.capture.target_hidden
         aux = hidden is not None and H and hidden.shape[-1] % H == 0
         # on a GPU the summary reads the token ids at its rows (one launch, one copy); on a CPU they are read here
-        on_device = lo.next_token_logits.is_cuda and all(t.is_cuda and t.dim() == 1 for t in tokens)
+        on_device = lo.next_token_logits.is_cuda and tokens[0].is_cuda and tokens[1].is_cuda and tokens[2].is_cuda \
+            and tokens[3].is_cuda and tokens[0].dim() == tokens[1].dim() == tokens[2].dim() == tokens[3].dim() == 1
         ints = None
         if not on_device:
             ints = HostInts([(tokens[0], nodes), (tokens[1], nodes), (tokens[2], reqs_at), (tokens[3], reqs_at)])

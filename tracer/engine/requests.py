@@ -56,6 +56,8 @@ class Sampled:
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
         live, stride = self.live, self.step_stride
+        if stride == 1:  # the default: every step
+            return [(i, rid, live[rid] - back) for i, rid in self.found(reqs) if live[rid] >= back]
         return [(i, rid, live[rid] - back) for i, rid in self.found(reqs)
                 if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
 

@@ -42,6 +42,9 @@ from draftscope_tracer.transport.outbox import Transport
 log = logging.getLogger("draftscope.tracer")
 
 
+REPORTED_RIDS = 4096  # finished requests remembered, so that each is reported once
+
+
 class InjectedFault(RuntimeError):
     """Raised inside a probe named in DRAFTSCOPE_FAULT (tests the fault path)."""
 
@@ -71,6 +74,7 @@ class Tracer:
         self.transport = Transport()
         self.probes = TensorProbes(self.sampled, self.capture, self.transport, self.health)
         self.first_seen: Dict[str, float] = {}
+        self.reported: Dict[str, None] = {}  # the last REPORTED_RIDS finished requests, in order (reported once)
         self.totals: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
         self.num_draft_tokens: Optional[int] = None
 
@@ -195,8 +199,12 @@ class Tracer:
     def on_finished(self, reqs) -> None:
         now = time.time()
         out = []
+        reported = self.reported
         for req in reqs:
             rid = req.rid
+            reported[rid] = None
+            if len(reported) > REPORTED_RIDS:
+                del reported[next(iter(reported))]
             sampled = self.sampled.finish(rid)
             traced = self.totals.pop(rid, [0, 0, 0]) if sampled else None
             record, mismatch = requests.finished_record(req, sampled, traced,
