@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         if len(rounds) < 2:
             print(f"no measured rounds in {argv[1]}", file=sys.stderr)
             return 1
-        print(levels_table(summarize_rounds(rounds)))
+        print(levels_table(summarize_rounds(rounds, {level: None for level in rounds[0]})))  # the levels it ran
         return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)

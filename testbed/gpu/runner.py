@@ -132,7 +132,7 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
     ap.add_argument("--kimi-throughput-s", type=float, default=KIMI_THROUGHPUT_BUDGET_S,
                     help="seconds after the runner starts by which the Kimi throughput rounds end (default: %(default)s)")
-    ap.add_argument("--kimi-workload", default="short", choices=["short", "long"],
+    ap.add_argument("--kimi-workload", default="short", choices=sorted(throughput.WORKLOADS),
                     help="the Kimi throughput phase's requests per level (testbed/gpu/throughput.py WORKLOADS)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
                     f"checks after them unless --skip pytest: {', '.join(PHASES)}")

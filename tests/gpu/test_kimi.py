@@ -107,13 +107,19 @@ def test_kimi_hidden_states_are_bf16_at_their_width(results, name):
 
 def test_kimi_graphs_on_and_off_record_the_same(results):
     """The healthy draft with CUDA graphs on and off (``kimi_phase.EAGER``), its four requests sent one at a
-    time (a graph batch of 1 is not padded): the same steps, acceptance, top-k and samples, in bf16."""
+    time (a graph batch of 1 is not padded): the same steps, acceptance, top-k and samples, to bf16 rounding
+    (``traces.BF16``: the two paths run different GEMM kernels, and random weights' near-uniform draft logits
+    tie, so a near tie may draft another token). The same comparison tells the aux-off draft's run apart."""
     on = traces.only(traces.load(server(results, "kimi-healthy")["trace"]), "kimi-seq-")
     off = traces.only(traces.load(server(results, "kimi-healthy-eager")["trace"]), "kimi-seq-")
     facts = server(results, "kimi-healthy-eager")["log_facts"]
     assert facts["cuda_graph_batches"] == 0 and facts["eager_batches"] > 0, facts
     assert len(off.requests) == 4 and off.steps and off.samples, off.summary()
-    assert traces.differences(off, on) == [], f"graphs on: {on.summary()}\ngraphs off: {off.summary()}"
+    assert traces.differences(off, on, tol=traces.BF16) == [], f"graphs on: {on.summary()}\ngraphs off: {off.summary()}"
+    assert traces.ties(off, on, traces.BF16) <= len(on.steps) // 20, "near ties are rare, not the rule"
+    aux_off = traces.only(traces.load(server(results, "kimi-aux-off")["trace"]), "kimi-seq-")
+    assert len(traces.differences(aux_off, on, limit=1000, tol=traces.BF16)) > len(on.steps), \
+        "the comparison did not tell a broken draft's run from the healthy one"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not crashes(n)])
