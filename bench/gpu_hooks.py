@@ -129,8 +129,9 @@ def profile(batch: int, top: int = 25) -> list:
     rows = sorted(((tt, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, tt, _, _) in stats.items()),
                   reverse=True)[:top]
     # and the tracer's own functions by time including what they call
-    ours = sorted(((ct, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, _, ct, _) in stats.items()
-                   if "draftscope_tracer" in fn), reverse=True)[:top]
+    ours = sorted(((ct, nc, f"{Path(fn).name}:{line}({name})")
+                   for (fn, line, name), (_, nc, _, ct, _) in stats.items() if "draftscope_tracer" in fn),
+                  reverse=True)[:top]
     return [[round(1e6 * tt / n, 1), round(nc / n, 1), where] for tt, nc, where in rows] + \
         [[round(1e6 * ct / n, 1), round(nc / n, 1), "cumulative " + where] for ct, nc, where in ours]
 

@@ -71,5 +71,6 @@ def test_totals_are_the_sampled_requests_and_each_finish_is_reported_once(monkey
     assert r1["sampled"] and (r1["traced_verify_ct"], r1["traced_accepted_drafts"]) == (3, 2 + 1 + 0) \
         == (r1["spec_verify_ct"], r1["spec_accepted_drafts"])
     # unsampled ones: SGLang's counters only, the hooks counted nothing for them
-    assert all("traced_verify_ct" not in by_rid[rid] and by_rid[rid]["spec_verify_ct"] > 0 for rid in ("r0", "r2", "r3"))
+    assert all("traced_verify_ct" not in by_rid[rid] and by_rid[rid]["spec_verify_ct"] > 0
+               for rid in ("r0", "r2", "r3"))
     assert t.totals == {} and t.health.errors == {}

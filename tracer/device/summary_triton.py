@@ -47,8 +47,8 @@ class Launches:
     tensor given as its address, an int, which the launcher takes as is (a tensor costs it a ``data_ptr``
     call and a driver query each). The caller names the variant by ``key``: every argument property Triton
     specialises on (``_int_key`` of each int that varies between launches; the dtype and 16-byte alignment
-    of each tensor that does), so a kernel is never launched with arguments it was not compiled for. With a Triton launch hook
-    set (a profiler), every launch takes the ``JITFunction`` path."""
+    of each tensor that does), so a kernel is never launched with arguments it was not compiled for. With a
+    Triton launch hook set (a profiler), every launch takes the ``JITFunction`` path."""
 
     def __init__(self, kernel, warps: Callable[[], int]):
         """``warps()``: the warps per program now (a bench may tune them between launches)."""
