@@ -1,9 +1,9 @@
 """The cross-engine diff: one draft (the test bed's, its config naming aux ids ``[0, 1, 2]``: the
 ``ids-0-1-2`` scenario) served by the real SGLang server and by the real vLLM server, each traced, both
-runs imported (as bundles, paths kept) into one dashboard store, and
-compared: the compare page says which target layers each engine fed the draft as Hugging Face
-``hidden_states[i]`` indices (SGLang id i -> hidden_states[i+1], vLLM id i -> hidden_states[i]), with a
-note naming the config change for each engine.
+runs imported (as bundles, paths kept) into one dashboard store, and compared: the compare page says
+which target layers each engine fed the draft as Hugging Face ``hidden_states[i]`` indices (SGLang id i
+-> hidden_states[i+1], vLLM id i -> hidden_states[i]), with a note naming the config change for each
+engine.
 """
 
 from __future__ import annotations

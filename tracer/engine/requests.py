@@ -47,11 +47,9 @@ class Sampled:
         """``(row, rid)`` of the sampled requests in ``reqs`` that are neither finished nor retracted: those whose
         verify step a result counts. Starts a new iteration (result processing is an iteration's last hook)."""
         self._found = None
-        if not self.live:
-            return []
-        out = [(i, rid) for i, rid in self.found(reqs) if not (reqs[i].finished() or reqs[i].is_retracted)]
-        self._found = None
-        return out
+        live = self.live
+        return [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live and not (r.finished() or r.is_retracted)] \
+            if live else []
 
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
@@ -83,7 +81,8 @@ def _finish_reason(req) -> Optional[str]:
 
 
 def finished_record(req, sampled: bool, traced: Optional[List[int]], started_at: Optional[float],
-                    num_draft_tokens: Optional[int], now: Optional[float] = None) -> Tuple[Dict[str, Any], Optional[str]]:
+                    num_draft_tokens: Optional[int],
+                    now: Optional[float] = None) -> Tuple[Dict[str, Any], Optional[str]]:
     """(the ``RequestRecord`` of ``req``, a message when the tracer's totals differ from SGLang's). ``traced``:
     the tracer's own totals, counted for sampled requests only (None: none, and no ``traced_*`` fields)."""
     ct = int(getattr(req, "spec_verify_ct", 0))
@@ -94,10 +93,9 @@ def finished_record(req, sampled: bool, traced: Optional[List[int]], started_at:
             "finish_reason": _finish_reason(req), "spec_verify_ct": ct, "spec_accepted_drafts": accepted,
             "spec_proposed_drafts": ct * (num_draft_tokens - 1) if num_draft_tokens else None}
     mismatch = None
-    if traced is None:
-        return {k: v for k, v in info.items() if v is not None}, None
-    info.update(traced_verify_ct=traced[0], traced_accepted_drafts=traced[1],
-                traced_proposed_drafts=traced[2] if num_draft_tokens else None)
-    if (traced[0], traced[1]) != (ct, accepted):
-        mismatch = f"{req.rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / {accepted}"
+    if traced is not None:
+        info.update(traced_verify_ct=traced[0], traced_accepted_drafts=traced[1],
+                    traced_proposed_drafts=traced[2] if num_draft_tokens else None)
+        if (traced[0], traced[1]) != (ct, accepted):
+            mismatch = f"{req.rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / {accepted}"
     return {k: v for k, v in info.items() if v is not None}, mismatch
