@@ -106,3 +106,24 @@ def test_graphed_recomputes_and_direct_launches_match_eager():
                                ints=(vi.draft_token, res.next_token_ids, b.seq_lens, res.accept_lens, 4))
     copied = HostInts([(vi.draft_token, nodes), (res.next_token_ids, nodes), (b.seq_lens, at), (res.accept_lens, at)])
     assert GatheredInts(pending, 2, 4).result() == copied.result()
+
+
+def test_kernels_write_summaries_straight_into_pinned_slots():
+    """On the H200 the ring is pinned memory the device addresses: the Triton kernel writes each launch into its
+    slot (no copy), through its JITFunction and then directly, and the bytes equal the same launches computed
+    into the device buffer and copied (``direct=False``)."""
+    from draftscope_tracer.device.summarize import Summarizer
+
+    hidden = torch.randn(64, 3 * 7168, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(64, 163_840, device="cuda") * 4
+    rows = torch.tensor([3, 17, 40, 63] + [-1] * 12, device="cuda")
+    direct, copied = (Summarizer(max_rows=16, width=3 * 7168, chunk_width=7168, vocab_size=163_840, device="cuda",
+                                 direct=d) for d in (True, False))
+    assert direct._ring.outputs(0) is not None and copied._ring.outputs(0) is None
+    copies = []
+    copy_out = direct._ring.copy_out
+    direct._ring.copy_out = lambda *a: copies.append(a) or copy_out(*a)
+    for _ in range(3):  # the first launch compiles through the JITFunction, the others launch directly
+        got, want = direct.summarize(hidden, rows, logits), copied.summarize(hidden, rows, logits)
+        assert got.__reduce__()[1][1] == want.__reduce__()[1][1]
+    assert copies == [] and direct.fallbacks == copied.fallbacks == 0

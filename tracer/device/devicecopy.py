@@ -47,9 +47,44 @@ def current_stream() -> "torch.cuda.Stream":
     return _STREAM[1]
 
 
+LATER_MAX = 1024  # copies waiting for a later event (they record their own when read past this)
+_LATER: list = []  # (raw stream, holder) of copies whose completion the next event on that stream marks
+
+
 def record(event: "torch.cuda.Event") -> None:
-    """``event.record()`` on the current stream (see :func:`current_stream`)."""
+    """``event.record()`` on the current stream (see :func:`current_stream`); it also marks the completion of
+    every copy that asked for a later event on that stream (:func:`mark_later`)."""
     event.record(current_stream())
+    if _LATER:
+        raw, waiting = _STREAM[0], []
+        for stream, holder in _LATER:
+            if stream == raw:
+                holder.event = event
+            else:
+                waiting.append((stream, holder))
+        _LATER[:] = waiting
+
+
+def mark_later(holder) -> None:
+    """Let the next event recorded on the current stream (:func:`record`) mark the work just issued: it is
+    set as ``holder.event``, one event recording saved. Until then ``holder.event`` stays None and a reader
+    records one itself (:func:`wait_later`)."""
+    holder.event = None
+    current_stream()
+    if len(_LATER) >= LATER_MAX:
+        _LATER.pop(0)
+    _LATER.append((_STREAM[0], holder))
+    holder.stream = _STREAM[1]
+
+
+def wait_later(holder) -> None:
+    """Wait (on the reader's thread) for the work :func:`mark_later` marked: its later event, or one recorded
+    now behind it on its stream when none came yet."""
+    event = holder.event
+    if event is None:
+        event = torch.cuda.Event()
+        event.record(holder.stream)
+    event.synchronize()
 
 
 def host_view(t: torch.Tensor) -> Optional[np.ndarray]:

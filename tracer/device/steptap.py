@@ -32,7 +32,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from draftscope_tracer.device.devicecopy import HostSlots, device_index
+from draftscope_tracer.device.devicecopy import HostSlots, device_index, mark_later, wait_later
 from draftscope_tracer.stats import ArrayBytes, DraftSteps, Resolved, draft_steps
 
 # Sampled requests per batch whose draft steps are read: 16 lost positions 2.. of 4,464 steps on the H200 at 64
@@ -167,7 +167,9 @@ class StepTopk:
     def __init__(self, buf: torch.Tensor, layout: tuple, n: int, slots: HostSlots, slot: int, host: torch.Tensor):
         host.copy_(buf, non_blocking=True)
         self._host, self._layout = host, layout  # split on the reader's thread
-        self.event = slots.record(slot)
+        self._cuda = buf.is_cuda
+        if self._cuda:  # the verify's summary, which reads these steps with it, records the event that follows
+            mark_later(self)
         self._n, self._slots, self._slot = n, slots, slot
         self._value: Optional[DraftSteps] = None
 
@@ -198,8 +200,8 @@ class StepTopk:
     def _wait(self) -> None:
         if self._slot is None:
             raise RuntimeError("this step top-k was released without being read")
-        if self.event is not None:
-            self.event.synchronize()
+        if self._cuda:
+            wait_later(self)
 
     def release(self, read: bool = False) -> None:
         """Give the slot back (after reading: ``read``, or when the step is dropped). Safe to call twice."""

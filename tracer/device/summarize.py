@@ -11,8 +11,9 @@ device** and brings them to the host with one non-blocking copy:
 Rows are chosen by ``rows``, an int64 tensor on the tensors' device of fixed length ``max_rows``
 (pad with ``-1``): its shape never depends on data, so a launch can be captured in a CUDA graph.
 Nothing on the launch path synchronises with the host (no ``.item()``, ``.tolist()``, ``.cpu()``).
-The results land in one device buffer, one ``non_blocking`` copy moves it into a pinned host buffer
-taken from a ring, and a CUDA event marks completion. :class:`Pending` is the handle: a background
+The Triton kernel writes the results straight into a pinned host buffer taken from a ring (the device
+addresses pinned memory directly); the torch path and graph replays write one device buffer, which one
+``non_blocking`` copy moves into the ring slot. A CUDA event marks completion. :class:`Pending` is the handle: a background
 thread calls :meth:`Pending.result` (waits on the event, decodes plain Python numbers, frees the
 ring slot). When every slot is still unread, a launch is **dropped** (counted in
 :attr:`Summarizer.drops`) instead of blocking. CPU tensors work the same way (no pinning, no
@@ -59,7 +60,7 @@ from typing import Any, Optional
 
 import torch
 
-from draftscope_tracer.device.summary_ring import Layout, Pending, Ring
+from draftscope_tracer.device.summary_ring import Layout, Outputs, Pending, Ring
 from draftscope_tracer.device.summary_torch import TorchPath
 from draftscope_tracer.device.summary_triton import TritonPath, triton
 
@@ -82,6 +83,8 @@ class Summarizer:
         backend: ``"auto"`` (Triton kernels on CUDA when ``triton`` imports, else torch),
             ``"torch"`` (the per-op torch path), or ``"triton"`` (Triton kernels on any device;
             on CPU only under ``TRITON_INTERPRET=1``, which the tests use).
+        direct: let the Triton kernel write each launch into its ring slot (no copy) where the device can
+            address the pinned ring; ``False`` always computes into the device buffer and copies.
 
     Any failure in the Triton path is counted in :attr:`fallbacks` (reason in
     :attr:`fallback_error`) and the torch path computes that launch and every later one; it never
@@ -91,7 +94,7 @@ class Summarizer:
     def __init__(self, *, max_rows: int, width: int, chunk_width: Optional[int] = None,
                  vocab_size: Optional[int] = None, topk: int = 8, ring_size: int = 4,
                  block: Optional[int] = None, device: torch.device | str = "cpu", backend: str = "auto",
-                 gather: bool = False):
+                 gather: bool = False, direct: bool = True):
         chunk_width = width if chunk_width is None else chunk_width
         if max_rows < 1 or width < 1 or chunk_width < 1 or width % chunk_width:
             raise ValueError(f"need max_rows >= 1 and chunk_width dividing width; got max_rows={max_rows}, "
@@ -116,8 +119,8 @@ class Summarizer:
         layout = Layout(max_rows, self.num_chunks, vocab_size, topk, gather)
         self.nbytes = layout.nbytes
         self._dev_buf = torch.zeros(layout.nbytes, dtype=torch.uint8, device=self.device)
-        self._dev = layout.views(self._dev_buf)
-        self._ring = Ring(layout, ring_size, self.device, chunk_width)
+        self._dev = layout.outputs(self._dev_buf)
+        self._ring = Ring(layout, ring_size, self.device, chunk_width, direct)
         self._shape = dict(max_rows=max_rows, num_chunks=self.num_chunks, chunk_width=chunk_width,
                            vocab_size=vocab_size, topk=topk, block=block, device=self.device, gather=gather)
         use_triton = triton is not None and (backend == "triton" or (backend == "auto" and self.device.type == "cuda"))
@@ -167,11 +170,11 @@ class Summarizer:
         if slot is None:
             return None
         try:
-            self.compute(hidden, rows, logits, ints)
+            into_slot = self._run(hidden, rows, logits, ints, self._ring.outputs(slot))
         except BaseException:
             self._ring.release(slot)
             raise
-        return self._ring.copy_out(slot, self._dev_buf, tag)
+        return self._ring.written(slot, tag) if into_slot else self._ring.copy_out(slot, self._dev_buf, tag)
 
     def publish(self, tag: Any = None) -> Optional[Pending]:
         """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot."""
@@ -181,14 +184,20 @@ class Summarizer:
     def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
                 ints: Optional[tuple] = None) -> None:
         """Write the summary into the device buffer only (capturable in a CUDA graph)."""
+        self._run(hidden, rows, logits, ints, None)
+
+    def _run(self, hidden, rows, logits, ints, slot: Optional[Outputs]) -> bool:
+        """Compute one summary: into ``slot`` (a ring slot's outputs) when the Triton path takes it, True; else
+        into the device buffer, False."""
         self._check(hidden, rows, logits)
         if (ints is not None) != self.gather:
             raise ValueError(f"Summarizer: ints {'missing' if self.gather else 'given'}: this layout was built "
                              f"with gather={self.gather}")
         if self._triton is not None:
+            out = self._dev if slot is None else slot
             try:
-                if self._triton.run(hidden, rows, logits, self._dev, ints):
-                    return
+                if self._triton.run(hidden, rows, logits, out, ints):
+                    return out is slot
                 self.fallbacks += 1
                 self.fallback_error = "inputs the Triton path does not take (hidden/logits rows not contiguous, " \
                                       "or ints not 1-D int32/int64)"
@@ -198,7 +207,8 @@ class Summarizer:
                 self._triton = None
         if self._torch is None:
             self._torch = TorchPath(**self._shape)
-        self._torch.run(hidden, rows, logits, self._dev, ints)
+        self._torch.run(hidden, rows, logits, self._dev.views, ints)
+        return False
 
     def _check(self, hidden, rows, logits) -> None:
         """Shape/dtype/device checks only: metadata, never data (no host sync). One expression on the hot path

@@ -1,8 +1,14 @@
-"""The Summarizer's way back to the host: the result layout, a ring of (pinned) host buffers that one
-non-blocking copy fills, the :class:`Pending` handle of each copy, and the decoding into a ``Summary``."""
+"""The Summarizer's way back to the host: the result layout, a ring of (pinned) host buffers, the
+:class:`Pending` handle of each launch, and the decoding into a ``Summary``.
+
+A launch's results reach a ring slot one of two ways: a kernel writes them straight into the slot (pinned
+memory the device can address: :class:`Outputs` of the slot; no copy), or they are computed into the
+Summarizer's device buffer and one non-blocking copy moves them (the torch path, and CUDA-graph replays,
+whose kernels write one static address). Either way an event recorded after the work marks completion."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from typing import Any, Optional
@@ -40,18 +46,59 @@ class Layout:
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         return {name: buf[off:off + n].view(dtype).view(shape) for name, dtype, shape, off, n in self.fields}
 
+    def outputs(self, buf: torch.Tensor, address: Optional[int] = None) -> "Outputs":
+        """Where a launch into ``buf`` writes: its views, and their addresses for kernels (``address``: the
+        address through which kernels reach ``buf``, when it is not ``buf.data_ptr()``: mapped host memory)."""
+        base = buf.data_ptr() if address is None else address
+        return Outputs(self.views(buf), {name: base + off for name, _, _, off, _ in self.fields})
+
+
+class Outputs:
+    """A launch's destination: ``views`` (name -> typed tensor) and ``head`` (the addresses of ``rows``, ``sums``,
+    ``absmax``), ``topk`` (of ``topk_p``, ``topk_id``; None without a vocabulary) and ``ints`` (None without
+    gather), in the kernels' argument order, worked out once."""
+
+    def __init__(self, views: dict, address: dict):
+        self.views = views
+        self.head = (address["rows"], address["sums"], address["absmax"])
+        self.topk = (address["topk_p"], address["topk_id"]) if "topk_p" in address else None
+        self.ints = address.get("ints")
+
+
+SLOT_ALIGN = 16  # ring slots start at this alignment, so a field sits at the same alignment in every slot
+# (Triton specialises its kernels on 16-byte aligned pointers)
+_DEVICE_POINTER = 2  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+
+
+def mapped_address(host: torch.Tensor) -> Optional[int]:
+    """The address through which CUDA kernels reach pinned tensor ``host`` (its own under unified addressing),
+    asked of the driver; None when the driver is not reachable or says kernels cannot reach it."""
+    try:
+        query = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
+    except (OSError, AttributeError):
+        return None
+    out = ctypes.c_uint64()
+    ok = query(ctypes.byref(out), ctypes.c_int(_DEVICE_POINTER), ctypes.c_uint64(host.data_ptr())) == 0
+    return out.value if ok and out.value else None
+
 
 class Ring:
     """``size`` host buffers (pinned on CUDA, one allocation); a launch takes a free one or is dropped
-    (``drops``)."""
+    (``drops``). ``outputs(slot)``: where a kernel writes that slot directly, or None when kernels cannot reach
+    the ring (a launch then computes into the device buffer and copies)."""
 
-    def __init__(self, layout: Layout, size: int, device: torch.device, chunk_width: int):
+    def __init__(self, layout: Layout, size: int, device: torch.device, chunk_width: int, direct: bool = True):
         pin = device.type == "cuda"
         self.chunk_width = chunk_width
         # one allocation for every slot: a pinned allocation per slot would cost a ``cudaHostAlloc`` each
-        memory = torch.zeros(size, layout.nbytes, dtype=torch.uint8, pin_memory=pin)
-        self._bufs = list(memory.unbind(0))
+        stride = -(-layout.nbytes // SLOT_ALIGN) * SLOT_ALIGN
+        memory = torch.zeros(size, stride, dtype=torch.uint8, pin_memory=pin)
+        self._bufs = list(memory[:, :layout.nbytes].unbind(0))
         self._views = [layout.views(b) for b in self._bufs]
+        self._outputs: Optional[list] = None
+        base = (mapped_address(memory) if pin else memory.data_ptr()) if direct else None
+        if base is not None:  # on a CPU the "kernel" (Triton's interpreter) writes the slot as any host code would
+            self._outputs = [layout.outputs(b, base + i * stride) for i, b in enumerate(self._bufs)]
         self.numpy_fields = layout.numpy_fields
         self._busy = [False] * size
         # one completion event per slot, re-recorded by each launch that takes it (creating an event per
@@ -78,12 +125,19 @@ class Ring:
     def views(self, slot: int) -> dict:
         return self._views[slot]
 
+    def outputs(self, slot: int) -> Optional[Outputs]:
+        return None if self._outputs is None else self._outputs[slot]
+
     def bytes(self, slot: int) -> bytes:
         return self._bufs[slot].numpy().tobytes()
 
     def copy_out(self, slot: int, device_buf: torch.Tensor, tag: Any) -> "Pending":
-        """One non-blocking copy of ``device_buf`` into ``slot``; an event marks its completion on CUDA."""
+        """One non-blocking copy of ``device_buf`` into ``slot``, then :meth:`written`."""
         self._bufs[slot].copy_(device_buf, non_blocking=True)
+        return self.written(slot, tag)
+
+    def written(self, slot: int, tag: Any) -> "Pending":
+        """The handle of the work just issued into ``slot``; an event marks its completion on CUDA."""
         event = None
         if self._events is not None:
             event = self._events[slot]

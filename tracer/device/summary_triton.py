@@ -10,6 +10,8 @@ from typing import Callable, Optional
 
 import torch
 
+from draftscope_tracer.device.summary_ring import Outputs
+
 try:  # Triton ships with every SGLang GPU install; without it the pure-torch path runs.
     import triton
     import triton.language as tl
@@ -236,7 +238,6 @@ class TritonPath:
         # kernel uses "hidden"; the one-launch summary the most of the three.
         self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
         self.block = None
-        self._out: Optional[dict] = None  # the device views whose addresses ``_addresses`` holds
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.warps["hidden"])
         if vocab_size is None:
             return
@@ -252,40 +253,29 @@ class TritonPath:
         self.cval = torch.zeros(R, self.nb * k, dtype=torch.float32, device=device)
         self.cid = torch.zeros(R, self.nb * k, dtype=torch.int32, device=device)
         self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
+        self._scratch = (self.bmax.data_ptr(), self.bsum.data_ptr(), self.cval.data_ptr(), self.cid.data_ptr())
+        self._tickets = self.tickets.data_ptr()
         self._summary = Launches(_summary_kernel, lambda: max(self.warps.values()))
 
-    def _addresses(self, out: dict) -> tuple:
-        """The addresses of ``out`` (a Summarizer's device views, the same dict every launch) and of this path's
-        scratch, in the kernels' argument order, worked out once."""
-        if self._out is not out:
-            ptr = {name: t.data_ptr() for name, t in out.items()}
-            self._out = out
-            self._out_ptrs = (ptr["rows"], ptr["sums"], ptr["absmax"])
-            if self.vocab_size is not None:
-                self._scratch_ptrs = (self.bmax.data_ptr(), self.bsum.data_ptr(), self.cval.data_ptr(),
-                                      self.cid.data_ptr(), ptr["topk_p"], ptr["topk_id"], self.tickets.data_ptr())
-                self._ints_ptr = ptr.get("ints")
-        return self._out_ptrs
-
-    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict,
+    def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
             ints: Optional[tuple] = None) -> bool:
-        """Write rows, statistics and top-k of the selected rows into ``out`` (the device views), and the verify's
-        ``ints`` at them (``Summarizer.summarize``)."""
+        """Write rows, statistics and top-k of the selected rows into ``out`` (the device buffer's or a ring slot's
+        outputs), and the verify's ``ints`` at them (``Summarizer.summarize``)."""
         if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
         sh, nh = hidden.stride(0), hidden.shape[0]
         hp, rp = hidden.data_ptr(), rows.data_ptr()
-        outs = self._addresses(out)
         if self.vocab_size is None:
             key = ((hidden.dtype, hp % 16 == 0), (rows.dtype, rp % 16 == 0), _int_key(sh), _int_key(nh))
             compiled = self._hidden.compiled(key)
             if compiled is None:
-                self._hidden.first((R, K), key, hidden, sh, nh, rows, out["rows"], out["sums"], out["absmax"], R, K,
+                v = out.views
+                self._hidden.first((R, K), key, hidden, sh, nh, rows, v["rows"], v["sums"], v["absmax"], R, K,
                                    self.chunk_width, self.hblock)
             else:
-                Launches.direct(compiled, (R, K), hidden.device.index, hp, sh, nh, rp, *outs, R, K, self.chunk_width,
-                                self.hblock)
+                Launches.direct(compiled, (R, K), hidden.device.index, hp, sh, nh, rp, *out.head, R, K,
+                                self.chunk_width, self.hblock)
             return True
         nb, k = self.nb, self.topk
         sl, nl, lp = logits.stride(0), logits.shape[0], logits.data_ptr()
@@ -306,14 +296,16 @@ class TritonPath:
         if compiled is None:
             tensors = [t.view(torch.int32) for t in ints[:4]] if ints is not None else [rows] * 4
             words = [x for t, m in zip(tensors, words[1::2]) for x in (t, m)]
-            self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, out["rows"], out["sums"],
-                                out["absmax"], self.bmax, self.bsum, self.cval, self.cid, out["topk_p"], out["topk_id"],
-                                self.tickets, *words, out.get("ints", rows), nodes, R, K, self.chunk_width,
+            v = out.views
+            self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, v["rows"], v["sums"],
+                                v["absmax"], self.bmax, self.bsum, self.cval, self.cid, v["topk_p"], v["topk_id"],
+                                self.tickets, *words, v.get("ints", rows), nodes, R, K, self.chunk_width,
                                 self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
                                 pow2_at_least(nb * k), ints is not None)
         else:
-            Launches.direct(compiled, grid, hidden.device.index, hp, sh, nh, lp, sl, nl, rp, *outs, *self._scratch_ptrs,
-                            *words, rp if self._ints_ptr is None else self._ints_ptr, nodes, R, K, self.chunk_width,
+            Launches.direct(compiled, grid, hidden.device.index, hp, sh, nh, lp, sl, nl, rp, *out.head, *self._scratch,
+                            *out.topk, self._tickets, *words, rp if out.ints is None else out.ints, nodes, R, K,
+                            self.chunk_width,
                             self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb), pow2_at_least(nb * k),
                             ints is not None)
         return True
