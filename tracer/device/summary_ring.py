@@ -67,19 +67,20 @@ class Outputs:
 
 SLOT_ALIGN = 16  # ring slots start at this alignment, so a field sits at the same alignment in every slot
 # (Triton specialises its kernels on 16-byte aligned pointers)
-_DEVICE_POINTER = 2  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+_DEVICE_POINTER = 3  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER (cuda.h)
 
 
 def mapped_address(host: torch.Tensor) -> Optional[int]:
-    """The address through which CUDA kernels reach pinned tensor ``host`` (its own under unified addressing),
-    asked of the driver; None when the driver is not reachable or says kernels cannot reach it."""
+    """The address through which CUDA kernels reach pinned tensor ``host``: its own, under the unified
+    addressing of every 64-bit CUDA platform. Asked of the driver; None when the driver is not reachable or
+    gives any other answer (the launches then copy)."""
     try:
         query = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
     except (OSError, AttributeError):
         return None
-    out = ctypes.c_uint64()
-    ok = query(ctypes.byref(out), ctypes.c_int(_DEVICE_POINTER), ctypes.c_uint64(host.data_ptr())) == 0
-    return out.value if ok and out.value else None
+    out, ptr = ctypes.c_uint64(), host.data_ptr()
+    ok = query(ctypes.byref(out), ctypes.c_int(_DEVICE_POINTER), ctypes.c_uint64(ptr)) == 0
+    return ptr if ok and out.value == ptr else None
 
 
 class Ring:
