@@ -127,3 +127,28 @@ def test_kernels_write_summaries_straight_into_pinned_slots():
         got, want = direct.summarize(hidden, rows, logits), copied.summarize(hidden, rows, logits)
         assert got.__reduce__()[1][1] == want.__reduce__()[1][1]
     assert copies == [] and direct.fallbacks == copied.fallbacks == 0
+
+
+def test_a_launch_repeated_on_the_same_buffers_is_planned_and_reads_their_new_values():
+    """The hooks' launches repeat on the same buffers every decode iteration: the second one on the same
+    tensors and rows goes through its plan (no checks, no argument work), and reads what the buffers hold then."""
+    from draftscope_tracer.device.summaries import Summaries
+    from draftscope_tracer.health import Health
+
+    summaries = Summaries(Health(), topk=8)
+    hidden = torch.randn(64, 3 * 7168, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(64, 163_840, device="cuda") * 4
+    rows = [3, 17, 40, 63]
+    first = summaries.launch(hidden, rows, chunk_width=7168, logits=logits).result()  # through the JITFunction
+    summaries.launch(hidden, rows, chunk_width=7168, logits=logits).result()  # direct: leaves its plan
+    assert len(summaries._plans) == 1
+    (summ, plan, _), = summaries._plans.values()
+    calls = []
+    summ.launch_plan = lambda p, tag=None, f=summ.launch_plan: calls.append(p) or f(p, tag)
+    hidden.mul_(2)
+    logits[:, 5] = 1e4  # token 5 now wins every row
+    again = summaries.launch(hidden, rows, chunk_width=7168, logits=logits).result()
+    assert calls == [plan]
+    for a, b in zip(again.rows[:4], first.rows[:4]):
+        assert a.row == b.row and a.chunks[1].l2 == pytest.approx(2 * b.chunks[1].l2, rel=1e-3)
+        assert a.topk[0] == (5, pytest.approx(1.0))

@@ -21,8 +21,10 @@ from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.stats import RowCopies
 from draftscope_tracer.device.summarize import Pending, Summarizer
 from draftscope_tracer.device.summary_ring import Layout
+from draftscope_tracer.device.summary_triton import hooked
 
 RING_BYTES = 16 * 2**20  # pinned bytes per layout's ring: unread launches before launches drop
+PLANS = 64  # launches kept as plans (a decode batch's launches repeat on the same buffers every iteration)
 RING_SLOTS = (128, 4096)  # at least / at most, whatever the layout's size (`summary_ring_full` past that)
 
 
@@ -50,6 +52,7 @@ class Summaries:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self.health, self.topk, self.reduce = health, topk, reduce
         self._by_shape: Dict[tuple, Summarizer] = {}
+        self._plans: Dict[tuple, tuple] = {}  # plan key -> (Summarizer, its plan, the index tensor the plan reads)
 
     def prepare(self, device: torch.device, layouts: Sequence[tuple]) -> None:
         """Build each ``(width, chunk width, vocab or None, rows, dtype, gather)`` layout's Summarizer on
@@ -90,6 +93,13 @@ class Summaries:
         chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
         if hidden.device.type == "cpu" and self.reduce == "auto":
             return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
+        key = self._plan_key(hidden, rows, chunk_width, logits, ints)
+        planned = self._plans.get(key) if key is not None else None
+        if planned is not None and not hooked():
+            pending = planned[0].launch_plan(planned[1], tag)
+            if pending is None:
+                self.health.drop("summary_ring_full")
+            return pending
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
@@ -106,4 +116,18 @@ class Summaries:
         pending = summ.summarize(hidden, index, logits=logits, tag=tag, ints=ints)
         if pending is None:
             self.health.drop("summary_ring_full")
+        elif key is not None and summ.last_plan() is not None:
+            if len(self._plans) >= PLANS:
+                self._plans.clear()
+            self._plans[key] = (summ, summ.last_plan(), index)  # the index tensor held: the plan reads its address
         return pending
+
+    @staticmethod
+    def _plan_key(hidden, rows, chunk_width, logits, ints) -> Optional[tuple]:
+        """What a launch's plan depends on: each tensor's address, shape, strides and dtype, the rows, the chunk
+        width; None when a launch makes a tensor of its own (logits not float32) and so cannot be planned."""
+        if logits is not None and logits.dtype != torch.float32:
+            return None
+        return (hidden.data_ptr(), hidden.shape, hidden.stride(), hidden.dtype, chunk_width, tuple(rows),
+                None if logits is None else (logits.data_ptr(), logits.shape, logits.stride()),
+                None if ints is None else (*((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in ints[:4]), ints[4]))

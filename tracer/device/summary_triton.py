@@ -32,7 +32,7 @@ def _int_key(v: int) -> tuple:
     return v == 1, v % 16 == 0, -2**31 <= v < 2**31
 
 
-def _hooked() -> bool:
+def hooked() -> bool:
     """Whether a Triton launch hook is set (Triton >= 3.4 keeps an empty ``HookChain`` when none is), or
     Triton is too old for direct launches."""
     if knobs is None:
@@ -45,7 +45,7 @@ class Launches:
     """One Triton kernel's compiled variants, launched without the ``JITFunction`` dispatch.
 
     The first launch of each variant goes through ``kernel[grid](...)`` (:meth:`first`: it compiles or finds
-    the kernel and returns it); later ones call the compiled kernel's launcher (:meth:`direct`) with every
+    the kernel and returns it); later ones call the compiled kernel's launcher (:meth:`planned`) with every
     tensor given as its address, an int, which the launcher takes as is (a tensor costs it a ``data_ptr``
     call and a driver query each). The caller names the variant by ``key``: every argument property Triton
     specialises on (``_int_key`` of each int that varies between launches; the dtype and 16-byte alignment
@@ -58,10 +58,10 @@ class Launches:
         self._compiled: dict = {}
 
     def compiled(self, key: tuple) -> Optional[tuple]:
-        """The launcher of ``key``'s compiled variant (see :meth:`direct`), or None when the launch must go
+        """The launcher of ``key``'s compiled variant (see :meth:`planned`), or None when the launch must go
         through :meth:`first`."""
         compiled = self._compiled.get((self.warps(), *key))
-        return None if compiled is None or _hooked() else compiled
+        return None if compiled is None or hooked() else compiled
 
     def first(self, grid: tuple, key: tuple, *args) -> None:
         """Launch through the ``JITFunction`` (tensors as tensors) and keep the compiled variant's launcher."""
@@ -70,11 +70,18 @@ class Launches:
         self._compiled[(warps, *key)] = None if compiled is None else _launcher(compiled)
 
     @staticmethod
-    def direct(launcher: tuple, grid: tuple, device: int, *args) -> None:
-        """Launch a variant (its :meth:`compiled` launcher) on the current stream of CUDA device ``device``;
-        ``args`` as for :meth:`first`, every tensor replaced by its ``data_ptr()``."""
+    def planned(launcher: tuple, grid: tuple, device: int, before: tuple, after: Callable[[Outputs], tuple]):
+        """A direct launch of a variant (its :meth:`compiled` launcher) on the current stream of CUDA device
+        ``device``, as a function of the destination: ``plan(out)`` launches with ``(*before, *after(out))``, the
+        arguments of :meth:`first` with every tensor replaced by its ``data_ptr()``."""
         fn, head = launcher
-        fn(grid[0], grid[1], 1, torch._C._cuda_getCurrentRawStream(device), *head, *args)
+        stream = torch._C._cuda_getCurrentRawStream
+        g0, g1 = grid
+
+        def plan(out: Outputs) -> None:
+            fn(g0, g1, 1, stream(device), *head, *before, *after(out))
+
+        return plan
 
 
 def _launcher(compiled) -> tuple:
@@ -238,6 +245,8 @@ class TritonPath:
         # kernel uses "hidden"; the one-launch summary the most of the three.
         self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
         self.block = None
+        # the last launch, when it was direct: launches it again with the same inputs into another destination
+        self.plan: Optional[Callable[[Outputs], None]] = None
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.warps["hidden"])
         if vocab_size is None:
             return
@@ -261,6 +270,7 @@ class TritonPath:
             ints: Optional[tuple] = None) -> bool:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device buffer's or a ring slot's
         outputs), and the verify's ``ints`` at them (``Summarizer.summarize``)."""
+        self.plan = None
         if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
@@ -274,8 +284,10 @@ class TritonPath:
                 self._hidden.first((R, K), key, hidden, sh, nh, rows, v["rows"], v["sums"], v["absmax"], R, K,
                                    self.chunk_width, self.hblock)
             else:
-                Launches.direct(compiled, (R, K), hidden.device.index, hp, sh, nh, rp, *out.head, R, K,
-                                self.chunk_width, self.hblock)
+                tail = (R, K, self.chunk_width, self.hblock)
+                self.plan = Launches.planned(compiled, (R, K), hidden.device.index, (hp, sh, nh, rp),
+                                             lambda o: (*o.head, *tail))
+                self.plan(out)
             return True
         nb, k = self.nb, self.topk
         sl, nl, lp = logits.stride(0), logits.shape[0], logits.data_ptr()
@@ -303,9 +315,11 @@ class TritonPath:
                                 self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
                                 pow2_at_least(nb * k), ints is not None)
         else:
-            Launches.direct(compiled, grid, hidden.device.index, hp, sh, nh, lp, sl, nl, rp, *out.head, *self._scratch,
-                            *out.topk, self._tickets, *words, rp if out.ints is None else out.ints, nodes, R, K,
-                            self.chunk_width,
-                            self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb), pow2_at_least(nb * k),
-                            ints is not None)
+            scratch, middle = self._scratch, (self._tickets, *words)
+            tail = (nodes, R, K, self.chunk_width, self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
+                    pow2_at_least(nb * k), ints is not None)
+            self.plan = Launches.planned(
+                compiled, grid, hidden.device.index, (hp, sh, nh, lp, sl, nl, rp),
+                lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, *tail))
+            self.plan(out)
         return True
