@@ -10,8 +10,13 @@ their ratio A / B.
 
     python bench/gpu_hooks_ab.py A_DIR B_DIR --out OUT [--pairs 3] [--cores 4-7]   # on the GPU host
     python bench/gpu_hooks_ab.py --table OUT --names NEW OLD                         # the table again
+    python bench/gpu_hooks_ab.py --runs DIR [DIR ...]    # one tracer's runs, by the host's speed
 
-``--table`` also reads the folders a shell loop wrote (``new1``, ``old1``, ... with ``--names new old``).
+``--table`` also reads the folders a shell loop wrote (``new1``, ``old1``, ... with ``--names new old``). The
+device call returns a limited number of files, so ``OUT/runs.json`` holds every run's results in one file
+(``--table`` and ``--runs`` read it where the folders did not come back). ``--runs`` lists runs of one tracer
+(folders holding ``gpu_hooks.json``) from the fastest host phase to the slowest, by the time of the same
+iteration without the tracer, with the median of the tracer's own time over them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +43,36 @@ def run(a: Path, b: Path, out: Path, pairs: int, cores: str) -> None:
             done = subprocess.run(cmd, env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=300)
             if done.returncode:
                 raise SystemExit(f"{name}{i} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    runs = {d.name: json.loads((d / "gpu_hooks.json").read_text()) for d in sorted(out.iterdir())
+            if (d / "gpu_hooks.json").exists()}
+    (out / "runs.json").write_text(json.dumps(runs, indent=1))
+
+
+def saved(out: Path, name: str) -> dict | None:
+    """One run's ``gpu_hooks.json``: its folder's, else its entry in ``out/runs.json``."""
+    path = out / name / "gpu_hooks.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    runs = out / "runs.json"
+    return json.loads(runs.read_text()).get(name) if runs.exists() else None
+
+
+def runs_table(dirs: list) -> str:
+    rows = []
+    for d in dirs:
+        r = json.loads((d / "gpu_hooks.json").read_text())
+        b, s = r[f"batch {BATCHES[0]}"], r[f"batch {BATCHES[1]}"]
+        rows.append((b["no_tracer_us_median"], d.name, b, s))
+    rows.sort(key=lambda row: row[0])
+    lines = [f"| run | batch {BATCHES[0]}: without the tracer µs | with it, median | p90 | the tracer's own | "
+             f"batch {BATCHES[1]}: the tracer's own |", "|---|---|---|---|---|---|"]
+    for bare, name, b, s in rows:
+        lines.append(f"| {name} | {bare:,.1f} | {b['host_us_median']:,.1f} | {b['host_us_p90']:,.1f} | "
+                     f"{b['tracer_us_median']:,.1f} | {s['tracer_us_median']:,.1f} |")
+    own = sorted(b["tracer_us_median"] for _, _, b, _ in rows)
+    lines.append(f"\nbatch {BATCHES[0]}, the tracer's own: median {statistics.median(own):,.1f} µs over {len(own)} runs, "
+                 f"{sum(x <= 150 for x in own)} of them at or under 150 µs")
+    return "\n".join(lines)
 
 
 def table(out: Path, names: tuple) -> str:
@@ -44,8 +80,7 @@ def table(out: Path, names: tuple) -> str:
     lines = [f"| pair | batch {BATCHES[0]}: tracer's own µs, {a} / {b} | ratio | batch {BATCHES[1]}: {a} / {b} | ratio |",
              "|---|---|---|---|---|"]
     i = 1
-    while (out / f"{a}{i}" / "gpu_hooks.json").exists() and (out / f"{b}{i}" / "gpu_hooks.json").exists():
-        ra, rb = (json.loads((out / f"{n}{i}" / "gpu_hooks.json").read_text()) for n in (a, b))
+    while (ra := saved(out, f"{a}{i}")) is not None and (rb := saved(out, f"{b}{i}")) is not None:
         cells = []
         for batch in BATCHES:
             x, y = ra[f"batch {batch}"]["tracer_us_median"], rb[f"batch {batch}"]["tracer_us_median"]
@@ -65,7 +100,12 @@ def main() -> None:
     ap.add_argument("--cores", default="4-7", help="taskset's core list for every run")
     ap.add_argument("--table", type=Path, help="print the table of saved runs under this folder instead")
     ap.add_argument("--names", nargs=2, default=("a", "b"), help="the two runs' folder prefixes (default a b)")
+    ap.add_argument("--runs", nargs="+", type=Path, help="list these runs of one tracer instead (folders with "
+                                                          "gpu_hooks.json)")
     args = ap.parse_args()
+    if args.runs:
+        print(runs_table(args.runs))
+        return
     if args.table:
         print(table(args.table, tuple(args.names)))
         return

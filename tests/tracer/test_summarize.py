@@ -286,3 +286,43 @@ def test_a_verify_summary_gathers_its_token_ids():
     with pytest.raises(ValueError, match="ints missing"):
         Summarizer(max_rows=2, width=H, vocab_size=300, gather=True).summarize(
             _hidden(2)[:, :H], torch.tensor([0, 1]), torch.randn(2, 300))
+
+
+def test_ring_slots_give_kernels_their_fields_at_one_alignment():
+    """A kernel writes a slot through ``Ring.outputs``: each field's address is its view's, and sits at the same
+    16-byte alignment in every slot (Triton compiles a kernel for the alignment it first saw)."""
+    from draftscope_tracer.device.summary_ring import Layout, Ring
+
+    layout = Layout(8, K, 100, 8, gather=True)
+    ring = Ring(layout, 5, torch.device("cpu"), H)
+    first = ring.outputs(0)
+    for slot in range(5):
+        out, views = ring.outputs(slot), ring.views(slot)
+        assert out.views is views
+        assert out.head == tuple(views[n].data_ptr() for n in ("rows", "sums", "absmax"))
+        assert out.topk == (views["topk_p"].data_ptr(), views["topk_id"].data_ptr())
+        assert out.ints == views["ints"].data_ptr()
+        assert [a % 16 for a in (*out.head, *out.topk, out.ints)] == \
+            [a % 16 for a in (*first.head, *first.topk, first.ints)]
+    assert Ring(layout, 2, torch.device("cpu"), H, direct=False).outputs(0) is None
+    assert Layout(8, K, None, 8).outputs(torch.zeros(Layout(8, K, None, 8).nbytes, dtype=torch.uint8)).topk is None
+
+
+def test_a_launch_plan_is_keyed_by_everything_its_arguments_come_from():
+    """``Summaries._plan_key``: a launch reuses a plan only for the same tensors (address, shape, strides, dtype),
+    rows and chunk width; a launch that converts its logits (a new tensor each time) is never planned."""
+    from draftscope_tracer.device.summaries import Summaries
+
+    key = Summaries._plan_key
+    h, lg = torch.zeros(8, 2 * H), torch.zeros(8, 50)
+    ints = (torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int32), torch.zeros(2), torch.zeros(2), 4)
+    base = key(h, [0, 1], H, lg, ints)
+    assert base == key(h, range(2), H, lg, ints)
+    assert key(h, [0, 1], H, lg.half(), ints) is None
+    others = [key(h, [1, 0], H, lg, ints), key(h[:4], [0, 1], H, lg, ints), key(h, [0, 1], 2 * H, lg, ints),
+              key(h.view(16, H), [0, 1], H, lg, ints), key(h.to(torch.bfloat16), [0, 1], H, lg, ints),
+              key(h, [0, 1], H, lg[:, :25], ints), key(h, [0, 1], H, None, ints), key(h, [0, 1], H, lg, None),
+              key(h, [0, 1], H, lg, (*ints[:4], 2)), key(h, [0, 1], H, lg, (ints[1], ints[0], *ints[2:])),
+              key(h.t().contiguous().t(), [0, 1], H, lg, ints)]
+    assert all(k is not None and k != base for k in others)
+    assert len(set(others)) == len(others)

@@ -3,7 +3,8 @@
 A launch takes the rows to summarise (a host list) and returns a handle whose
 ``result()`` the recorder process reads (the handle is pickled to it: see ``stats.py``). CUDA tensors
 go to a ``summarize.Summarizer`` per tensor layout (created lazily): the rows are padded into its
-static ``rows`` buffer and reduced on the device. CPU tensors are copied by ``host_reduce.host_rows``
+static ``rows`` buffer and reduced on the device; a launch on the same buffers and rows as an earlier one goes
+through that launch's plan (``Summarizer.launch_plan``). CPU tensors are copied by ``host_reduce.host_rows``
 and reduced in the recorder (``reduce="device"`` sends them through the Summarizer's torch path
 instead). ``records.py`` turns each ``Summary`` into records.
 """

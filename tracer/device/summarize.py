@@ -1,7 +1,7 @@
 """Device-side summaries of one verify step, read back without stalling the GPU.
 
 A :class:`Summarizer` turns the tensors of one verify step into a few hundred numbers **on the
-device** and brings them to the host with one non-blocking copy:
+device** and brings them to the host without blocking (written straight into pinned memory, or one copy):
 
 * ``hidden [n, K*H]`` (any float dtype; bf16 in SGLang): for every selected row and every aux chunk
   of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts, computed in fp32;

@@ -95,11 +95,11 @@ class Ring:
         stride = -(-layout.nbytes // SLOT_ALIGN) * SLOT_ALIGN
         memory = torch.zeros(size, stride, dtype=torch.uint8, pin_memory=pin)
         self._bufs = list(memory[:, :layout.nbytes].unbind(0))
-        self._views = [layout.views(b) for b in self._bufs]
         self._outputs: Optional[list] = None
         base = (mapped_address(memory) if pin else memory.data_ptr()) if direct else None
         if base is not None:  # on a CPU the "kernel" (Triton's interpreter) writes the slot as any host code would
             self._outputs = [layout.outputs(b, base + i * stride) for i, b in enumerate(self._bufs)]
+        self._views = [o.views for o in self._outputs] if self._outputs else [layout.views(b) for b in self._bufs]
         self.numpy_fields = layout.numpy_fields
         self._busy = [False] * size
         # one completion event per slot, re-recorded by each launch that takes it (creating an event per
