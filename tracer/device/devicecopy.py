@@ -101,12 +101,14 @@ class HostSlots:
     (counted in ``full``): it never waits. The hooks' thread reserves and records; a reader may release
     from another thread (a list store under the GIL)."""
 
-    def __init__(self, nbytes: int, count: int, device: torch.device):
+    def __init__(self, nbytes: int, count: int, device: torch.device, events: bool = True):
+        """``events=False``: slots only the device writes (no host write can race a copy still queued), whose
+        readers wait on an event of their own choosing; a slot is free again once released."""
         self.nbytes = (nbytes + 7) // 8 * 8
         cuda = torch.device(device).type == "cuda"
         self.memory = torch.zeros(self.nbytes * count, dtype=torch.uint8, pin_memory=cuda)
         self._held = [False] * count
-        self._events = [torch.cuda.Event() for _ in range(count)] if cuda else None
+        self._events = [torch.cuda.Event() for _ in range(count)] if cuda and events else None
         self._copied = [True] * count  # the slot's last copy is known to have completed (its reader waited)
         self._next = 0
         self.full = 0

@@ -73,7 +73,7 @@ class StepTap:
         self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
         self._loaded: Optional[tuple] = None  # the requests' rows the row buffer holds
-        self._slots = HostSlots(self._bytes, READS, dev)
+        self._slots = HostSlots(self._bytes, READS, dev, events=False)  # each read marked by a later event
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward

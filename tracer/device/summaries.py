@@ -96,11 +96,17 @@ class Summaries:
             return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
         key = self._plan_key(hidden, rows, chunk_width, logits, ints)
         planned = self._plans.get(key) if key is not None else None
-        if planned is not None and not hooked():
-            pending = planned[0].launch_plan(planned[1], tag)
-            if pending is None:
-                self.health.drop("summary_ring_full")
-            return pending
+        # a plan calls its Triton kernel's launcher: not after that Summarizer fell back to torch, nor with a
+        # launch hook set (a profiler: every launch through the JITFunction)
+        if planned is not None and planned[0].backend == "triton" and not hooked():
+            try:
+                pending = planned[0].launch_plan(planned[1], tag)
+            except Exception:  # noqa: BLE001 - the launch below decides again (and falls back to torch if need be)
+                del self._plans[key]
+            else:
+                if pending is None:
+                    self.health.drop("summary_ring_full")
+                return pending
         vocab = None if logits is None else int(logits.shape[-1])
         if logits is not None and logits.dtype != torch.float32:
             logits = logits.float()
