@@ -16,7 +16,8 @@ their ratio A / B.
 device call returns a limited number of files, so ``OUT/runs.json`` holds every run's results in one file
 (``--table`` and ``--runs`` read it where the folders did not come back). ``--runs`` lists runs of one tracer
 (folders holding ``gpu_hooks.json``) from the fastest host phase to the slowest, by the time of the same
-iteration without the tracer, with the median of the tracer's own time over them.
+iteration without the tracer, the tracer's own time in units of that iteration (a figure the host's speed
+moves less), and the median of the tracer's own time over them.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def runs_table(dirs: list) -> str:
         rows.append((b["no_tracer_us_median"], d.name, b, s))
     rows.sort(key=lambda row: row[0])
     lines = [f"| run | batch {BATCHES[0]}: without the tracer µs | with it, median | p90 | the tracer's own | "
-             f"batch {BATCHES[1]}: the tracer's own |", "|---|---|---|---|---|---|"]
+             f"own / without | batch {BATCHES[1]}: the tracer's own |", "|---|---|---|---|---|---|---|"]
     for bare, name, b, s in rows:
         lines.append(f"| {name} | {bare:,.1f} | {b['host_us_median']:,.1f} | {b['host_us_p90']:,.1f} | "
-                     f"{b['tracer_us_median']:,.1f} | {s['tracer_us_median']:,.1f} |")
+                     f"{b['tracer_us_median']:,.1f} | {b['tracer_us_median'] / bare:.1f} | "
+                     f"{s['tracer_us_median']:,.1f} |")
     own = sorted(b["tracer_us_median"] for _, _, b, _ in rows)
     lines.append(f"\nbatch {BATCHES[0]}, the tracer's own: median {statistics.median(own):,.1f} µs over {len(own)} runs, "
                  f"{sum(x <= 150 for x in own)} of them at or under 150 µs")
