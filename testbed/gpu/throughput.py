@@ -32,9 +32,10 @@ LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request"}
 LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -> (requests a round, new tokens)
 # The runner's --kimi-workload: "short" (LEVELS) weighs what the tracer does once per request (a sampled prompt's
 # summaries and recomputes, its finish record) against 16-32 tokens; "long" against 6x more, as production
-# requests do: the two tell a per-request cost from a per-step one. "long-8": long's level 8 alone, about five
-# times the rounds in one device call, to bound a cost that three rounds could not.
-WORKLOADS = {"short": LEVELS, "long": {"1": (4, 96), "8": (16, 96), "64": (64, 48)}, "long-8": {"8": (16, 96)}}
+# requests do: the two tell a per-request cost from a per-step one. "long-1", "long-8", "long-64": one of long's
+# levels alone, about five times the rounds in one device call, to bound a cost that three rounds could not.
+LONG = {"1": (4, 96), "8": (16, 96), "64": (64, 48)}
+WORKLOADS = {"short": LEVELS, "long": LONG, **{f"long-{level}": {level: LONG[level]} for level in LONG}}
 TARGETS = {"1/16": 0.01, "every": 0.03}  # cost in tokens/s at production widths (issue 19)
 
 
