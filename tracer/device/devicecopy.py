@@ -69,12 +69,10 @@ def mark_later(holder) -> None:
     """Let the next event recorded on the current stream (:func:`record`) mark the work just issued: it is
     set as ``holder.event``, one event recording saved. Until then ``holder.event`` stays None and a reader
     records one itself (:func:`wait_later`)."""
-    holder.event = None
-    current_stream()
+    holder.event, holder.stream = None, current_stream()
     if len(_LATER) >= LATER_MAX:
         _LATER.pop(0)
-    _LATER.append((_STREAM[0], holder))
-    holder.stream = _STREAM[1]
+    _LATER.append((_STREAM[0], holder))  # the raw handle current_stream() just looked up
 
 
 def wait_later(holder) -> None:

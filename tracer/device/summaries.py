@@ -123,10 +123,10 @@ class Summaries:
         pending = summ.summarize(hidden, index, logits=logits, tag=tag, ints=ints)
         if pending is None:
             self.health.drop("summary_ring_full")
-        elif key is not None and summ.last_plan() is not None:
+        elif key is not None and (plan := summ.last_plan()) is not None:
             if len(self._plans) >= PLANS:
                 self._plans.clear()
-            self._plans[key] = (summ, summ.last_plan(), index)  # the index tensor held: the plan reads its address
+            self._plans[key] = (summ, plan, index)  # the index tensor held: the plan reads its address
         return pending
 
     @staticmethod
