@@ -58,6 +58,7 @@ def serve(
     demo: Annotated[Optional[Path], typer.Option(help="Folder of recorded trace files (*.jsonl) to import when the store has no runs yet.")] = None,
     read_token: Annotated[Optional[str], typer.Option(help="Token every page, API answer, export and /metrics then needs (default: DRAFTSCOPE_READ_TOKEN; prefer the variable: a flag shows in ps). 'auto' makes one up and prints it.")] = None,
     allow_anonymous_reads: Annotated[Optional[bool], typer.Option("--allow-anonymous-reads", help="Serve a non-loopback address without a read token: anyone who reaches it reads every run (default: DRAFTSCOPE_ALLOW_ANONYMOUS_READS).")] = None,
+    forwarded_allow_ips: Annotated[Optional[str], typer.Option(help="Addresses or networks (comma-separated) of the reverse proxy in front, whose X-Forwarded-For and X-Forwarded-Proto the dashboard believes: client addresses, and https for Secure cookies (default: FORWARDED_ALLOW_IPS, else 127.0.0.1,::1).")] = None,
 ) -> None:
     """Run the dashboard and the ingest API.
 
@@ -108,7 +109,8 @@ def serve(
 
     typer.echo(f"draftscope: {open_url(settings)}  (listening on {settings.host}:{settings.port}, "
                f"store: {db.display_url(settings.database_url)})")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                forwarded_allow_ips=forwarded_allow_ips)
 
 
 def _seed_demo(url: str, folder: Path) -> None:
