@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models
 from draftscope.queries import safe_run
+from draftscope.redact import redact_batch
 from draftscope.stats import PG_WRITE_LOCK
 from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
 from draftscope_tracer.transport import wire
@@ -172,6 +173,7 @@ class BatchWriter:
     def store(self, conn: sa.Connection, batch: Any) -> IngestResult:
         """Write one parsed batch inside ``conn``'s transaction. On a "duplicate" result the caller
         rolls back (the run may already have been upserted)."""
+        batch = redact_batch(batch)  # credentials out of its free text, whatever tracer sent it
         rows = {table: _table_rows(batch.run_id, getattr(batch, key), table)
                 for key, table in wire.RECORD_TABLES.items()}
         counts = {table: len(table_rows) for table, table_rows in rows.items()}

@@ -7,6 +7,11 @@ names it by mistake. ``redact_tracer_config`` does the same for the tracer's own
 fields of known types, the dashboard URL without userinfo, query or fragment. Both are used where the
 tracer records a run and where the dashboard reads one, so a store written before them shows no more
 than a new one.
+
+``scrub`` takes secrets out of recorded values, whatever their name: in every string, a URL's userinfo
+(``user:pass@``) and the value of every credential-like query parameter (``SECRET_PARAM_WORDS``) become
+``<redacted>``, as does the credential after ``Bearer``/``Basic``. The tracer scrubs the run record it
+sends (server args, facts, error messages); the dashboard scrubs again at ingest, on pages and in bundles.
 """
 
 from __future__ import annotations
@@ -74,14 +79,16 @@ def is_allowed(name: str) -> bool:
 
 
 def _plain(value: Any) -> Any:
-    """A JSON value; nested mappings lose their denied keys too."""
+    """A JSON value; nested mappings lose their denied keys too, strings their credentials (``scrub``)."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items() if not is_denied(str(k))}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return scrub_text(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
-    return json.loads(json.dumps(value, default=str))
+    return scrub(json.loads(json.dumps(value, default=str)))
 
 
 def _overrides(entries: Any) -> Dict[str, Any]:
@@ -108,13 +115,67 @@ def redact_server_args(args: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def redact_message(text: str, environ: Mapping[str, str]) -> str:
-    """An exception message fit to record: the values of secret-shaped environment variables and
-    URL credentials replaced by ``<redacted>``, at most 2000 characters."""
+    """An exception message fit to record: the values of secret-shaped environment variables, URL
+    userinfo, credential query parameters and bearer credentials (``scrub_text``) replaced by
+    ``<redacted>``, at most 2000 characters."""
     for name, value in environ.items():
         if len(value) >= 6 and is_denied(name):
-            text = text.replace(value, "<redacted>")
-    text = re.sub(r"(://)[^/@\s:]+:[^/@\s]+@", r"\1<redacted>@", text)
-    return text[:2000]
+            text = text.replace(value, REDACTED)
+    return scrub_text(text)[:2000]
+
+
+REDACTED = "<redacted>"
+# A query parameter (``?name=value``, ``&name=value``, ``;name=value``) holds a credential when one of
+# the words of its name (split on ``_ - .`` and case changes, compared in lower case) is one of these:
+# token (access_token, id_token, hf_token, X-Amz-Security-Token), key (key, api_key, apiKey), apikey,
+# secret (client_secret), password, passwd, pwd, pass, sig and signature (Azure SAS, X-Amz-Signature,
+# X-Goog-Signature), credential(s) (X-Amz-Credential, X-Goog-Credential), auth, authorization, jwt,
+# session, sessionid.
+SECRET_PARAM_WORDS = frozenset({
+    "token", "key", "apikey", "secret", "password", "passwd", "pwd", "pass", "sig", "signature",
+    "credential", "credentials", "auth", "authorization", "jwt", "session", "sessionid"})
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s]+@")  # to the authority's last @
+_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&;#\s\"'<>]*)")
+# an HTTP credential after its scheme: 8 or more token characters, one of them a digit or + / = (not a word)
+_SCHEME_CREDENTIAL = re.compile(r"(?i)\b(?P<scheme>bearer|basic)(?P<gap>\s+)"
+                                r"(?=[A-Za-z0-9._~+/=\-]*[0-9+/=])[A-Za-z0-9._~+/=\-]{8,}")
+_AUTH_HEADER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;]+")
+_MAYBE = re.compile(r"://|[?&;][A-Za-z0-9_.\-]+=|(?i:bearer|basic|authorization)")
+
+
+def _param_words(name: str) -> list:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return [w for w in re.split(r"[_\-.]+", spaced.lower()) if w]
+
+
+def _param(match: "re.Match[str]") -> str:
+    if any(w in SECRET_PARAM_WORDS for w in _param_words(match.group("name"))) and match.group("value"):
+        return match.group("head") + REDACTED
+    return match.group(0)
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with URL userinfo, credential query parameters' values (``SECRET_PARAM_WORDS``), an
+    ``Authorization:`` header's value and ``Bearer``/``Basic`` credentials replaced by ``<redacted>``;
+    anything else kept as it is."""
+    if not _MAYBE.search(text):
+        return text
+    text = _USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    text = _PARAM.sub(_param, text)
+    text = _AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+    return _SCHEME_CREDENTIAL.sub(lambda m: m.group("scheme") + m.group("gap") + REDACTED, text)
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (a JSON-like value) with ``scrub_text`` applied to every string in it, mapping keys
+    included; other values and the structure kept."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, Mapping):
+        return {scrub(k) if isinstance(k, str) else k: scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v) for v in value]
+    return value
 
 
 def public_url(url: str) -> str:

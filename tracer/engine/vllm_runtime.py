@@ -33,6 +33,7 @@ from draftscope_tracer.engine import vllm_facts
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
 from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from draftscope_tracer.health import Health
+from draftscope_tracer.redact import scrub
 from draftscope_tracer.transport import records, vllm_records, wire
 from draftscope_tracer.transport.outbox import Transport
 from draftscope_tracer.transport.relay import Relay
@@ -165,7 +166,7 @@ class VLLMTracer:
         sink = open_sink(self.config, self.health.drop)
         if sink is None:
             return
-        run = {**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()}
+        run = scrub({**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()})
         try:
             sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
                        "run_id": self.run_id, "sent_at": time.time(), "run": run})
