@@ -7,7 +7,9 @@
 #     profile `vllm`);
 #   target gpu: SGLang's official image with the tracer (compose profile `gpu`);
 #   target postgres: the Debian release's PostgreSQL (15 on bookworm) for compose profile `fleet`,
-#     whose proxy and tracers run from the dashboard image (bench/fleet_proxy.py, fleet_tracers.py).
+#     whose simulated tracers run from the dashboard image (bench/fleet_tracers.py);
+#   target proxy: the Debian release's HAProxy (2.6 on bookworm), the fleet's HTTPS front door
+#     (docker/haproxy.cfg, docker/proxy-entrypoint).
 # Python packages come from PyPI, or only from ./wheels when built with --build-arg PIP_NO_INDEX=1
 # (machines whose containers cannot reach PyPI: scripts/wheelhouse [live] [vllm]). Builds need BuildKit
 # (RUN --mount): docker compose and docker buildx use it.
@@ -98,6 +100,20 @@ USER postgres
 ENV PGDATA=/var/lib/postgresql/data
 ENTRYPOINT ["draftscope-postgres"]
 
+FROM ${BASE_IMAGE} AS proxy
+# The fleet's front door: the Debian release's HAProxy (2.6 on bookworm) and openssl (the self-signed
+# certificate made at first start); apt as for postgres. Runs as the package's user `haproxy`.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy openssl \
+    && rm -rf /var/lib/apt/lists/* \
+    && install -d -o haproxy -g haproxy -m 755 /tls /certs \
+    && install -d -o haproxy -g haproxy -m 700 /run/draftscope-proxy
+COPY docker/haproxy.cfg /etc/haproxy/draftscope.cfg
+COPY docker/proxy-entrypoint /usr/local/bin/draftscope-proxy
+USER haproxy
+EXPOSE 8443 8080
+ENTRYPOINT ["draftscope-proxy"]
+
 FROM pip-base AS dashboard
 ENV PYTHONDONTWRITEBYTECODE=1
 COPY --from=wheel /dist/ /dist/
@@ -106,7 +122,7 @@ RUN --mount=type=bind,source=wheels,target=/wheels \
 RUN useradd --system --create-home draftscope && mkdir -p /data && chown draftscope /data
 WORKDIR /srv/draftscope
 COPY demo/ demo/
-COPY bench/fleet_proxy.py bench/fleet_tracers.py fleet/
+COPY bench/fleet_tracers.py fleet/
 COPY docker/dashboard-entrypoint /usr/local/bin/draftscope-entrypoint
 USER draftscope
 ENV DRAFTSCOPE_DATABASE_URL=sqlite:////data/draftscope.db

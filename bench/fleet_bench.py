@@ -2,11 +2,14 @@
 processes behind one port, for minutes; every batch is stored once, even across a killed dashboard.
 
 1. Starts a throwaway PostgreSQL (Debian's binaries, as the tests do), two ``draftscope serve``
-   processes on it and ``bench/fleet_proxy.py`` on one port in front of them.
+   processes on it and, on one HTTPS port in front of them, the fleet's front door: HAProxy (Debian's
+   package) with compose's ``docker/haproxy.cfg`` and the self-signed certificate its entry point
+   makes (tests/fixtures/front_door.py), round robin, a dashboard failing ``/healthz`` taken out.
 2. Starts --tracers processes, each one SGLang server's tracer: its own run, and every
    --flush-s a batch of the requests it finished (``page_bench``'s generator: --steps-per-request
    verify steps with 2 tensor samples each) handed to ``draftscope_tracer``'s ``HttpSink`` (the
-   tracer's delivery: in order, buffered, resent with backoff) at --rows-s rows/s, for --duration-s.
+   tracer's delivery: in order, buffered, resent with backoff; over HTTPS, trusting the proxy's CA
+   through SSL_CERT_FILE) at --rows-s rows/s, for --duration-s.
    The default, 200 rows/s, is a server finishing ~10 requests/s sampled 1 in 16 (100 verify steps,
    3 rows each).
 3. Meanwhile loads pages through the proxy (wall time on loopback); at --kill-at-s SIGKILLs one
@@ -27,6 +30,7 @@ import os
 import random
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -43,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from page_bench import request_batch, run_record  # noqa: E402
 from testbed.server import free_port, wait_for_port  # noqa: E402
+from tests.fixtures.front_door import front_door  # noqa: E402
 
 AUX_OFF = {"capture_aux_hidden_states": False}  # half the tracers: a run with a finding to compute
 
@@ -52,7 +57,7 @@ def tracer(port: int, index: int, args: argparse.Namespace, out: Path) -> None:
     from draftscope_tracer.transport.http_sink import HttpSink
 
     drops: list[tuple[str, int]] = []
-    sink = HttpSink(f"http://127.0.0.1:{port}", lambda reason, n, _b: drops.append((reason, n)),
+    sink = HttpSink(f"https://localhost:{port}", lambda reason, n, _b: drops.append((reason, n)),
                     timeout_s=10.0, max_buffered_batches=256)
     run_id, rng, sent, rows = uuid.uuid4().hex, random.Random(index), [], 0
     run = run_record(time.time())
@@ -91,12 +96,12 @@ def stop(process: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
         process.wait(timeout=60)
 
 
-def load_pages(port: int, run_ids: list[str], timings: dict[str, list[float]]) -> None:
-    """One round of pages through the proxy (a new connection per page: each may go to either process)."""
+def load_pages(port: int, tls: ssl.SSLContext, run_ids: list[str], timings: dict[str, list[float]]) -> None:
+    """One round of pages through the proxy (a new TLS connection per page: each may go to either process)."""
     pages = {"runs list": "/", "run page": f"/runs/{run_ids[0]}", "api runs": "/api/v1/runs",
              "api run": f"/api/v1/runs/{run_ids[-1]}", "metrics": "/metrics"}
     for name, path in pages.items():
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn = http.client.HTTPSConnection("localhost", port, timeout=30, context=tls)
         t = time.perf_counter()
         try:
             conn.request("GET", path)
@@ -186,58 +191,63 @@ def main() -> None:
         db.upgrade(url)
         ports = [free_port(), free_port()]
         dashboards = [serve(url, p, tmp / f"dash-{i}.log") for i, p in enumerate(ports)]
-        proxy_port = free_port()
-        proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fleet_proxy.py"), "--listen",
-                                  f"127.0.0.1:{proxy_port}", *(a for p in ports for a in ("--backend", f"127.0.0.1:{p}"))],
-                                 start_new_session=True)
         tracers: list[subprocess.Popen] = []
         try:
             for p, d in zip(ports, dashboards):
                 wait_for_port(p, d)
-            wait_for_port(proxy_port, proxy)
-            common = ["--rows-s", str(args.rows_s), "--steps-per-request", str(args.steps_per_request),
-                      "--flush-s", str(args.flush_s), "--duration-s", str(args.duration_s)]
-            tracers = [subprocess.Popen([sys.executable, __file__, "--tracer", str(i), "--port", str(proxy_port),
-                                         "--out", str(tmp / f"tracer-{i}.json"), *common], start_new_session=True)
-                       for i in range(args.tracers)]
-            print(f"{args.tracers} tracers x {args.rows_s:,.0f} rows/s for {args.duration_s:.0f} s -> proxy :{proxy_port} "
-                  f"-> dashboards :{ports[0]} :{ports[1]} -> PostgreSQL; {os.cpu_count()} cores")
-            start, killed, timings, run_ids = time.monotonic(), None, {}, []
-            while any(t.poll() is None for t in tracers):
-                elapsed = time.monotonic() - start
-                if killed is None and 0 <= args.kill_at_s <= elapsed:
-                    stop(dashboards[0], signal.SIGKILL)
-                    killed = time.monotonic()
-                    print(f"{elapsed:.0f} s: dashboard :{ports[0]} killed (SIGKILL) mid-ingest")
-                if killed is not None and dashboards[0].poll() is not None and time.monotonic() - killed >= args.down_s:
-                    dashboards[0] = serve(url, ports[0], tmp / "dash-0.log")
-                    print(f"{time.monotonic() - start:.0f} s: dashboard :{ports[0]} started again")
-                if len(run_ids) < args.tracers:
-                    run_ids = db_runs(url)
-                if run_ids:
-                    load_pages(proxy_port, run_ids, timings)
-                time.sleep(0.5)
-            elapsed = time.monotonic() - start
-            reports = [orjson.loads((tmp / f"tracer-{i}.json").read_bytes()) for i in range(args.tracers)]
-            rows = sum(r["rows"] for r in reports)
-            print(f"sent {sum(len(r['batches']) for r in reports):,} batches, {rows:,} rows in {elapsed:.0f} s: "
-                  f"{rows / elapsed:,.0f} rows/s stored through the proxy (tracers' sinks closed)")
-            print(f"aggregates of all {len(reports)} runs caught up {caught_up(url, [r['run_id'] for r in reports], 300):.1f} s later")
-            for name, values in sorted(timings.items()):
-                values.sort()
-                q = statistics.quantiles(values, n=20)[18] if len(values) > 1 else values[0]
-                print(f"  {name:<28} n={len(values):>4} p50 {statistics.median(values):>6.0f} ms  p95 {q:>6.0f} ms")
-            ok = check(url, reports)
-            print("every batch stored once, nothing dropped" if ok else "LOST OR DUPLICATED DATA (above)")
+            with front_door(ports, tmp / "proxy") as door:
+                ok = fleet(url, ports, dashboards, door.https_port, door.ca_file, tracers, tmp, args)
         finally:
             for t in tracers:
                 stop(t)
-            stop(proxy)
             for d in dashboards:
                 stop(d)
         if not ok:
             raise SystemExit(f"the dashboards' logs and the tracers' reports are kept in {tmp}")
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fleet(url: str, ports: list[int], dashboards: list[subprocess.Popen], proxy_port: int, ca_file: Path,
+          tracers: list[subprocess.Popen], tmp: Path, args: argparse.Namespace) -> bool:
+    """Tracers through the proxy for ``args.duration_s``, one dashboard killed on the way; True when
+    every batch is stored once and nothing was dropped."""
+    common = ["--rows-s", str(args.rows_s), "--steps-per-request", str(args.steps_per_request),
+              "--flush-s", str(args.flush_s), "--duration-s", str(args.duration_s)]
+    env = {**os.environ, "SSL_CERT_FILE": str(ca_file)}  # the sink (urllib) trusts the proxy's CA
+    tracers += [subprocess.Popen([sys.executable, __file__, "--tracer", str(i), "--port", str(proxy_port),
+                                  "--out", str(tmp / f"tracer-{i}.json"), *common], env=env, start_new_session=True)
+                for i in range(args.tracers)]
+    print(f"{args.tracers} tracers x {args.rows_s:,.0f} rows/s for {args.duration_s:.0f} s -> HAProxy https :{proxy_port} "
+          f"-> dashboards :{ports[0]} :{ports[1]} -> PostgreSQL; {os.cpu_count()} cores")
+    tls = ssl.create_default_context(cafile=str(ca_file))
+    start, killed, timings, run_ids = time.monotonic(), None, {}, []
+    while any(t.poll() is None for t in tracers):
+        elapsed = time.monotonic() - start
+        if killed is None and 0 <= args.kill_at_s <= elapsed:
+            stop(dashboards[0], signal.SIGKILL)
+            killed = time.monotonic()
+            print(f"{elapsed:.0f} s: dashboard :{ports[0]} killed (SIGKILL) mid-ingest")
+        if killed is not None and dashboards[0].poll() is not None and time.monotonic() - killed >= args.down_s:
+            dashboards[0] = serve(url, ports[0], tmp / "dash-0.log")
+            print(f"{time.monotonic() - start:.0f} s: dashboard :{ports[0]} started again")
+        if len(run_ids) < args.tracers:
+            run_ids = db_runs(url)
+        if run_ids:
+            load_pages(proxy_port, tls, run_ids, timings)
+        time.sleep(0.5)
+    elapsed = time.monotonic() - start
+    reports = [orjson.loads((tmp / f"tracer-{i}.json").read_bytes()) for i in range(args.tracers)]
+    rows = sum(r["rows"] for r in reports)
+    print(f"sent {sum(len(r['batches']) for r in reports):,} batches, {rows:,} rows in {elapsed:.0f} s: "
+          f"{rows / elapsed:,.0f} rows/s stored through the proxy (tracers' sinks closed)")
+    print(f"aggregates of all {len(reports)} runs caught up {caught_up(url, [r['run_id'] for r in reports], 300):.1f} s later")
+    for name, values in sorted(timings.items()):
+        values.sort()
+        q = statistics.quantiles(values, n=20)[18] if len(values) > 1 else values[0]
+        print(f"  {name:<28} n={len(values):>4} p50 {statistics.median(values):>6.0f} ms  p95 {q:>6.0f} ms")
+    ok = check(url, reports)
+    print("every batch stored once, nothing dropped" if ok else "LOST OR DUPLICATED DATA (above)")
+    return ok
 
 
 def db_runs(url: str) -> list[str]:

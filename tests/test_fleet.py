@@ -21,17 +21,18 @@ import sqlalchemy as sa
 from draftscope import db, models
 from draftscope_tracer.transport.http_sink import HttpSink
 from testbed.server import free_port, wait_for_port
+from tests.fixtures.front_door import front_door
 from tests.fixtures.store import create_database, make_batch, run_record, sample_record, step_record
 from tests.fixtures.wait import until
 
 pytestmark = pytest.mark.postgres
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def fleet(postgres_server, tmp_path):
-    """A migrated PostgreSQL database, two dashboard processes on it and ``bench/fleet_proxy.py`` in
-    front of them: (url, [port, port, proxy port], [process, process, proxy])."""
+def fleet(postgres_server, tmp_path, monkeypatch):
+    """A migrated PostgreSQL database, two dashboard processes on it and the fleet's HAProxy front door
+    (tests/fixtures/front_door.py) in front of them, its CA trusted by the tracer's sink
+    (SSL_CERT_FILE): (url, [port, port, proxy's HTTPS port], [process, process, proxy])."""
     url = create_database(postgres_server, f"t_{uuid.uuid4().hex[:12]}")
     db.upgrade(url)
     exe = Path(sys.executable).parent / "draftscope"
@@ -40,17 +41,17 @@ def fleet(postgres_server, tmp_path):
                               env={**os.environ, "DRAFTSCOPE_DATABASE_URL": url},
                               stdout=(tmp_path / f"dash-{p}.log").open("wb"), stderr=subprocess.STDOUT)
              for p in ports]
-    ports.append(free_port())
-    procs.append(subprocess.Popen([sys.executable, str(ROOT / "bench" / "fleet_proxy.py"), "--listen",
-                                   f"127.0.0.1:{ports[2]}", "--backend", f"127.0.0.1:{ports[0]}",
-                                   "--backend", f"127.0.0.1:{ports[1]}"], start_new_session=True))
-    for p, proc in zip(ports, procs):
-        wait_for_port(p, proc)
-    yield url, ports, procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+    try:
+        for p, proc in zip(ports, procs):
+            wait_for_port(p, proc)
+        with front_door(ports, tmp_path / "proxy") as door:
+            monkeypatch.setenv("SSL_CERT_FILE", str(door.ca_file))
+            yield url, [*ports, door.https_port], [*procs, door.process]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
 
 
 def _stored(url: str, run_id: str) -> tuple[int, int, int]:
@@ -101,7 +102,7 @@ def test_a_dashboard_killed_while_storing_a_batch_loses_nothing(fleet):
                 "query ILIKE 'INSERT INTO verify_steps%'")).scalar()
 
     # through the proxy, as in the fleet: the resend goes to the dashboard still up
-    sink = HttpSink(f"http://127.0.0.1:{ports[2]}", lambda *a: drops.append(a), timeout_s=60, backoff_s=0.1)
+    sink = HttpSink(f"https://localhost:{ports[2]}", lambda *a: drops.append(a), timeout_s=60, backoff_s=0.1)
     sender = threading.Thread(target=sink.send, args=(batch,))
     sender.start()
     port = until(storing, "a dashboard storing the batch", timeout_s=120, every_s=0.02)
