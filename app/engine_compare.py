@@ -4,7 +4,8 @@ and per-position acceptance; and a note when the same draft fed different layers
 
 SGLang 0.5.23 feeds id ``i`` as ``hidden_states[i+1]`` on Llama-family targets, vLLM 0.32 as
 ``hidden_states[i]``; each tracer records what its engine captures (``facts.target.layers_to_capture``,
-HF indices on both), which is what this module reads.
+HF indices on both). An index past the last one the engine reaches (SGLang: L-1, the input of the last
+layer; vLLM: L, its output) is requested but never captured, so the page lists only the captured ones.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def fed(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
         "engine_version": run.get("engine_version"),
         "draft": run.get("draft_path"), "draft_config_hash": run.get("draft_config_hash"),
         "aux_ids": read.ids if read else None,
-        "fed_hf": target.get("layers_to_capture") if target.get("capture_aux_hidden_states", True) else None,
+        "fed_hf": captured_hf(target, run.get("engine") or engines.engine_of(facts))
+        if target.get("capture_aux_hidden_states", True) else None,
         "fc_in_features": draft.get("fc_in_features"),
         "aux_widths": [sorted({int(w) for ph in widths[p].values() for w in ph}) for p in aux],
         "draft_input_widths": sorted({int(w) for ph in (widths.get("draft.input") or {}).values() for w in ph}),
@@ -41,6 +43,16 @@ def fed(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
         "per_position": [x["rate"] for x in acceptance.get("per_position") or []],
         "accept_length": acceptance.get("traced_accept_length"),
     }
+
+
+def captured_hf(target: dict[str, Any], engine: str) -> list[int] | None:
+    """The HF ``hidden_states`` indices the engine captured, in layer order: its recorded
+    ``layers_to_capture`` less those it never reaches (i >= L on SGLang, i > L on vLLM, i < 0)."""
+    layers, n = target.get("layers_to_capture"), target.get("num_layers")
+    if layers is None or not n:
+        return layers
+    last = n if engine == "vllm" else n - 1
+    return [i for i in range(last + 1) if i in layers]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -90,16 +102,15 @@ def note(run_a: dict[str, Any], run_b: dict[str, Any], a: dict[str, Any], b: dic
 
 
 def _fix(x: dict[str, Any], hf: list[int], physical: list[int], target) -> str:
+    """The config change that makes this engine feed the trained layers: ``engines.ids_fix``'s words and
+    ids, as the run's finding and ``doctor --fix`` give them."""
     name = NAMES.get(x["engine"], x["engine"])
     if x["fed_hf"] == hf:
         return f"{name} feeds them (no change)"
     ids = engines.ids_capturing(physical, target, x["engine"])
     if ids is None:
         return f"no aux ids make {name} feed {_hs(hf)}"
-    if x["engine"] == "vllm":
-        return (f"for vLLM write eagle_aux_hidden_state_layer_ids {ids} (read from the config's top level, "
-                "then eagle_config)")
-    return f"for {name} write eagle_config.eagle_aux_hidden_state_layer_ids {ids}"
+    return f"for {name} {engines.ids_fix(x['engine'], ids, physical)}"
 
 
 def _name(x: dict[str, Any]) -> str:

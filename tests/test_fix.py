@@ -25,6 +25,14 @@ def _absolute_d2t():
     return w
 
 
+def _speculators_layout():
+    body = tiny_draft_config(ids=None)
+    top = {k: body.pop(k) for k in ("draft_vocab_size", "target_hidden_size")}
+    body.pop("architectures")
+    return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": body,
+            "eagle_aux_hidden_state_layer_ids": [1, 4, 7], **top}
+
+
 SPECFORGE_TRAINING = {"target_model_path": "t", "draft_model_config": "c.json", "ttt_length": 7}
 
 # name -> (draft config, tensors, target kwargs, server args, rule the fix must clear); a server
@@ -52,8 +60,20 @@ CASES = {
                       "startup-refused"),
     "short-context-overridden": (tiny_draft_config(max_position_embeddings=64), tiny_weights(), {}, "",
                                  "draft-context-overridden"),
+    # speculators' ids ([1, 4, 7] = hidden_states of the outputs of layers 0, 3, 6) in eagle_config: SGLang
+    # adds one, never reaches 8, and feeds two states; [0, 3, 6] capture the trained layers.
+    "speculators-ids": (tiny_draft_config(ids=[1, 4, 7], speculators_model_type="eagle3"), tiny_weights(), {}, "",
+                        "aux-count-short"),
+    # speculators' own layout: SGLang cannot parse it (no top-level model_type); converted, it serves.
+    "speculators-layout": (_speculators_layout(), tiny_weights(key_style="layers.0"), {}, "", "draft-arch-unsupported"),
+    # written for SGLang by doctor --fix ([0, 3, 6] in eagle_config, the trained layers recorded): vLLM reads
+    # [0, 3, 6] as hidden_states[0, 3, 6]; [1, 4, 7] at the top level (read first by vLLM) capture them.
+    "vllm-sglang-ids": (tiny_draft_config(ids=[0, 3, 6], speculators_model_type="eagle3",
+                                          draftscope_trained_aux_layers=[0, 3, 6]), tiny_weights(), {}, "",
+                        "captured-layers-differ"),
 }
 ENV = {"short-context-overridden": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}}
+ENGINE = {"vllm-sglang-ids": "vllm"}
 
 
 def _case(tmp_path, name):
@@ -75,8 +95,8 @@ def _inputs(draft, target, args):
 def test_fix_changes_the_inputs_and_clears_the_finding(tmp_path, name):
     draft, target, args, rule = _case(tmp_path, name)
     before = (draft / "config.json").read_bytes(), (draft / "model.safetensors").read_bytes()
-    env = ENV.get(name)
-    _, findings = diagnose(draft, target, args, server_env=env)
+    env, engine = ENV.get(name), ENGINE.get(name, "sglang")
+    _, findings = diagnose(draft, target, args, server_env=env, engine=engine)
     fixable = [f for f in findings if f.patch]
     assert rule in [f.rule_id for f in fixable], [f.rule_id for f in findings]
     assert {f.rule_id for f in fixable} <= FIXABLE
@@ -84,7 +104,7 @@ def test_fix_changes_the_inputs_and_clears_the_finding(tmp_path, name):
     assert before == ((draft / "config.json").read_bytes(), (draft / "model.safetensors").read_bytes())
     fixed_args = format_server_args(result.server_args)
     assert _inputs(draft, target, args) != _inputs(result.out_dir, target, fixed_args)
-    _, after = diagnose(result.out_dir, target, fixed_args, server_env=env)
+    _, after = diagnose(result.out_dir, target, fixed_args, server_env=env, engine=engine)
     assert not [f for f in after if f.rule_id in {g.rule_id for g in fixable}], after
     assert not [f for f in after if f.severity == "error"], after
 
@@ -93,8 +113,8 @@ def test_every_fixable_rule_is_covered(tmp_path):
     covered = set()
     for name in CASES:
         draft, target, args, _ = _case(tmp_path / name, name)
-        covered |= {f.rule_id for f in diagnose(draft, target, args, server_env=ENV.get(name))[1]
-                    if f.patch}
+        covered |= {f.rule_id for f in diagnose(draft, target, args, server_env=ENV.get(name),
+                                                engine=ENGINE.get(name, "sglang"))[1] if f.patch}
     assert covered == FIXABLE
 
 

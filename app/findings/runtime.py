@@ -174,8 +174,9 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
                         f"the target captures {len(captured)} aux states (input of layers {captured}"
                         f"{', ' + str(sorted(set(layers) - set(captured))) + ' do not exist' if set(layers) - set(captured) else ''}"
                         f") but the draft's fc expects {k}",
-                        "use distinct ids vLLM can capture (0..L)" if engine == "vllm" else
-                        "use eagle_config ids SGLang can capture (<= L-2, distinct, inside eagle_config)",
+                        _fix_all(_readings(spec, draft, target, engine), recorded_target(target), engine)
+                        or ("use distinct ids vLLM can capture (0..L)" if engine == "vllm" else
+                            "use eagle_config ids SGLang can capture (<= L-2, distinct, inside eagle_config)"),
                         {**ev, "captured": captured}))
     elif expected and any(w not in (expected, embed) for w in seen):
         bad = [w for w in seen if w not in (expected, embed)]
@@ -189,15 +190,25 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
     return found
 
 
-def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: list[int],
-            ev: dict, engine: str) -> list[Finding]:
-    """The captured layers against the trained ones, in the convention the draft records; both
-    verdicts, each naming its convention, when it records none (``aux-convention-ambiguous``)."""
-    arch, t = target.get("architecture"), recorded_target(target)
+def _readings(spec: DraftFeatureSpec | None, draft: dict, target: dict,
+              engine: str) -> list[tuple[str, list[int]]]:
+    """(convention, trained layers) per reading of the ids: from the checkpoint read from disk, else
+    from the draft config the tracer recorded."""
+    t = recorded_target(target)
     read = config_ids(draft.get("config") or {}, t.num_layers) if spec is None else None
     readings = spec_readings(spec, t, engine) if spec is not None else \
         config_readings(read, t, engine) if read else []
-    readings = [(c, p) for c, p in readings if p is not None]
+    return [(c, p) for c, p in readings if p is not None]
+
+
+def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: list[int],
+            ev: dict, engine: str) -> list[Finding]:
+    """The captured layers against the trained ones, in the convention the draft records. When it
+    records none: ``aux-convention-ambiguous`` (info) if one reading is what the engine fed, both
+    verdicts in ``captured-layers-differ`` if none is."""
+    arch, t = target.get("architecture"), recorded_target(target)
+    read = config_ids(draft.get("config") or {}, t.num_layers) if spec is None else None
+    readings = _readings(spec, draft, target, engine)
     out = [i - 1 for i in captured]
     wrong = [(c, p) for c, p in readings if p != out]
     if not wrong:
@@ -205,30 +216,41 @@ def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: 
     ev = {**ev, "captured": captured, "readings": [{"convention": c, "physical": p, "matches_engine": p == out}
                                                    for c, p in readings]}
     said = verdicts(readings, out, arch, engine) + other_engine(_ids(spec, read), engine, t.num_layers)
-    if len(readings) > 1:
-        fixes = "; ".join(f"if it was trained in {OWNER[c]} convention: {_fix(p, t, engine)}" for c, p in wrong)
-        return [_f("aux-convention-ambiguous", "info" if len(wrong) < len(readings) else "error",
+    fix = _fix_all(readings, t, engine, skip=out)
+    if len(readings) > 1 and len(wrong) < len(readings):
+        return [_f("aux-convention-ambiguous", "info",
                    f"the draft's config names no trainer, so its ids {_ids(spec, read)} read two ways: {said}",
-                   "record the trainer (speculators_config, or the training config beside the "
-                   f"checkpoint); {fixes}", ev)]
+                   fix, ev)]
+    if len(readings) > 1:
+        return [_f("captured-layers-differ", "error",
+                   f"the target captures the output of layers {out}, which match the draft's ids "
+                   f"{_ids(spec, read)} under no convention (its config names no trainer): {said}", fix, ev)]
     conv, trained = readings[0]
     return [_f("captured-layers-differ", "error",
                f"the target captures the output of layers {out} but the draft was trained on {trained} "
-               f"({OWNER[conv]} convention: {IN_HF[conv]}); {said}",
-               _fix(trained, t, engine), ev)]
+               f"({OWNER[conv]} convention: {IN_HF[conv]}); {said}", fix, ev)]
 
 
 def _ids(spec: DraftFeatureSpec | None, read: ConfigIds | None) -> list[int] | None:
     return spec.aux_layer_ids if spec is not None else read.ids if read else None
 
 
+def _fix_all(readings: list[tuple[str, list[int]]], target: TargetSpec, engine: str,
+             skip: list[int] | None = None) -> str:
+    """The fix of ``static._fix`` in words: the ids that capture the trained layers; per reading (but
+    the one whose layers are ``skip``, what the engine fed) when the convention is not recorded; ""
+    without readings."""
+    if len(readings) == 1:
+        return _fix(readings[0][1], target, engine)
+    if not readings:
+        return ""
+    return "record the trainer (speculators_* keys, or the training config beside the checkpoint); " + "; ".join(
+        f"if it was trained in {OWNER[c]} convention: {_fix(p, target, engine)}" for c, p in readings if p != skip)
+
+
 def _fix(trained: list[int], target: TargetSpec, engine: str) -> str:
-    ids, name = engines.ids_capturing(trained, target, engine), NAMES[engine]
-    if ids is not None:
-        return (f"write eagle_config.eagle_aux_hidden_state_layer_ids {ids} ({name} then captures "
-                f"the output of layers {trained})")
-    return (f"no eagle_config ids make {name} capture the output of layers {trained} on "
-            f"{target.architecture}: use a draft trained on layers it can capture")
+    ids = engines.ids_capturing(trained, target, engine)
+    return engines.ids_fix(engine, ids, trained) if ids is not None else engines.no_ids_fix(trained, target, engine)
 
 
 def _weights(obs: Observation, draft: dict, engine: str, draft_random: bool = False,

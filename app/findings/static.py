@@ -15,17 +15,17 @@ from draftscope.findings.model import Finding
 from draftscope.spec import engines, sglang, vllm
 from draftscope.spec.convention import (IN_HF, OWNER, SHORT, Reading, aux_readings, hidden_states,
                                         other_engine, verdicts)
-from draftscope.spec.draft import RECORDED_KEY, DraftFeatureSpec, layers_of_ids
+from draftscope.spec.draft import DraftFeatureSpec, layers_of_ids
 from draftscope.spec.expectations import NAMES, VERSIONS, Expectations
 from draftscope.spec.target import TargetSpec
 from draftscope.spec.training import training_settings
 
 IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 # Rules that can carry a mechanical fix (Finding.patch); tests/test_fix.py applies each one.
-FIXABLE = {"eagle-algorithm-with-eagle3-draft", "fc-bypassed", "aux-ids-not-read",
+FIXABLE = {"draft-arch-unsupported", "eagle-algorithm-with-eagle3-draft", "fc-bypassed", "aux-ids-not-read",
            "captured-layers-differ", "draft-weights-not-loaded", "d2t-not-offsets",
            "draft-vocab-lm-head-mismatch", "startup-refused", "draft-context-overridden",
-           "eagle31-weights-without-flag"}
+           "eagle31-weights-without-flag", "aux-count-short"}
 NORM_MEANING = {"norm_before_fc": "one RMSNorm over the concatenated aux states before fc",
                 "fc_norm": "an RMSNorm per aux state before fc",
                 "norm_output": "the normed (not pre-norm) hidden state fed to the next draft step"}
@@ -38,7 +38,7 @@ def static_findings(spec: DraftFeatureSpec, target: TargetSpec,
     """Every static finding for this draft, target and engine expectation, errors first."""
     found: list[Finding] = []
     if not exp.draft_class_supported:
-        found += _unsupported_draft(spec, exp)
+        found += _unsupported_draft(spec, target, exp)
     elif exp.algorithm != "EAGLE3":
         found += _eagle_algorithm(spec, exp)
     else:
@@ -62,28 +62,34 @@ def _src(exp: Expectations) -> str:
     return f"{exp.engine}_source"
 
 
-def _unsupported_draft(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
+def _unsupported_draft(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> list[Finding]:
+    """The engine builds no EAGLE-3 draft head from this config (``Expectations.draft_class_reason``,
+    from its config parser and model registry). speculators' layout on SGLang converts mechanically:
+    its model fields to the top level, SGLang's class, and the ids that capture the trained layers in
+    eagle_config (the top-level ones stay for vLLM)."""
+    ev = {"architecture": spec.architecture, "source_format": spec.source_format,
+          _src(exp): exp.sources.get("draft_class")}
+    patch: list[dict] = []
     if exp.engine == "vllm":
-        return [Finding("draft-arch-unsupported", "error",
-                        f"architecture {spec.architecture} is not one vLLM {VERSIONS['vllm']} builds as an "
-                        "EAGLE-3 draft head (Eagle3LlamaForCausalLM), so the draft weights do not fit",
-                        "set \"architectures\": [\"LlamaForCausalLMEagle3\"] in the draft's config.json",
-                        {"architecture": spec.architecture, "source_format": spec.source_format,
-                         "vllm_source": "model_executor/models/registry.py (_SPECULATIVE_DECODING_MODELS)"})]
-    if spec.source_format == "speculators":
-        return [Finding("draft-arch-unsupported", "error",
-                        "architecture Eagle3Speculator is vLLM speculators' format; SGLang 0.5.23 "
-                        "has no model class for it and will not load this draft",
-                        "convert it to SGLang's layout: architectures [\"LlamaForCausalLMEagle3\"], "
-                        "transformer_layer_config fields at the top level, the aux ids inside "
-                        "eagle_config (SpecForge's convention), weights renamed layers.0.* -> midlayer.*",
-                        {"architecture": spec.architecture, "sglang_source": "models/llama_eagle3.py::EntryClass"})]
+        fix = ("set \"architectures\": [\"LlamaForCausalLMEagle3\"] and a top-level \"model_type\" in the "
+               "draft's config.json, or write speculators' layout (speculators_config, transformer_layer_config)")
+    elif spec.source_format == "speculators":
+        body = spec.config.get("transformer_layer_config") or {}
+        physical = spec.aux_layers_physical
+        ids = engines.ids_capturing(physical, target, "sglang") if physical is not None else None
+        fix = ("convert it to SGLang's layout: architectures [\"LlamaForCausalLMEagle3\"] and the "
+               "transformer_layer_config fields (model_type among them) at the top level"
+               + (f"; {engines.ids_fix('sglang', ids, physical)}" if ids is not None else
+                  "; the aux ids in eagle_config in SGLang's reading"))
+        if ids is not None and isinstance(body.get("model_type"), str):
+            patch = ([{"op": "config_set", "path": "architectures", "value": ["LlamaForCausalLMEagle3"]}]
+                     + [{"op": "config_set", "path": k, "value": v} for k, v in body.items() if k not in spec.config]
+                     + engines.ids_patch("sglang", ids, physical))
+    else:
+        fix = "set \"architectures\": [\"LlamaForCausalLMEagle3\"] in the draft's config.json"
     return [Finding("draft-arch-unsupported", "error",
-                    f"architecture {spec.architecture} makes SGLang build a full target model, not "
-                    "an EAGLE-3 draft head (fc + midlayer), so the draft weights do not fit",
-                    "set \"architectures\": [\"LlamaForCausalLMEagle3\"] in the draft's config.json",
-                    {"architecture": spec.architecture, "source_format": spec.source_format,
-                     "sglang_source": "models/llama_eagle3.py::EntryClass"})]
+                    f"{exp.label} builds no EAGLE-3 draft head from this checkpoint: {exp.draft_class_reason}",
+                    fix, ev, patch=patch)]
 
 
 def _eagle_algorithm(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
@@ -145,32 +151,15 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> l
               and exp.captured_physical != spec.aux_layers_physical)
     readings = aux_readings(spec, target, exp)
     if exp.engine == "sglang" and spec.aux_ids_location == "top_level" and (short or differ):
-        fix_ids = readings[0].fix_ids if len(readings) == 1 else None
-        move = fix_ids if fix_ids is not None else spec.aux_layer_ids
-        return [Finding("aux-ids-not-read", "error",
-                        f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top "
-                        "level; SGLang reads it only from eagle_config and captures its default "
-                        f"[2, L//2, L-3] = input of layers {exp.captured_layers} instead"
-                        f"{crash or ' (silently the wrong features)'} (vLLM {VERSIONS['vllm']} reads the "
-                        "top level first)",
-                        f"move the ids into \"eagle_config\" in the draft's config.json: {move}", ev,
-                        patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
-                               {"op": "config_set", "path": IDS, "value": move}]
-                        + ([{"op": "config_set", "path": RECORDED_KEY, "value": readings[0].physical}]
-                           if move != spec.aux_layer_ids else []))]
-    if short and exp.dropped_layers:
-        return [_dropped(spec, target, exp, crash, ev)]
+        return [_not_read(spec, target, exp, readings, crash, ev)]
     if short:
-        return [Finding("aux-count-short", "error",
-                        f"{name} captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
-                        f"but the draft was trained on {spec.k}{crash}",
-                        "give eagle_config distinct ids, one per trained aux layer", ev)]
-    found = [_top_level_read(spec, target, ev)] if exp.engine == "vllm" and spec.aux_ids_location == "top_level" \
-        else []
-    if len(readings) > 1:
+        return [_short(spec, target, exp, readings, crash, ev)]
+    found = [_top_level_read(spec, target, readings, ev)] if exp.engine == "vllm" \
+        and spec.aux_ids_location == "top_level" and spec.source_format != "speculators" else []
+    if len(readings) > 1 and any(r.matches_engine for r in readings):
         found.append(_ambiguous(spec, target, exp, readings, ev))
-    elif differ:
-        found.append(_layers_differ(spec, target, exp, readings[0], ev))
+    elif len(readings) > 1 or differ:
+        found.append(_layers_differ(spec, target, exp, readings, ev))
     if exp.fc_shape_error:
         found.append(Finding("aux-width-mismatch", "error",
                              f"the draft will receive {exp.draft_input_width}-wide aux features but "
@@ -180,84 +169,122 @@ def _capture(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> l
     return found
 
 
-def _top_level_read(spec: DraftFeatureSpec, target: TargetSpec, ev: dict) -> Finding:
-    """vLLM reads top-level ids; SGLang would not (its ``aux-ids-not-read``): info, with the move."""
+def _fix(readings: list[Reading], target: TargetSpec, exp: Expectations) -> tuple[str, list[dict]]:
+    """(the fix, its patch) that makes the engine capture the trained layers: the ids
+    ``engines.ids_capturing`` gives, written where the engine reads them (the same ids the spec row and
+    the compare note give); "retrain" only when no ids can. Per reading, without a patch, when the
+    checkpoint does not settle the convention."""
+    if len(readings) == 1:
+        r = readings[0]
+        if r.physical is None:
+            return "list the trained aux layers in the config", []
+        if r.fix_ids is None:
+            return engines.no_ids_fix(r.physical, target, exp.engine), []
+        return engines.ids_fix(exp.engine, r.fix_ids, r.physical), engines.ids_patch(exp.engine, r.fix_ids, r.physical)
+    parts = [f"if it was trained {SHORT[r.convention]}: {_fix([r], target, exp)[0]}"
+             for r in readings if not r.matches_engine]
+    return ("settle which trainer wrote the checkpoint (pass its training config with --training-config, or "
+            "ask its publisher); " + "; ".join(parts)), []
+
+
+def _not_read(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations, readings: list[Reading],
+              crash: str, ev: dict) -> Finding:
+    """SGLang reads ids only from eagle_config: top-level ids are not read."""
+    said = (f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top level; SGLang reads "
+            "it only from eagle_config and captures its default [2, L//2, L-3] = input of layers "
+            f"{exp.captured_layers} instead{crash or ' (silently the wrong features)'} (vLLM "
+            f"{VERSIONS['vllm']} reads the top level first)")
+    r = readings[0] if len(readings) == 1 else None
+    if r is not None and r.fix_ids == spec.aux_layer_ids:  # the ids are right for SGLang where it reads
+        return Finding("aux-ids-not-read", "error", said,
+                       f"move the ids into \"eagle_config\" in the draft's config.json: {r.fix_ids}", ev,
+                       patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
+                              {"op": "config_set", "path": IDS, "value": r.fix_ids}])
+    fix, patch = _fix(readings, target, exp)
+    if patch:
+        fix += "; the top-level ids stay for vLLM, which reads them first"
+    return Finding("aux-ids-not-read", "error", said, fix, ev, patch=patch)
+
+
+def _top_level_read(spec: DraftFeatureSpec, target: TargetSpec, readings: list[Reading], ev: dict) -> Finding:
+    """vLLM reads top-level ids; SGLang would not (its ``aux-ids-not-read``): info, with the ids SGLang
+    needs in eagle_config (the top-level ones stay for vLLM)."""
     n = target.num_layers
+    sglang_ids = None
+    if len(readings) == 1 and readings[0].physical is not None:
+        sglang_ids = engines.ids_capturing(readings[0].physical, target, "sglang")
+    fix = (f"for SGLang, write {IDS} {sglang_ids} (it then captures the output of layers {readings[0].physical}; "
+           "vLLM keeps reading the top level)" if sglang_ids is not None else
+           "for SGLang, write the ids that capture the trained layers into eagle_config")
     return Finding("aux-ids-not-read", "info",
                    f"eagle_aux_hidden_state_layer_ids {spec.aux_layer_ids} is at the config's top level: vLLM "
                    f"{VERSIONS['vllm']} reads it there, but SGLang {VERSIONS['sglang']} reads it only from "
                    f"eagle_config and would capture its default [2, L//2, L-3] = hidden_states"
-                   f"{[2, n // 2, n - 3]} instead",
-                   f"move the ids into \"eagle_config\" (both engines read them there): {spec.aux_layer_ids}", ev,
-                   patch=[{"op": "config_delete", "path": "eagle_aux_hidden_state_layer_ids"},
-                          {"op": "config_set", "path": IDS, "value": spec.aux_layer_ids}])
+                   f"{[2, n // 2, n - 3]} instead", fix, ev)
 
 
-def _dropped(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations, crash: str,
-             ev: dict) -> Finding:
-    """``aux-count-short`` for ids the engine never reaches: SGLang's id L-1, any id past vLLM's L."""
+def _short(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations, readings: list[Reading],
+           crash: str, ev: dict) -> Finding:
+    """``aux-count-short``: ids the engine never reaches (SGLang's id L-1, any id past vLLM's L), or ids
+    that collapse; the fix is the ids that capture the trained layers, when any can."""
     last = target.num_layers - 1
-    if exp.engine == "vllm":
-        return Finding("aux-count-short", "error",
-                       f"aux ids {exp.dropped_layers} are outside 0..{target.num_layers}: vLLM captures "
-                       f"hidden_states[i] for 0 <= i <= {target.num_layers} only, so {exp.aux_count} of "
-                       f"{spec.k} aux states are captured{crash}",
-                       f"use ids 0..{target.num_layers} (hidden_states[{target.num_layers}] is the last "
-                       "layer's output)", ev)
-    return Finding("aux-count-short", "error",
-                   f"aux id {last} is the target's last layer: SGLang captures the input of "
-                   f"layer id+1 and layer {target.num_layers} does not exist, so only "
-                   f"{exp.aux_count} of {spec.k} aux states are captured{crash} (vLLM {VERSIONS['vllm']} "
-                   f"reads id {last} as hidden_states[{last}], the input of layer {last}, and serves)",
-                   f"none in the config: SGLang cannot capture the output of the last decoder "
-                   f"layer; use a draft trained on layers <= {last - 1} (retrain with those ids)", ev)
-
-
-def _reading_fix(r: Reading, target: TargetSpec, exp: Expectations) -> str:
-    name = _name(exp)
-    if r.fix_ids is not None:
-        return f"write {IDS} {r.fix_ids} ({name} then captures the output of layers {r.physical})"
-    last = target.num_layers - 1
-    why = (f"the output of layer {last}, the last decoder layer, is never captured"
-           if exp.engine == "sglang" and r.physical and last in r.physical
-           else f"no id list makes {name} capture exactly those")
-    return f"no eagle_config ids can ({why}): use a draft trained on layers {name} can capture"
+    fix, patch = _fix(readings, target, exp)
+    if not exp.dropped_layers:
+        said = (f"{_name(exp)} captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
+                f"but the draft was trained on {spec.k}{crash}")
+    elif exp.engine == "vllm":
+        said = (f"aux ids {exp.dropped_layers} are outside 0..{target.num_layers}: vLLM captures "
+                f"hidden_states[i] for 0 <= i <= {target.num_layers} only, so {exp.aux_count} of "
+                f"{spec.k} aux states are captured{crash}")
+    else:
+        said = (f"aux id {last} is the target's last layer: SGLang captures the input of "
+                f"layer id+1 and layer {target.num_layers} does not exist, so only "
+                f"{exp.aux_count} of {spec.k} aux states are captured{crash} (vLLM {VERSIONS['vllm']} "
+                f"reads id {last} as hidden_states[{last}], the input of layer {last}, and serves)")
+    trained = (f"; the draft was trained on the output of layers {readings[0].physical} "
+               f"({OWNER[readings[0].convention]} convention: {IN_HF[readings[0].convention]})"
+               if len(readings) == 1 and readings[0].physical is not None else "")
+    return Finding("aux-count-short", "error", said + trained, fix, ev, patch=patch)
 
 
 def _layers_differ(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations,
-                   r: Reading, ev: dict) -> Finding:
-    return Finding("captured-layers-differ", "error",
-                   f"{_name(exp)} captures the output of layers {exp.captured_physical} but the draft was "
+                   readings: list[Reading], ev: dict) -> Finding:
+    """The engine captures other layers than the trained ones: under the one reading the checkpoint
+    records, or under every reading when it records none."""
+    fix, patch = _fix(readings, target, exp)
+    said = verdicts([(r.convention, r.physical) for r in readings], exp.captured_physical,
+                    target.architecture, exp.engine) + other_engine(spec.aux_layer_ids, exp.engine, target.num_layers)
+    if len(readings) > 1:
+        message = (f"{_name(exp)} captures the output of layers {exp.captured_physical} for ids "
+                   f"{spec.aux_layer_ids}, which match the trained layers under no convention (the checkpoint "
+                   f"names no trainer: {spec.trainer_source}): {said}")
+    else:
+        r = readings[0]
+        message = (f"{_name(exp)} captures the output of layers {exp.captured_physical} but the draft was "
                    f"trained on {r.physical} (ids {spec.aux_layer_ids} in {OWNER[r.convention]} "
-                   f"convention: {IN_HF[r.convention]}; {spec.aux_convention_reason}); "
-                   + verdicts([(r.convention, r.physical)], exp.captured_physical, target.architecture, exp.engine)
-                   + other_engine(spec.aux_layer_ids, exp.engine, target.num_layers),
-                   _reading_fix(r, target, exp), ev,
-                   patch=[{"op": "config_set", "path": IDS, "value": r.fix_ids},
-                          {"op": "config_set", "path": RECORDED_KEY, "value": r.physical}]
-                   if r.fix_ids else [])
+                   f"convention: {IN_HF[r.convention]}; {spec.aux_convention_reason}); {said}")
+    return Finding("captured-layers-differ", "error", message, fix,
+                   {**ev, "readings": _readings_ev(readings)}, patch=patch)
+
+
+def _readings_ev(readings: list[Reading]) -> list[dict]:
+    return [{"convention": r.convention, "physical": r.physical, "matches_engine": r.matches_engine,
+             "fix_ids": r.fix_ids} for r in readings]
 
 
 def _ambiguous(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations,
                readings: list[Reading], ev: dict) -> Finding:
-    """One finding naming both readings of ids whose convention the checkpoint does not settle:
-    info when one of them is what the engine captures (right if the draft was trained that way)."""
-    ok = [r for r in readings if r.matches_engine]
+    """Info naming both readings of ids whose convention the checkpoint does not settle, one of which
+    is what the engine captures: right if the draft was trained that way, a guess either way."""
     said = verdicts([(r.convention, r.physical) for r in readings], exp.captured_physical,
                     target.architecture, exp.engine)
-    fixes = [f"if it was trained {SHORT[r.convention]}: {_reading_fix(r, target, exp)}"
-             for r in readings if not r.matches_engine]
-    return Finding("aux-convention-ambiguous", "info" if ok else "error",
+    return Finding("aux-convention-ambiguous", "info",
                    f"the checkpoint names no trainer ({spec.trainer_source}); {exp.label} on "
                    f"{target.architecture} captures "
                    f"{hidden_states(exp.captured_physical)} (the output of layers "
                    f"{exp.captured_physical}) for ids {spec.aux_layer_ids}: {said}"
                    + other_engine(spec.aux_layer_ids, exp.engine, target.num_layers),
-                   "settle which trainer wrote the checkpoint (pass its training config with "
-                   "--training-config, or ask its publisher); " + "; ".join(fixes),
-                   {**ev, "readings": [{"convention": r.convention, "physical": r.physical,
-                                        "matches_engine": r.matches_engine, "fix_ids": r.fix_ids}
-                                       for r in readings]})
+                   _fix(readings, target, exp)[0], {**ev, "readings": _readings_ev(readings)})
 
 
 def _weights(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
@@ -431,8 +458,7 @@ def _training(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> 
                                                        f"(ids {spec.aux_layer_ids})")
             fix_ids = engines.ids_capturing(trained, target, exp.engine) if trained is not None else None
             if fix_ids is not None:
-                fix += (f"; if the training config is right, write {IDS} {fix_ids} ({_name(exp)} then "
-                        f"captures the output of layers {trained})")
+                fix += f"; if the training config is right, {engines.ids_fix(exp.engine, fix_ids, trained)}"
     for setting, mine in (("target_hidden_size", spec.target_hidden_size), ("hidden_size", spec.hidden_size),
                           ("vocab_size", spec.target_vocab_size), ("draft_vocab_size", spec.draft_vocab_size),
                           ("max_length", spec.max_position_embeddings)):
@@ -453,7 +479,9 @@ def _training(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations) -> 
 
 def _norms(spec: DraftFeatureSpec, exp: Expectations) -> list[Finding]:
     """EAGLE-3.1 flags against their weights and against what the engine's draft class applies."""
-    applies, name = engines.draft_norms(exp.engine).get(spec.architecture, {}), _name(exp)
+    if exp.draft_class not in engines.draft_norms(exp.engine):
+        return []  # a class whose norms draftscope has not read
+    applies, name = engines.draft_norms(exp.engine)[exp.draft_class], _name(exp)
     found = []
     for flag, meaning in NORM_MEANING.items():
         on, keys = getattr(spec, flag), spec.norm_keys.get(flag)

@@ -24,7 +24,7 @@ FORMATS = {
 # Layer-index conventions for the same physical tensor "output of decoder layer j (0-based)":
 #   output_of: id j (SpecForge, SGLang explicit ids); input_to: id j+1 (EAGLE, speculators, vLLM);
 #   boundary: id j+1 where id N means after the last block (gpt-oss Eagle3-v3).
-# Written by ``doctor --fix`` when it rewrites the ids in SGLang's reading for one target class:
+# Written by ``doctor --fix`` when it rewrites the ids in one engine's reading for one target class:
 # the trained layers as "output of decoder layer j", so the rewritten ids are not re-read.
 RECORDED_KEY = "draftscope_trained_aux_layers"
 FORMAT_CONVENTION = {"specforge": "output_of", "eagle3-mla": "output_of",
@@ -170,16 +170,18 @@ TRAINERS = {"specforge": "SpecForge", "speculators": "speculators", "eagle": "EA
 def trainer_of(config: dict, fmt: str, arch: str,
                training: dict[str, Any] | None) -> tuple[str | None, str]:
     """(trainer, how known): from the trainer's own metadata, else None with what the format implies."""
+    train_keys = sorted(SPECFORGE_TRAINING_KEYS & {k.replace("-", "_") for k in training or {}})
+    if len(train_keys) >= 2:  # the weights' trainer, also when a converter wrote the config after it
+        return "specforge", f"the training config has SpecForge's arguments ({', '.join(train_keys)})"
     spec_keys = sorted(k for k in config if k.startswith("speculators_"))
     if spec_keys:
         return "speculators", f"config.json has {', '.join(spec_keys)} (written by the speculators library)"
     if fmt == "eagle":
         return "eagle", f"architectures {arch} with an fc weight is EAGLE's own training layout"
-    train_keys = sorted(SPECFORGE_TRAINING_KEYS & {k.replace("-", "_") for k in training or {}})
-    if len(train_keys) >= 2:
-        return "specforge", f"the training config has SpecForge's arguments ({', '.join(train_keys)})"
+    if fmt == "speculators":
+        return "speculators", f"the speculators layout ({arch}, transformer_layer_config) is speculators' own"
     return None, (f"not recorded: the {fmt} layout ({arch}) is written by more than one trainer; "
-                  "no speculators_config or training config names the trainer")
+                  "no speculators_* key or training config names the trainer")
 
 
 def layers_of_ids(fmt: str, ids: list[int], target_layers: int | None,
@@ -204,13 +206,10 @@ class ConfigIds:
 def config_ids(config: dict, target_layers: int | None) -> ConfigIds | None:
     """The aux ids of a draft config alone, when the checkpoint directory cannot be read here;
     None when the config is not an EAGLE-3 draft's."""
-    archs = [a for a in config.get("architectures") or [] if a in FORMATS]
-    if config.get("speculators_model_type") == "eagle3":
-        fmt = "speculators"
-    elif archs:
-        fmt = FORMATS[archs[0]]
-    else:
+    found = format_of(config)
+    if found is None:
         return None
+    fmt = found[0]
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     ids, _ = _aux_ids(config, eagle_config)
     trainer = trainer_of(config, fmt, "", None)[0]
@@ -230,16 +229,30 @@ def config_fc_width(config: dict, hidden: int | None = None) -> int | None:
 
 
 def _detect_format(config_path: Path, config: dict, ckpt: Checkpoint) -> tuple[str, str]:
-    archs = config.get("architectures") or []
-    if config.get("speculators_model_type") == "eagle3" and "Eagle3Speculator" not in archs:
-        archs = ["Eagle3Speculator", *archs]
+    found = format_of(config, has_fc=_find_key(ckpt, "fc.weight") is not None)
+    if found is None:
+        archs = config.get("architectures") or []
+        raise SpecError(config_path, f"declares architectures {archs or 'none'}, which is not an "
+                        "EAGLE-3 draft draftscope knows (LlamaForCausalLMEagle3, "
+                        "Eagle3DeepseekV2ForCausalLM, Eagle3Speculator, or an EAGLE LlamaForCausalLM "
+                        "draft with an fc weight). Check that this is the draft, not the target.")
+    return found
+
+
+def format_of(config: dict, has_fc: bool = True) -> tuple[str, str] | None:
+    """(source format, the architecture config.json declares) by the checkpoint's layout: speculators'
+    own (``Eagle3Speculator``, or the model under ``transformer_layer_config``), else the first known
+    architecture (an EAGLE ``LlamaForCausalLM`` only with an fc weight); None when none is known.
+    A ``LlamaForCausalLMEagle3`` config with ``speculators_*`` keys keeps SGLang's layout: the keys
+    name its trainer (``trainer_of``), not its layout."""
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if "Eagle3Speculator" in archs or (config.get("speculators_model_type") == "eagle3"
+                                       and isinstance(config.get("transformer_layer_config"), dict)):
+        return "speculators", archs[0] if archs else "Eagle3Speculator"
     for arch in archs:
-        if arch in FORMATS and (arch != "LlamaForCausalLM" or _find_key(ckpt, "fc.weight")):
+        if arch in FORMATS and (arch != "LlamaForCausalLM" or has_fc):
             return FORMATS[arch], arch
-    raise SpecError(config_path, f"declares architectures {archs or 'none'}, which is not an "
-                    "EAGLE-3 draft draftscope knows (LlamaForCausalLMEagle3, "
-                    "Eagle3DeepseekV2ForCausalLM, Eagle3Speculator, or an EAGLE LlamaForCausalLM "
-                    "draft with an fc weight). Check that this is the draft, not the target.")
+    return None
 
 
 def _aux_ids(config: dict, eagle_config: dict) -> tuple[list[int] | None, str]:
@@ -261,19 +274,29 @@ def _aux_count(config: dict, ids: list[int] | None, fc_in: int | None, target_hi
 
 def _convention(fmt: str, ids: list[int] | None, target_layers: int | None,
                 trainer: str | None = None, config: dict | None = None) -> tuple[str, str]:
+    """How the ids count layers, from the evidence in this order: what the checkpoint records
+    (draftscope's recorded layers, the trainer its keys or training config name, speculators' own
+    layout), ids only one convention can mean, then the format's convention. Where that last is a
+    guess (a layout more than one trainer writes), ``convention.is_ambiguous`` says so."""
     if ids is not None and isinstance((config or {}).get(RECORDED_KEY), list):
-        return "recorded", (f"{RECORDED_KEY} records the trained layers; the ids were rewritten "
-                            "for SGLang by draftscope doctor --fix")
+        return "recorded", (f"{RECORDED_KEY} records the trained layers beside ids rewritten for the "
+                            "engine by draftscope doctor --fix")
     if ids and target_layers is not None and max(ids) >= target_layers:
-        return "boundary", f"id {max(ids)} >= the target's {target_layers} layers: boundary indices"
+        return "boundary", (f"id {max(ids)} >= the target's {target_layers} layers: only hidden_states "
+                            "counting names it (boundary indices)")
     if trainer == "specforge":
-        return "output_of", "SpecForge counts decoder-layer outputs (its training config says so)"
-    if trainer == "speculators" and fmt != "speculators":
-        return "input_to", "speculators counts hidden_states[j] (config.json's speculators_* keys name it the trainer)"
-    if fmt == "speculators" and ids and ids[0] == 1:
-        return "output_of", "speculators ids starting at 1 were lifted from a SpecForge eagle_config"
+        what = ("a SpecForge training config beside speculators' layout: a conversion copies SpecForge's "
+                "eagle_config ids as they are" if fmt == "speculators" else "its training config says so")
+        return "output_of", f"SpecForge counts decoder-layer outputs ({what})"
+    if fmt == "speculators":
+        return "input_to", "speculators' own layout counts hidden_states[i] (the format's definition)"
+    if trainer == "speculators":
+        return "input_to", "speculators counts hidden_states[i] (config.json's speculators_* keys name it the trainer)"
+    if fmt == "eagle":
+        return "input_to", "EAGLE's layout counts hidden_states[i] (the input of layer i)"
     if fmt == "eagle3-mla" and ids and ids[0] != 1:
-        return "input_to", "MLA drafts whose first id is not 1 count input-to (sglang PR #25454)"
+        return "input_to", ("a guess: MLA drafts whose first id is not 1 count input-to "
+                            "(SGLang's DeepSeek path reads them so, sglang PR #25454)")
     return FORMAT_CONVENTION[fmt], f"the {fmt} format's convention"
 
 

@@ -53,6 +53,8 @@ class Expectations:
     override_env: str | None = None  # the variable that allowed an override
     load_error: str | None = None  # the error loading the draft's weights stops the server with (vLLM)
     engine: str = "sglang"
+    draft_class: str | None = None  # the model class the engine builds for the draft; None: no EAGLE-3 head
+    draft_class_reason: str = ""  # why not, in the engine's own terms, when ``draft_class`` is None
 
     @property
     def label(self) -> str:

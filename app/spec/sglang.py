@@ -27,6 +27,8 @@ SRC = {
     "fc_skip": "models/llama_eagle3.py::LlamaModel.forward (fc only if hidden_states.shape[-1] "
                "!= embeds.shape[-1])",
     "load_weights": "models/llama_eagle3.py::LlamaForCausalLMEagle3.load_weights",
+    "config_parse": "utils/hf_transformers/config.py::HfModelConfigParser.parse (AutoConfig.from_pretrained)",
+    "registry": "models/registry.py::_ModelRegistry.resolve_model_cls",
     "load_weights_mla": "models/kimi_k25_eagle3.py::Eagle3DeepseekV2ForCausalLM.load_weights",
     "lm_head": "models/llama_eagle3.py::LlamaForCausalLMEagle3.__init__ (load_lm_head_from_target "
                "when draft_vocab_size is None)",
@@ -68,6 +70,8 @@ CAPTURE_SHIFT = {
     "DeepseekV32ForCausalLM": "first1", "Glm4MoeLiteForCausalLM": "first1",
     "KimiK25ForConditionalGeneration": "first1",  # delegates to its DeepseekV3 language_model
 }
+# The EAGLE-3 draft heads of SGLang's model registry (models/llama_eagle3.py, models/kimi_k25_eagle3.py
+# EntryClass; tests/test_spec_registries.py holds this to the installed source).
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}
 D2T_CRASH = "once an id >= vocab is drafted (IndexError in embed_tokens): it depends on the traffic"
 LEGACY_NAME_MAP = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
@@ -75,6 +79,26 @@ LEGACY_NAME_MAP = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
 STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
 SHARDS = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
+
+
+def draft_class(config: dict[str, Any]) -> tuple[str | None, str]:
+    """(the EAGLE-3 draft class SGLang builds from this draft config, or None, and why not): the
+    config is parsed by transformers' AutoConfig, which needs a top-level model_type, and the first
+    architecture SGLang's registry knows picks the class."""
+    if config.get("model_type") is None:
+        return None, ("config.json has no top-level model_type (speculators' layout keeps the model under "
+                      "transformer_layer_config), so SGLang stops at start, before loading anything: "
+                      "transformers' AutoConfig raises \"ValueError: Unrecognized model ... Should have a "
+                      "`model_type` key in its config.json\"")
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    arch = next((a for a in archs if a in EAGLE3_DRAFT_CLASSES or a in CAPTURE_SHIFT), None)
+    if arch in EAGLE3_DRAFT_CLASSES:
+        return arch, ""
+    if arch is not None:
+        return None, (f"architecture {arch} makes SGLang build a full target model ({arch}), not an "
+                      "EAGLE-3 draft head (fc + midlayer), so the draft weights do not fit")
+    return None, (f"SGLang has no model class for architectures {archs or 'none'} (its registry falls back "
+                  "to the Transformers backend), so it builds no EAGLE-3 draft head")
 
 
 def parse_server_args(text: str | None) -> dict[str, Any]:
@@ -182,8 +206,10 @@ def expect_sglang(spec: DraftFeatureSpec, target: TargetSpec,
         d2t_used = spec.vocab_map.d2t_present
         sources["lm_head"], sources["d2t"] = SRC["lm_head"], SRC["hot_token_id"]
 
+    cls, why = draft_class(config)
+    sources["draft_class"] = SRC["registry"] if config.get("model_type") is not None else SRC["config_parse"]
     exp = Expectations(
-        algorithm=algorithm, draft_class_supported=spec.architecture in EAGLE3_DRAFT_CLASSES,
+        algorithm=algorithm, draft_class_supported=cls is not None, draft_class=cls, draft_class_reason=why,
         aux_capture=capture, capture_reason=reason, ids_passed=ids, shift_rule=shift,
         layers_to_capture=layers, captured_layers=captured, dropped_layers=dropped,
         captured_physical=physical, aux_count=aux_count, draft_input_width=width,

@@ -46,7 +46,25 @@ SRC = {
     "d2t": "model_executor/models/llama_eagle3.py::Eagle3LlamaForCausalLM.compute_logits "
            "(logits scattered onto i + d2t[i])",
 }
-DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3Speculator"}  # -> Eagle3LlamaForCausalLM
+SRC.update(
+    eagle_config="transformers_utils/configs/eagle.py::EAGLEConfig.__init__ (method eagle3: an architecture "
+                 "not starting or ending with Eagle3 becomes Eagle3<arch>)",
+    speculators_parse="transformers_utils/config.py::HFConfigParser.parse (no model_type and a speculators_config: "
+                      "SpeculatorsConfig)",
+    speculators_config="transformers_utils/configs/speculators/algos.py::update_eagle3 (transformer_layer_config "
+                       "plus the top-level eagle3 fields; architectures from its model_type)",
+    registry="model_executor/models/registry.py::_ModelRegistry.resolve_model_cls (_SPECULATIVE_DECODING_MODELS)")
+# _SPECULATIVE_DECODING_MODELS entries that build an EAGLE-3 head: registry name -> class
+# (tests/test_spec_registries.py holds this to the installed vLLM).
+EAGLE3_REGISTRY = {
+    "Eagle3LlamaForCausalLM": "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3": "Eagle3LlamaForCausalLM",
+    "Eagle3MiniMaxM2ForCausalLM": "Eagle3LlamaForCausalLM", "Eagle3Qwen2_5vlForCausalLM": "Eagle3LlamaForCausalLM",
+    "Eagle3Qwen3vlForCausalLM": "Eagle3LlamaForCausalLM", "PEagleDraftModel": "Eagle3LlamaForCausalLM",
+    "PeagleLlamaForCausalLM": "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM": "Eagle3Qwen3ForCausalLM",
+    "PeagleQwen3ForCausalLM": "Eagle3Qwen3ForCausalLM", "Eagle3DeepseekV2ForCausalLM": "Eagle3DeepseekV2ForCausalLM",
+    "Eagle3DeepseekV3ForCausalLM": "Eagle3DeepseekV2ForCausalLM"}
+# speculators' eagle3 config: transformer_layer_config.model_type -> architecture (algos.py::update_eagle3)
+SPECULATORS_ARCH = {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}
 # Targets whose decoder stack captures through EagleModelMixin or the same loop (id i = hidden_states[i]).
 TARGETS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
            "Qwen3MoeForCausalLM", "GptOssForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
@@ -54,9 +72,40 @@ TARGETS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3F
 _NORMS = {"norm_before_fc": "model_executor/models/llama_eagle3.py::LlamaModel.__init__ (input_norm)",
           "fc_norm": "model_executor/models/llama_eagle3.py::LlamaModel.__init__ (fc_norm per aux state)",
           "norm_output": "model_executor/models/llama_eagle3.py::LlamaModel.forward (norm_output)"}
-DRAFT_NORMS = {arch: _NORMS for arch in DRAFT_CLASSES}
+DRAFT_NORMS = {"Eagle3LlamaForCausalLM": _NORMS}  # by the class vLLM builds
 D2T_CRASH = ("at the first draft of the first request, whatever the prompt (compute_logits scatters the "
              "draft logits onto every mapped id: IndexError)")
+
+
+def speculators_config(config: dict[str, Any]) -> bool:
+    """vLLM parses the draft config as speculators' (SpeculatorsConfig): no top-level model_type and a
+    speculators_config. Otherwise EAGLEConfig wraps the config as it is."""
+    return config.get("model_type") is None and config.get("speculators_config") is not None
+
+
+def draft_class(config: dict[str, Any]) -> tuple[str | None, str, str | None]:
+    """(the EAGLE-3 class vLLM builds for this draft config or None, why not, the name its registry is
+    asked for): speculators' config picks it from transformer_layer_config.model_type; otherwise
+    EAGLEConfig renames each architecture not starting or ending with Eagle3 to Eagle3<arch>."""
+    if speculators_config(config):
+        kind = config.get("speculators_model_type")
+        if kind != "eagle3":
+            return None, f"speculators_model_type {kind!r} is not eagle3: vLLM builds no EAGLE-3 head from it", None
+        model_type = (config.get("transformer_layer_config") or {}).get("model_type", "llama")
+        name = SPECULATORS_ARCH.get(model_type)
+        if name is None:
+            return None, f"ValueError: Unsupported model_type {model_type} for Eagle3 speculator", None
+        return EAGLE3_REGISTRY[name], "", name
+    if config.get("model_type") is None:
+        return None, ("config.json has neither a top-level model_type nor a speculators_config, so vLLM "
+                      "cannot parse it as a draft config"), None
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    names = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]
+    name = next((n for n in names if n in EAGLE3_REGISTRY), None)
+    if name is None:
+        return None, (f"vLLM asks its registry for {names or 'no architecture'} (EAGLEConfig's names for "
+                      f"{archs or 'none'}), and none is an EAGLE-3 draft class"), names[0] if names else None
+    return EAGLE3_REGISTRY[name], "", name
 
 
 def method_of(server_args: dict[str, Any]) -> str:
@@ -75,8 +124,13 @@ def expect_vllm(spec: DraftFeatureSpec, target: TargetSpec,
     ``parse_server_args`` reads them; only ``--speculative-config``'s method matters here)."""
     method = method_of(server_args or {})
     config = spec.config
-    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    speculators = speculators_config(config)
+    # speculators' config keeps only transformer_layer_config and the top-level eagle3 fields
+    eagle_config = {} if speculators or not isinstance(config.get("eagle_config"), dict) else config["eagle_config"]
     sources = {k: SRC[k] for k in ("aux_config", "use_aux", "fc_width", "fc_skip", "lm_head", "d2t")}
+    cls, why, _ = draft_class(config)
+    sources["draft_class"] = [SRC["speculators_parse"], SRC["speculators_config" if speculators else "eagle_config"],
+                              SRC["registry"]]
     uses_aux = bool(eagle_config.get("use_aux_hidden_state", True))
     capture, ids, reason = False, None, ""
     if method != "eagle3":
@@ -108,14 +162,14 @@ def expect_vllm(spec: DraftFeatureSpec, target: TargetSpec,
     draft_vocab = spec.draft_vocab_size or spec.target_vocab_size
     has_d2t = draft_vocab is not None and draft_vocab != target.vocab_size
     exp = Expectations(
-        algorithm=method.upper(), draft_class_supported=spec.architecture in DRAFT_CLASSES,
+        algorithm=method.upper(), draft_class_supported=cls is not None, draft_class=cls, draft_class_reason=why,
         aux_capture=capture, capture_reason=reason, ids_passed=ids, shift_rule="as_is" if known else None,
         layers_to_capture=layers, captured_layers=captured, dropped_layers=dropped, captured_physical=physical,
         aux_count=aux_count, draft_input_width=width, fc_in_features=fc_in, fc_runs=fc_runs,
         fc_shape_error=None if width is None else (capture and width != fc_in),
         lm_head_source="draft" if any(k.endswith("lm_head.weight") for k in spec.keys) else "target",
         d2t_used=has_d2t and spec.vocab_map.d2t_present, sources=sources, engine="vllm")
-    if exp.draft_class_supported:
+    if cls == "Eagle3LlamaForCausalLM":  # the class whose load_weights draftscope replays
         _simulate_load(spec, exp, uses_aux, int(num_aux), has_d2t)
     return exp
 
