@@ -220,6 +220,10 @@ def _triton_matches_torch() -> None:
     # a second launch of the same layout: each row's block tickets were reset by the first one's last block
     _assert_same(summ["triton"].summarize(hidden, rows.flip(0), logits).result(),
                  summ["torch"].summarize(hidden, rows.flip(0), logits).result())
+    # publish's copy kernel (on CUDA where the ring is mapped; forced here) copies the device buffer out whole
+    summ["triton"]._copy_kernel = True
+    summ["triton"].compute(hidden, rows, logits)
+    _assert_same(summ["triton"].publish().result(), want)
     # padding rows after a launch that used them: marked -1 again, so a launch of one row reads one row
     one = summ["triton"].summarize(hidden, torch.tensor([3, -1, -1, -1, -1, -1]), logits).result()
     assert [r.row for r in one.rows] == [3]
@@ -260,6 +264,65 @@ def test_triton_kernels_match_torch_path_in_the_interpreter():
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_matches_torch()"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _triton_split_rows_match() -> None:
+    """Run under TRITON_INTERPRET=1: the summary kernel's split rows (hidden chunks in several slices, logits in
+    chunks of groups ranked by their maxima) against float64 and torch.topk, where the ranking could go wrong."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    width = 3000                                                         # three slices of 1000 under a 1024 cap
+    hidden = torch.randn(4, 2 * width, generator=torch.Generator().manual_seed(8)) * 20
+    hidden[1, 2500] = math.nan                                          # chunk 0, last slice
+    hidden[1, width + 1999] = math.inf                                  # chunk 1, middle slice
+    hidden[2, width + 2999] = -7e4                                      # the absmax in chunk 1's last column
+    logits = torch.randn(4, 2000, generator=torch.Generator().manual_seed(9))
+    logits[0, 100:108] = 9.0                                            # tied winners: smallest ids first
+    logits[0, 40] = 9.0
+    logits[1, :] = -math.inf
+    logits[1, [1999, 7, 1500]] = torch.tensor([3.0, 2.0, 1.0])           # three finite values, the rest -inf
+    logits[2, 37:45] = torch.arange(8, dtype=torch.float32) + 20        # winners across two groups of 32
+    logits[3, 1024:1536] = 5.0                                           # more tied maxima than groups picked
+    rows = torch.tensor([0, 1, 2, 3, -1])
+    summ = {b: Summarizer(max_rows=5, width=2 * width, chunk_width=width, vocab_size=2000, block=512, backend=b)
+            for b in ("triton", "torch")}
+    summ["triton"].triton_tuning.update(hidden_slice=1024, group=16)
+    got, want = (summ[b].summarize(hidden, rows, logits).result() for b in ("triton", "torch"))
+    assert [(c.nan_count, c.inf_count) for c in got.rows[1].chunks] == [(1, 0), (0, 1)]
+    assert got.rows[2].chunks[1].absmax == 7e4
+    for r in got.rows:
+        for c, st in enumerate(r.chunks):
+            if r.row != 1:
+                ref = _ref_chunk(hidden[r.row, c * width:(c + 1) * width].double().tolist())
+                for key in ("l2", "mean", "std", "absmax"):
+                    assert getattr(st, key) == pytest.approx(ref[key], rel=1e-5), (r.row, c, key)
+    for r in (got.rows[0], got.rows[2], got.rows[3]):
+        probs = torch.softmax(logits[r.row].double(), -1)
+        row = logits[r.row].tolist()
+        assert [i for i, _ in r.topk] == sorted(range(2000), key=lambda i: (-row[i], i))[:8], r.row
+        assert [p for _, p in r.topk] == pytest.approx([probs[i].item() for i, _ in r.topk], rel=1e-5)
+    assert [i for i, _ in got.rows[0].topk] == [40, 100, 101, 102, 103, 104, 105, 106]
+    assert [i for i, _ in got.rows[3].topk] == list(range(1024, 1032))
+    assert [i for i, _ in got.rows[1].topk[:3]] == [1999, 7, 1500] and [p for _, p in got.rows[1].topk[3:]] == [0] * 5
+    assert got.rows[1].topk[0][1] == pytest.approx(1 / (1 + math.exp(-1) + math.exp(-2)), rel=1e-6)
+    for a, b in zip(got.rows, want.rows):                               # the statistics equal the torch path's
+        assert [(c.nan_count, c.inf_count) for c in a.chunks] == [(c.nan_count, c.inf_count) for c in b.chunks]
+        assert [c.absmax for c in a.chunks] == pytest.approx([c.absmax for c in b.chunks], nan_ok=True)
+
+    small = torch.randn(3, 10, generator=torch.Generator().manual_seed(10))  # top-9 of 10, 5 of 10: k not a power of 2
+    for k in (9, 5):
+        got = Summarizer(max_rows=3, width=H, vocab_size=10, topk=k, backend="triton").summarize(
+            torch.zeros(3, H), torch.tensor([2, 0, 1]), small).result()
+        for r in got.rows:
+            assert [i for i, _ in r.topk] == torch.topk(small[r.row], k).indices.tolist()
+
+
+def test_split_rows_and_ranked_groups_match_references_in_the_interpreter():
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_split_rows_match()"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -6,7 +6,7 @@ device** and brings them to the host without blocking (written straight into pin
 * ``hidden [n, K*H]`` (any float dtype; bf16 in SGLang): for every selected row and every aux chunk
   of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts, computed in fp32;
 * ``logits [n, V]`` (optional, fp32 logits): top-k token ids and their softmax probabilities
-  over the full row (two-stage top-k: block maxima first, then top-k over the best blocks).
+  over the full row (two-stage top-k: per block of the row first, then over the blocks' candidates).
 
 Rows are chosen by ``rows``, an int64 tensor on the tensors' device of fixed length ``max_rows``
 (pad with ``-1``): its shape never depends on data, so a launch can be captured in a CUDA graph.
@@ -78,7 +78,7 @@ class Summarizer:
         topk: entries kept per logits row (8).
         ring_size: pinned host buffers in the ring (reads in flight before launches drop).
         block: block width of the two-stage top-k (default: chosen from ``vocab_size`` per path;
-            the Triton path rounds it up to a power of two).
+            the Triton path rounds it up to a power of two: the logits columns one program reads).
         device: device of the tensors that will be summarised.
         backend: ``"auto"`` (Triton kernels on CUDA when ``triton`` imports, else torch),
             ``"torch"`` (the per-op torch path), or ``"triton"`` (Triton kernels on any device;
@@ -126,6 +126,7 @@ class Summarizer:
         use_triton = triton is not None and (backend == "triton" or (backend == "auto" and self.device.type == "cuda"))
         self._triton: Optional[TritonPath] = TritonPath(**self._shape) if use_triton else None
         self._torch: Optional[TorchPath] = None if use_triton else TorchPath(**self._shape)
+        self._copy_kernel = self.device.type == "cuda"  # publish() copies out by a Triton kernel
 
     @property
     def backend(self) -> str:
@@ -143,9 +144,10 @@ class Summarizer:
         return self._ring.launches
 
     @property
-    def triton_warps(self) -> dict:
-        """Warps per program of the Triton parts (a dict the GPU bench tunes in place)."""
-        return self._triton.warps
+    def triton_tuning(self) -> dict:
+        """Warps per program, group width and hidden slice of the Triton kernels (a dict the GPU bench tunes in
+        place before the first launch; ``summary_triton.TritonPath``)."""
+        return self._triton.tuning
 
     @property
     def triton_block(self) -> Optional[int]:
@@ -197,9 +199,22 @@ class Summarizer:
         return self._ring.copy_out(slot, self._dev_buf, tag) if out is None else self._ring.written(slot, tag)
 
     def publish(self, tag: Any = None) -> Optional[Pending]:
-        """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot."""
+        """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot: on CUDA by a Triton
+        kernel where the ring is mapped (a copy engine's transfer of a few KB costs several µs on the stream),
+        else (or after that kernel failed once, counted in :attr:`fallbacks`) one non-blocking copy."""
         slot = self._ring.reserve()
-        return None if slot is None else self._ring.copy_out(slot, self._dev_buf, tag)
+        if slot is None:
+            return None
+        out = self._ring.outputs(slot)
+        if out is not None and self._triton is not None and self._copy_kernel:
+            try:
+                self._triton.copy(self._dev_buf, out)
+                return self._ring.written(slot, tag)
+            except Exception as exc:  # noqa: BLE001 - never raise into the serving process
+                self.fallbacks += 1
+                self.fallback_error = f"{type(exc).__name__}: {exc}"
+                self._copy_kernel = False
+        return self._ring.copy_out(slot, self._dev_buf, tag)
 
     def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
                 ints: Optional[tuple] = None) -> None:

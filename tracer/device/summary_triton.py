@@ -1,8 +1,10 @@
-"""The Summarizer's fast path on CUDA: one Triton launch per summary (per row and chunk statistics in one
-fp32 pass; per-block logits max / exp-sum / top-k candidates; the final top-k and softmax by the last block
-of each row to finish) and its scratch. A launch through Triton's ``JITFunction`` costs ~30 µs of host time
-(argument binding and specialisation); :class:`Launches` keeps each compiled kernel and launches it
-directly after the first time, which costs a few µs."""
+"""The Summarizer's fast path on CUDA: one Triton launch per summary, every input byte read once, and its
+scratch. Each selected row is split over many programs (slices of its hidden chunks: fp32 sums, counts and
+absmax; chunks of its logits: max, exp-sum and top-k candidates, found by ranking the maxima of small column
+groups rather than the columns), and the last program of the row to finish merges them: the row's statistics,
+softmax denominator and top-k. A launch through Triton's ``JITFunction`` costs ~30 µs of host time (argument
+binding and specialisation); :class:`Launches` keeps each compiled kernel and launches it directly after the
+first time, which costs a few µs."""
 
 from __future__ import annotations
 
@@ -132,47 +134,6 @@ if triton is not None:
         tl.store(absmax + out, tl.where(nan > 0, float("nan"), tl.max(acc_max, axis=0)))
 
     @triton.jit
-    def _logits_block(logits, stride_row, n_rows, rows, bmax, bsum, cand_val, cand_id, r, b,
-                      V, NB, TOPK: tl.constexpr, BLOCK_V: tl.constexpr):
-        """Block b of selected row r: max, sum of exp(x - max) and the top-TOPK (value, id)."""
-        row = tl.load(rows + r)
-        valid = row >= 0
-        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
-        idx = tl.arange(0, BLOCK_V)
-        offs = b * BLOCK_V + idx
-        x = tl.load(logits + row * stride_row + offs, mask=(offs < V) & valid, other=float("-inf"))
-        m = tl.max(x, axis=0)
-        s = tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), axis=0))
-        tl.store(bmax + r * NB + b, m)
-        tl.store(bsum + r * NB + b, s)
-        out = (r * NB + b) * TOPK
-        for j in tl.static_range(TOPK):
-            v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            tl.store(cand_val + out + j, v)
-            tl.store(cand_id + out + j, b * BLOCK_V + i)
-            x = tl.where(idx == i, float("-inf"), x)
-
-    @triton.jit
-    def _logits_final(bmax, bsum, cand_val, cand_id, topk_p, topk_id, r,
-                      NB, TOPK: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
-        """Row r: max and softmax denominator from its blocks; final top-TOPK, best first."""
-        ob = tl.arange(0, NB_P2)
-        bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
-        bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
-        m = tl.max(bm, axis=0)
-        denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
-        oc = tl.arange(0, NC_P2)
-        nc = NB * TOPK
-        cv = tl.load(cand_val + r * nc + oc, mask=oc < nc, other=float("-inf"))
-        ci = tl.load(cand_id + r * nc + oc, mask=oc < nc, other=0)
-        for j in tl.static_range(TOPK):
-            v, i = tl.max(cv, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            tok = tl.sum(tl.where(oc == i, ci, 0), axis=0)
-            tl.store(topk_id + r * TOPK + j, tok.to(tl.int64))
-            tl.store(topk_p + r * TOPK + j, tl.exp(v - m) / denom)
-            cv = tl.where(oc == i, float("-inf"), cv)
-
-    @triton.jit
     def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
                              R, K, H, BLOCK_H: tl.constexpr):
         """Program (r, c): ``_hidden_stats`` (a layout without logits); a padding row only marks itself."""
@@ -197,39 +158,158 @@ if triton is not None:
         tl.store(ints_out + r * 4 + 2, tl.load(iseq + req * mseq, mask=ok, other=-1).to(tl.int64))
         tl.store(ints_out + r * 4 + 3, tl.load(iacc + req * macc, mask=ok, other=-1).to(tl.int64))
 
+    @triton.jit
+    def _copy_words(src, dst, n, BLOCK: tl.constexpr):
+        """Words [p * BLOCK, (p + 1) * BLOCK) of ``src`` into ``dst``, for program p."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    _NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every order key: an entry already taken
+
+    @triton.jit
+    def _order_keys(x, ids):
+        """int64 keys of float32 values ``x`` at columns ``ids`` whose integer order is (value, then smaller id):
+        the order torch.topk breaks ties in; distinct ids give distinct keys. One max is then a top-1 with its id."""
+        b = x.to(tl.int32, bitcast=True)
+        b = tl.maximum(b ^ ((b >> 31) & 0x7FFFFFFF), -0x7FFFFFFF)  # monotone in the value (NaN above +inf)
+        return (b.to(tl.int64) << 32) | (0x7FFFFFFF - ids).to(tl.int64)
+
+    @triton.jit
+    def _key_value(key):
+        b = (key >> 32).to(tl.int32)
+        return (b ^ ((b >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _key_id(key):
+        return 0x7FFFFFFF - key.to(tl.int32)
+
+    @triton.jit
+    def _hidden_part(hidden, stride_row, n_rows, rows, hpart, r, p, R, P, H, S, HS, BLOCK_HS: tl.constexpr):
+        """Part p of selected row r (chunk p // S, its slice p % S of width HS) in one read, fp32: sum, NaN count,
+        non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``."""
+        row = tl.load(rows + r)
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        lo = (p % S) * HS
+        offs = lo + tl.arange(0, BLOCK_HS)
+        x = tl.load(hidden + row * stride_row + (p // S) * H + offs, mask=(offs < H) & (offs < lo + HS),
+                    other=0.0).to(tl.float32)
+        is_nan = x != x
+        ax = tl.abs(x)
+        nan = tl.sum(is_nan.to(tl.float32), axis=0)
+        at = r * P + p
+        plane = R * P
+        tl.store(hpart + at, tl.sum(x, axis=0))
+        tl.store(hpart + plane + at, nan)
+        tl.store(hpart + 2 * plane + at, nan + tl.sum((ax == float("inf")).to(tl.float32), axis=0))
+        tl.store(hpart + 3 * plane + at, tl.sum(x * x, axis=0))
+        tl.store(hpart + 4 * plane + at, tl.max(tl.where(is_nan, 0.0, ax), axis=0))
+
+    @triton.jit
+    def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB,
+                      TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+        """Chunk b of selected row r (GROUPS groups of GROUP columns), read once: its max, sum of exp(x - max) and
+        the order keys of its top TOPK. Those lie in the TOPK_P2 groups whose maxima rank highest (a value in any
+        other group is outranked by the maxima of those), so only they are read again, from cache, and ranked."""
+        row = tl.load(rows + r)
+        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        base = logits + row * stride_row
+        start = b * (GROUPS * GROUP)
+        g = tl.arange(0, GROUPS)
+        e = tl.arange(0, GROUP)
+        cols = start + g[:, None] * GROUP + e[None, :]
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf"))
+        gmax = tl.max(x, axis=1)
+        m = tl.max(gmax, axis=0)
+        s = tl.sum(tl.sum(tl.exp(x - m), axis=1), axis=0)
+        tl.store(bmax + r * NB + b, m)
+        tl.store(bsum + r * NB + b, tl.where(m == float("-inf"), 0.0, s))
+        gkeys = _order_keys(gmax, g)
+        k = tl.arange(0, TOPK_P2)
+        picked = tl.zeros([TOPK_P2], dtype=tl.int32)
+        for j in tl.static_range(TOPK_P2):
+            best = tl.max(gkeys, axis=0)
+            picked = tl.where(k == j, _key_id(best), picked)
+            gkeys = tl.where(gkeys == best, _NONE, gkeys)
+        cols = start + picked[:, None] * GROUP + e[None, :]
+        keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")), cols)
+        out = keys_out + (r * NB + b) * TOPK
+        for j in tl.static_range(TOPK):
+            best = tl.max(tl.max(keys, axis=1), axis=0)
+            tl.store(out + j, best)
+            keys = tl.where(keys == best, _NONE, keys)
+
+    @triton.jit
+    def _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK: tl.constexpr,
+                   K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+        """Row r from its parts: each chunk's statistics (over its slices), the logits max and softmax denominator
+        (over the chunks'), the top TOPK of the chunks' candidates and their probabilities."""
+        c = tl.arange(0, K_P2)
+        s = tl.arange(0, S_P2)
+        ok = (c[:, None] < K) & (s[None, :] < S)
+        P = K * S
+        at = hpart + r * P + c[:, None] * S + s[None, :]
+        plane = R * P
+        nan = tl.sum(tl.load(at + plane, mask=ok, other=0.0), axis=1)
+        o = sums + r * K + c
+        oplane = R * K
+        okc = c < K
+        tl.store(o, tl.sum(tl.load(at, mask=ok, other=0.0), axis=1), mask=okc)
+        tl.store(o + oplane, nan, mask=okc)
+        tl.store(o + 2 * oplane, tl.sum(tl.load(at + 2 * plane, mask=ok, other=0.0), axis=1), mask=okc)
+        tl.store(o + 3 * oplane, tl.sum(tl.load(at + 3 * plane, mask=ok, other=0.0), axis=1), mask=okc)
+        amax = tl.max(tl.load(at + 4 * plane, mask=ok, other=0.0), axis=1)
+        tl.store(absmax + r * K + c, tl.where(nan > 0, float("nan"), amax), mask=okc)
+        ob = tl.arange(0, NB_P2)
+        bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
+        bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
+        m = tl.max(bm, axis=0)
+        denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
+        oc = tl.arange(0, NC_P2)
+        ck = tl.load(keys + r * NB * TOPK + oc, mask=oc < NB * TOPK, other=_NONE)
+        for j in tl.static_range(TOPK):
+            best = tl.max(ck, axis=0)
+            tl.store(topk_id + r * TOPK + j, _key_id(best).to(tl.int64))
+            tl.store(topk_p + r * TOPK + j, tl.exp(_key_value(best) - m) / denom)
+            ck = tl.where(ck == best, _NONE, ck)
+
     # the int32 word counts of the gathered ints are never specialised (1 for int32 sources, 2 for int64): one
     # compiled kernel for every mix of dtypes
     @triton.jit(do_not_specialize=["ma", "mb", "mseq", "macc"])
     def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, rows_out, sums, absmax,
-                        bmax, bsum, cand_val, cand_id, topk_p, topk_id, tickets, ia, ma, ib, mb, iseq, mseq, iacc,
-                        macc, ints_out,
-                        NODES, R, K, H, V, NB,
-                        BLOCK_H: tl.constexpr, TOPK: tl.constexpr, BLOCK_V: tl.constexpr,
-                        NB_P2: tl.constexpr, NC_P2: tl.constexpr, GATHER: tl.constexpr):
-        """The whole summary in one launch. Program (r, j): chunk j of row r's hidden statistics for
-        j < K, else logits block j - K; the last block of a row to finish (a ticket per row, taken with
-        an acquire-release atomic, so the other blocks' writes are visible) computes the row's final
-        top-k and resets the ticket for the next launch (graph replays included). With ``GATHER``, program
-        (r, 0) also reads the verify's token ids at row r (``_gather_ints``). A padding row (-1) does nothing
-        but mark itself: a layout's capacity (256 rows at 64 requests x 4 draft tokens) costs next to nothing
-        when a launch uses 4 of them (computed in full, padding rows took 0.76 ms at Kimi-K2.5's vocabulary)."""
-        r = tl.program_id(0)
-        j = tl.program_id(1)
-        if tl.load(rows + r) < 0:
+                        hpart, bmax, bsum, keys, topk_p, topk_id, tickets, ia, ma, ib, mb, iseq, mseq, iacc, macc,
+                        ints_out, NODES, R, K, H, S, HS, V, NB,
+                        BLOCK_HS: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr,
+                        GROUP: tl.constexpr, K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr,
+                        NC_P2: tl.constexpr, GATHER: tl.constexpr):
+        """The whole summary in one launch, every input byte read once. Program (j, r) of selected row r: for
+        j < K * S, slice j of its hidden chunks (``_hidden_part``), else logits chunk j - K * S
+        (``_logits_chunk``). The last program of a row to finish (a ticket per row, taken with an acquire-release
+        atomic, so the others' partial results are visible) merges them (``_row_final``) and resets the ticket for
+        the next launch (graph replays included). Program (0, r) also copies rows[r] out and, with ``GATHER``,
+        reads the verify's token ids at row r (``_gather_ints``). A padding row (-1) does nothing but mark itself:
+        a layout's capacity (256 rows at 64 requests x 4 draft tokens) costs next to nothing when a launch uses
+        4 of them."""
+        j = tl.program_id(0)
+        r = tl.program_id(1)
+        P = K * S
+        row = tl.load(rows + r)
+        if row < 0:
             if j == 0:
                 tl.store(rows_out + r, -1)
-        elif j < K:
-            _hidden_stats(hidden, stride_h, n_h, rows, rows_out, sums, absmax, r, j, R, K, H, BLOCK_H)
-            if GATHER:
-                if j == 0:
-                    _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
         else:
-            _logits_block(logits, stride_l, n_l, rows, bmax, bsum, cand_val, cand_id, r, j - K, V, NB, TOPK,
-                          BLOCK_V)
-            if tl.atomic_add(tickets + r, 1) == NB - 1:
-                _logits_final(bmax, bsum, cand_val, cand_id, topk_p, topk_id, r, NB, TOPK, NB_P2, NC_P2)
+            if j < P:
+                _hidden_part(hidden, stride_h, n_h, rows, hpart, r, j, R, P, H, S, HS, BLOCK_HS)
+                if j == 0:
+                    tl.store(rows_out + r, row)
+                    if GATHER:
+                        _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
+            else:
+                _logits_chunk(logits, stride_l, n_l, rows, bmax, bsum, keys, r, j - P, V, NB, TOPK, TOPK_P2, GROUPS,
+                              GROUP)
+            if tl.atomic_add(tickets + r, 1) == P + NB - 1:
+                _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK, K_P2, S_P2,
+                           NB_P2, NC_P2)
                 tl.atomic_xchg(tickets + r, 0)
-
 
 class TritonPath:
     """Scratch and the one launch of a Summarizer layout. ``run`` returns False for
@@ -241,30 +321,64 @@ class TritonPath:
         self.max_rows, self.num_chunks, self.chunk_width = max_rows, num_chunks, chunk_width
         self.vocab_size, self.topk = vocab_size, topk
         self.hblock = min(pow2_at_least(chunk_width), 8192)
-        # Warps per program of the three parts (tuned on an H200 by bench/gpu_summarize.py): the hidden-only
-        # kernel uses "hidden"; the one-launch summary the most of the three.
-        self.warps = {"hidden": max(1, min(16, self.hblock // 512)), "block": 4, "final": 4}
+        # Tuned on an H200 by bench/gpu_summarize.py, which tries others: warps per program of the hidden-only
+        # kernel ("hidden_warps") and of the summary kernel ("warps"); the summary's group width ("group": the
+        # columns whose max ranks them within a logits chunk) and widest hidden slice read by one program
+        # ("hidden_slice", at least 1024; None: 2048 per warp, at most 8192).
+        self.tuning = {"hidden_warps": max(1, min(16, self.hblock // 512)), "warps": 4, "group": 32,
+                       "hidden_slice": None}
         self.block = None
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
-        self._hidden = Launches(_hidden_stats_kernel, lambda: self.warps["hidden"])
+        self._hidden = Launches(_hidden_stats_kernel, lambda: self.tuning["hidden_warps"])
+        self._copy = Launches(_copy_words, lambda: 4)
+        self._copy_plan: Optional[Callable[[Outputs], None]] = None
         if vocab_size is None:
             return
-        V, k, R = vocab_size, topk, max_rows
-        tb = max(pow2_at_least(block or 2048), pow2_at_least(k))
+        V, k, R, K = vocab_size, topk, max_rows, num_chunks
+        tb = max(pow2_at_least(block or 4096), pow2_at_least(k))
         tb = min(tb, max(pow2_at_least(V), pow2_at_least(k)))
-        while pow2_at_least(-(-V // tb) * k) > 16384:  # keep the final stage's candidates in registers
+        while pow2_at_least(-(-V // tb) * k) > 4096:  # keep the merge's candidates in registers
             tb *= 2
-        self.block = tb
+        self.block = tb  # the logits chunk of one program
         self.nb = -(-V // tb)
+        slices = -(-chunk_width // 1024)  # the most any hidden_slice gives
+        self.hpart = torch.zeros(5, R, K * slices, dtype=torch.float32, device=device)
         self.bmax = torch.zeros(R, self.nb, dtype=torch.float32, device=device)
         self.bsum = torch.zeros(R, self.nb, dtype=torch.float32, device=device)
-        self.cval = torch.zeros(R, self.nb * k, dtype=torch.float32, device=device)
-        self.cid = torch.zeros(R, self.nb * k, dtype=torch.int32, device=device)
-        self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # blocks of each row done, this launch
-        self._scratch = (self.bmax.data_ptr(), self.bsum.data_ptr(), self.cval.data_ptr(), self.cid.data_ptr())
+        self.keys = torch.zeros(R, self.nb * k, dtype=torch.int64, device=device)
+        self.tickets = torch.zeros(R, dtype=torch.int32, device=device)  # programs of each row done, this launch
+        self._scratch = (self.hpart.data_ptr(), self.bmax.data_ptr(), self.bsum.data_ptr(), self.keys.data_ptr())
         self._tickets = self.tickets.data_ptr()
-        self._summary = Launches(_summary_kernel, lambda: max(self.warps.values()))
+        self._summary = Launches(_summary_kernel, lambda: self.tuning["warps"])
+
+    def geometry(self) -> tuple:
+        """``(S, HS, constexprs)`` of the summary kernel under the current tuning: hidden slices per chunk and
+        their width, then BLOCK_HS, TOPK, TOPK_P2, GROUPS, GROUP, K_P2, S_P2, NB_P2, NC_P2."""
+        H, k, tb, nb = self.chunk_width, self.topk, self.block, self.nb
+        slice_ = self.tuning["hidden_slice"] or min(8192, 2048 * self.tuning["warps"])
+        S = -(-H // max(1024, slice_))
+        HS = -(-H // S)
+        kp2 = pow2_at_least(k)
+        group = max(1, min(pow2_at_least(self.tuning["group"]), tb // kp2))
+        return S, HS, (pow2_at_least(HS), k, kp2, tb // group, group, pow2_at_least(self.num_chunks),
+                       pow2_at_least(S), pow2_at_least(nb), pow2_at_least(nb * k))
+
+    def copy(self, buf: torch.Tensor, out: Outputs) -> None:
+        """The device buffer ``buf`` (bytes, a multiple of 8) into the ring slot of ``out``, by a kernel: a copy
+        engine's transfer of a few KB takes several µs on the stream, a kernel about two."""
+        if self._copy_plan is not None and not hooked():
+            self._copy_plan(out)
+            return
+        n, block = buf.numel() // 8, 1024
+        grid = (-(-n // block), 1)
+        compiled = self._copy.compiled(())
+        if compiled is None:  # the slot's first field (rows) starts the slot: the kernel writes all of it from there
+            self._copy.first(grid, (), buf.view(torch.int64), out.views["rows"], n, block)
+        else:
+            self._copy_plan = Launches.planned(compiled, grid, buf.device.index, (buf.data_ptr(),),
+                                               lambda o: (o.head[0], n, block))
+            self._copy_plan(out)
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
             ints: Optional[tuple] = None) -> bool:
@@ -290,9 +404,10 @@ class TritonPath:
                 self.plan(out)
             return True
         nb, k = self.nb, self.topk
+        S, HS, consts = self.geometry()
         sl, nl, lp = logits.stride(0), logits.shape[0], logits.data_ptr()
         key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0), _int_key(sh),
-               _int_key(nh), _int_key(sl), _int_key(nl))
+               _int_key(nh), _int_key(sl), _int_key(nl), consts)
         if ints is not None:  # each source as int32 words (its address), and the words per element
             *tensors, nodes = ints
             words = []
@@ -303,23 +418,20 @@ class TritonPath:
             key += tuple((torch.int32, w % 16 == 0) for w in words[::2]) + (_int_key(nodes),)
         else:  # unused pointers (GATHER is off): any address of this device
             words, nodes = [rp, 1] * 4, 1
-        grid = (R, K + nb)
+        grid = (K * S + nb, R)
+        sizes = (nodes, R, K, self.chunk_width, S, HS, self.vocab_size, nb, *consts, ints is not None)
         compiled = self._summary.compiled(key)
         if compiled is None:
             tensors = [t.view(torch.int32) for t in ints[:4]] if ints is not None else [rows] * 4
             words = [x for t, m in zip(tensors, words[1::2]) for x in (t, m)]
             v = out.views
             self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, v["rows"], v["sums"],
-                                v["absmax"], self.bmax, self.bsum, self.cval, self.cid, v["topk_p"], v["topk_id"],
-                                self.tickets, *words, v.get("ints", rows), nodes, R, K, self.chunk_width,
-                                self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
-                                pow2_at_least(nb * k), ints is not None)
+                                v["absmax"], self.hpart, self.bmax, self.bsum, self.keys, v["topk_p"], v["topk_id"],
+                                self.tickets, *words, v.get("ints", rows), *sizes)
         else:
             scratch, middle = self._scratch, (self._tickets, *words)
-            tail = (nodes, R, K, self.chunk_width, self.vocab_size, nb, self.hblock, k, self.block, pow2_at_least(nb),
-                    pow2_at_least(nb * k), ints is not None)
             self.plan = Launches.planned(
                 compiled, grid, hidden.device.index, (hp, sh, nh, lp, sl, nl, rp),
-                lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, *tail))
+                lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, *sizes))
             self.plan(out)
         return True
