@@ -2,17 +2,17 @@
 
 When a read token is set, every route included with ``READ`` needs one of: ``Authorization: Bearer
 <token>`` (API and CLI clients), HTTP Basic with the token as password (any user name), or the
-cookie that the login page sets (an HMAC of the token, HttpOnly, SameSite=Strict). A browser that
-asks for a page without it is sent to ``/login``; anything else gets 401 with what to send. Open to
-all: ``/healthz``, ``/static``, the login page itself and ingest (which has its own token).
+cookie that the login page sets (a session in the store, ``draftscope.sessions``: HttpOnly,
+SameSite=Strict, Secure over HTTPS; logout revokes it). A browser that asks for a page without it is
+sent to ``/login``; anything else gets 401 with what to send. Wrong tokens at the login page are
+slowed per client (``draftscope.login_throttle``). Open to all: ``/healthz``, ``/static``, the login
+page itself and ingest (which has its own token).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import secrets
 from typing import Annotated
 from urllib.parse import quote, urlsplit
@@ -20,10 +20,10 @@ from urllib.parse import quote, urlsplit
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 
+from draftscope import sessions
 from draftscope.templating import templates
 
 COOKIE = "draftscope_read"
-COOKIE_MAX_AGE_S = 7 * 24 * 3600
 LOGIN = "/login"
 NEEDS_TOKEN = ("This dashboard needs its read token (DRAFTSCOPE_READ_TOKEN): send 'Authorization: "
                "Bearer <token>' (or HTTP Basic with the token as password), or log in at /login.")
@@ -33,12 +33,6 @@ router = APIRouter()
 
 class NeedsLogin(Exception):
     """A read without a valid credential; ``web`` answers it with a redirect or a 401."""
-
-
-def cookie_value(token: str) -> str:
-    """What the login cookie holds: an HMAC of the read token, never the token itself (a new
-    token invalidates every cookie)."""
-    return hmac.new(token.encode(), b"draftscope read cookie v1", hashlib.sha256).hexdigest()
 
 
 def _same(given: str, expected: str) -> bool:
@@ -66,7 +60,8 @@ def is_reader(request: Request) -> bool:
     given = _header_token(request)
     if given is not None and _same(given, token):
         return True
-    return _same(request.cookies.get(COOKIE, ""), cookie_value(token))
+    cookie = request.cookies.get(COOKIE)
+    return cookie is not None and sessions.is_valid(request.app.state.engine, cookie, token)
 
 
 def require_reader(request: Request) -> None:
@@ -105,9 +100,16 @@ def _local(target: str | None) -> str:
     return "/" if parts.scheme or parts.netloc else target
 
 
-def _login_page(request: Request, next_path: str, error: str | None) -> Response:
+def _login_page(request: Request, next_path: str, error: str | None, status: int = 200,
+                headers: dict[str, str] | None = None) -> Response:
     # 200 with the error shown, also for a wrong token: the form is the answer, not a failed load.
-    return templates.TemplateResponse(request, "login.html", {"next": next_path, "error": error})
+    return templates.TemplateResponse(request, "login.html", {"next": next_path, "error": error},
+                                      status_code=status, headers=headers)
+
+
+def _client(request: Request) -> str:
+    """The client's address (the proxy's X-Forwarded-For where uvicorn trusts the proxy)."""
+    return request.client.host if request.client else "unknown"
 
 
 @router.get(LOGIN)
@@ -119,22 +121,37 @@ def login_form(request: Request, next: str = "/") -> Response:
 @router.post(LOGIN)
 def login(request: Request, token: Annotated[str, Form()] = "",
           next: Annotated[str, Form()] = "/") -> Response:
-    """Check the token; on success set the cookie and go back to ``next``."""
+    """Check the token (not before the client's wait after wrong ones is over); on success start a
+    session, set its cookie and go back to ``next``."""
     expected = request.app.state.settings.read_token
     target = _local(next)
     if expected is None:
         return RedirectResponse(target, status_code=303)
-    if not _same(token, expected):
-        return _login_page(request, target, "That is not this dashboard's read token.")
-    response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, cookie_value(expected), max_age=COOKIE_MAX_AGE_S, path="/",
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
-    return response
+    client, tries = _client(request), request.app.state.login_throttle
+    wait_s = tries.wait_s(client)
+    if wait_s == 0 and _same(token, expected):
+        tries.right(client)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(COOKIE, sessions.start(request.app.state.engine, expected),
+                            max_age=sessions.MAX_AGE_S, path="/", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+    if wait_s == 0:
+        wait_s = tries.wrong(client)
+        if wait_s == 0:
+            return _login_page(request, target, "That is not this dashboard's read token.")
+    return _login_page(request, target, f"Too many wrong tokens from {client}: try again in {wait_s} s.",
+                       status=429, headers={"Retry-After": str(wait_s)})
 
 
 @router.post("/logout")
-def logout() -> Response:
-    """Forget the login cookie and show the login page."""
+def logout(request: Request) -> Response:
+    """End this browser's session (in the store: every dashboard process forgets it) and show the
+    login page."""
+    token, cookie = request.app.state.settings.read_token, request.cookies.get(COOKIE)
+    if token is not None and cookie is not None:
+        sessions.end(request.app.state.engine, cookie, token)
     response = RedirectResponse(LOGIN, status_code=303)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
     return response

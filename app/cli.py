@@ -58,20 +58,26 @@ def serve(
     demo: Annotated[Optional[Path], typer.Option(help="Folder of recorded trace files (*.jsonl) to import when the store has no runs yet.")] = None,
     read_token: Annotated[Optional[str], typer.Option(help="Token every page, API answer, export and /metrics then needs (default: DRAFTSCOPE_READ_TOKEN; prefer the variable: a flag shows in ps). 'auto' makes one up and prints it.")] = None,
     allow_anonymous_reads: Annotated[Optional[bool], typer.Option("--allow-anonymous-reads", help="Serve a non-loopback address without a read token: anyone who reaches it reads every run (default: DRAFTSCOPE_ALLOW_ANONYMOUS_READS).")] = None,
+    allowed_host: Annotated[Optional[list[str]], typer.Option("--allowed-host", help="A host name people or tracers reach the dashboard by, besides loopback names, the --host address and DRAFTSCOPE_PUBLIC_URL's host (repeat for more; default: DRAFTSCOPE_ALLOWED_HOSTS, comma-separated). Other Host headers get 400 (DNS rebinding). '*.example.com': its subdomains; '*': any.")] = None,
     forwarded_allow_ips: Annotated[Optional[str], typer.Option(help="Addresses or networks (comma-separated) of the reverse proxy in front, whose X-Forwarded-For and X-Forwarded-Proto the dashboard believes: client addresses, and https for Secure cookies (default: FORWARDED_ALLOW_IPS, else 127.0.0.1,::1).")] = None,
 ) -> None:
     """Run the dashboard and the ingest API.
 
     DRAFTSCOPE_INGEST_TOKEN=auto (DRAFTSCOPE_READ_TOKEN=auto) makes up a random ingest (read)
-    token and prints it. Tracers write with the ingest token; people and API clients read with the
-    read token (log in at /login, or send 'Authorization: Bearer <token>').
+    token and prints it; a token needs at least 16 characters. Tracers write with the ingest token;
+    people and API clients read with the read token (log in at /login, or send 'Authorization:
+    Bearer <token>'). docs/security.md: who can reach what.
     """
     try:
         settings = _settings(db_url, host=host, port=port, read_token=read_token,
-                             allow_anonymous_reads=allow_anonymous_reads)
+                             allow_anonymous_reads=allow_anonymous_reads, allowed_hosts=allowed_host)
     except pydantic.ValidationError as exc:
         typer.echo("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from None
+    problems = settings.token_problems()
+    if problems:
+        typer.echo("Refusing to start: " + " ".join(problems), err=True)
+        raise typer.Exit(2)
     if settings.ingest_token == "auto":
         settings.ingest_token = secrets.token_urlsafe(24)
         typer.echo(f"draftscope: ingest token (send as 'Authorization: Bearer ...'): {settings.ingest_token}")
@@ -105,10 +111,15 @@ def serve(
 
     import uvicorn
 
+    from draftscope.guard import answered_names
     from draftscope.web import create_app
 
     typer.echo(f"draftscope: {open_url(settings)}  (listening on {settings.host}:{settings.port}, "
                f"store: {db.display_url(settings.database_url)})")
+    if not is_loopback(settings.host):
+        typer.echo(f"draftscope: answers to the host names {', '.join(answered_names(settings))} "
+                   "(others get 400: add the names people and tracers use with DRAFTSCOPE_ALLOWED_HOSTS "
+                   "or --allowed-host)")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
                 forwarded_allow_ips=forwarded_allow_ips)
 

@@ -266,6 +266,18 @@ class RunStatBin(SQLModel, table=True):
     hi: float | None = None
 
 
+class LoginSession(SQLModel, table=True):
+    """A browser logged in with the read token (``draftscope.sessions``): deleted at logout, void
+    after ``expires_at``. ``id`` is the sha256 of the session id its cookie holds, never the id."""
+
+    __tablename__ = "login_sessions"
+    __table_args__ = (sa.Index("ix_login_sessions_expires_at", "expires_at"),)
+
+    id: str = Field(sa_type=sa.String, primary_key=True)
+    created_at: float = Field(nullable=False)
+    expires_at: float = Field(nullable=False)
+
+
 RECORD_MODELS: dict[str, type[SQLModel]] = {
     m.__tablename__: m for m in (Request, VerifyStep, TensorSample, TracerHealth, Finding)
 }

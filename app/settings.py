@@ -1,11 +1,17 @@
-"""Dashboard settings: defaults, overridden by ``DRAFTSCOPE_*`` environment variables."""
+"""Dashboard settings: defaults, overridden by ``DRAFTSCOPE_*`` environment variables.
+
+docs/security.md says what the access settings (tokens, allowed hosts, proxy addresses) guard."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./var/draftscope.db"
+MIN_TOKEN_CHARS = 16
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # always allowed as Host, with any port
 
 
 class Settings(BaseSettings):
@@ -25,6 +31,22 @@ class Settings(BaseSettings):
     retain_max_bytes: int | None = None  # keep the store under this size (e.g. 10GB): oldest runs go first
     retain_days: float | None = None  # delete runs last written more than this many days ago
     retain_interval_s: float = 600.0  # how often the dashboard applies the two bounds above
+    # Host names (or addresses) the dashboard answers to besides loopback: comma-separated in
+    # DRAFTSCOPE_ALLOWED_HOSTS; "*.example.com" matches subdomains, "*" any host (no DNS-rebinding guard)
+    allowed_hosts: Annotated[list[str], NoDecode] = []
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        names = value.split(",") if isinstance(value, str) else value
+        if not isinstance(names, (list, tuple)):
+            return value
+        names = [str(n).strip().lower() for n in names if str(n).strip()]
+        for name in names:
+            if "/" in name or "@" in name or " " in name:
+                raise ValueError(f"DRAFTSCOPE_ALLOWED_HOSTS: {name!r} is not a host name: give names "
+                                 "like dash.example.com or 10.0.0.5, comma-separated, without scheme or path")
+        return names
 
     @field_validator("max_batch_bytes")
     @classmethod
@@ -49,6 +71,15 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    def token_problems(self, auto_made: bool = False) -> list[str]:
+        """Why the tokens cannot guard this dashboard: each one shorter than ``MIN_TOKEN_CHARS``.
+        ``auto`` passes unless ``auto_made`` (by then ``serve`` has replaced it with a made-up one)."""
+        return [f"DRAFTSCOPE_{name.upper()} is {len(token)} characters: a token needs at least "
+                f"{MIN_TOKEN_CHARS} (a short one can be guessed). Set it to 'auto' to have one made "
+                "up and printed at start, or make one: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
+                for name, token in (("ingest_token", self.ingest_token), ("read_token", self.read_token))
+                if token is not None and (auto_made or token != "auto") and len(token) < MIN_TOKEN_CHARS]
 
     @model_validator(mode="after")
     def _separate_tokens(self) -> "Settings":

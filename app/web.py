@@ -14,9 +14,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
 
 from draftscope import access, api, bundle_web, charts, db, metrics, pages, templating
+from draftscope.guard import Guard
 from draftscope.ingest import BatchWriter
+from draftscope.login_throttle import LoginThrottle
 from draftscope.refresh import RunRefresher
 from draftscope.resources import STATIC_DIR
 from draftscope.retention import Policy, Retainer
@@ -89,9 +92,24 @@ def _freeze_start_up() -> None:
 _frozen = False
 
 
+class Dashboard(FastAPI):
+    """FastAPI with ``draftscope.guard`` outside everything, its error handling included."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Guard(super().build_middleware_stack(), self.state.settings)
+
+
+class UnsafeSettings(ValueError):
+    """Settings the dashboard refuses to start with (a token too short to guard anything)."""
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The dashboard for ``settings`` (default: from the environment)."""
+    """The dashboard for ``settings`` (default: from the environment); ``UnsafeSettings`` when a
+    token is too short."""
     settings = settings or Settings()
+    problems = settings.token_problems(auto_made=True)
+    if problems:
+        raise UnsafeSettings(" ".join(problems))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -123,8 +141,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 checkpointer.stop()
 
     # /docs and /openapi.json: metrics.py, behind the read token like every other read
-    app = FastAPI(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = Dashboard(title="draftscope", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
+    app.state.login_throttle = LoginThrottle()
     _install_error_pages(app)
     # Open: ingest (its own token), the login page, /healthz and /static. Everything else reads.
     app.include_router(api.ingest_router)

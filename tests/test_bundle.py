@@ -80,7 +80,7 @@ def test_findings_come_from_the_manifest_where_the_models_are_unreadable(recorde
     source_url = str(source.url)
     diffs = []
     for url in (source_url, store_url):
-        with TestClient(create_app(Settings(database_url=url))) as client:
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
             diffs.append(client.get(f"/runs/{run_id}/spec.csv").text.replace(str(root) + "/", "~/"))
     assert "aux ids (checkpoint)" in diffs[1] and diffs[1] == diffs[0]
 

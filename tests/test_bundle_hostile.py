@@ -229,7 +229,7 @@ def test_the_good_bundle_imports_once(good_bundle, store) -> None:
 def test_the_upload_form_needs_the_ingest_token_when_one_is_set(good_bundle, store_url, make_client):
     """A dashboard on a non-loopback address has an ingest token; an upload writes to the store,
     so it needs the token too."""
-    client = make_client(ingest_token="s3cret")
+    client = make_client(ingest_token="s3cret-import-token-5c1d")
     files = {"bundle": ("aux-off.zip", good_bundle, "application/zip")}
     assert 'name="token"' in client.get("/import").text
     refused = client.post("/import", files=files, data={"token": "wrong"})
@@ -237,7 +237,7 @@ def test_the_upload_form_needs_the_ingest_token_when_one_is_set(good_bundle, sto
     engine = db.make_engine(store_url)
     try:
         assert _snapshot(engine)["runs"] == []
-        accepted = client.post("/import", files=files, data={"token": "s3cret"})
+        accepted = client.post("/import", files=files, data={"token": "s3cret-import-token-5c1d"})
         assert accepted.status_code == 200 and "Imported" in accepted.text
         assert len(_snapshot(engine)["runs"]) == 1
     finally:

@@ -100,7 +100,7 @@ def _unzipped(bundle: bytes) -> dict[str, bytes]:
 def _twins(url: str, run_id: str) -> tuple[dict, dict]:
     """The run's JSON twin (findings without row id and time, and without the times data arrived
     in this store) and each request's JSON twin."""
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
         run = client.get(f"/api/v1/runs/{run_id}").json()
         requests = {r["rid"]: client.get(f"/api/v1/runs/{run_id}/requests/{r['rid']}").json()
                     for r in run["requests"]}
@@ -237,14 +237,14 @@ def test_download_and_upload_through_the_dashboard(traced, store_url) -> None:
 
     rid = sorted(traced.outputs)[0]
     before = rows(traced.url)
-    with TestClient(create_app(Settings(database_url=traced.url))) as source:
+    with TestClient(create_app(Settings(database_url=traced.url)), base_url="http://127.0.0.1") as source:
         whole = source.get(f"/runs/{traced.run_id}/bundle.zip")
         one = source.get(f"/runs/{traced.run_id}/requests/{rid}/bundle.zip")
     assert rows(traced.url) == before  # exporting only reads
     assert whole.status_code == one.status_code == 200
     assert whole.headers["content-type"] == "application/zip"
     assert json.loads(_unzipped(one.content)["manifest.json"])["counts"]["requests"] == 1
-    with TestClient(create_app(Settings(database_url=store_url))) as target:
+    with TestClient(create_app(Settings(database_url=store_url)), base_url="http://127.0.0.1") as target:
         bad = target.post("/import", files={"bundle": ("x.zip", whole.content[:999], "application/zip")},
                           headers={"HX-Request": "true"})
         assert bad.status_code == 200 and "Not a readable zip archive" in bad.text

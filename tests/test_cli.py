@@ -35,7 +35,7 @@ def test_serve_refuses_a_non_loopback_host_without_token(sqlite_url, monkeypatch
 
 
 def test_serve_refuses_a_non_loopback_host_without_read_token(sqlite_url, monkeypatch) -> None:
-    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret-7d41c2e9")
     monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
     monkeypatch.delenv("DRAFTSCOPE_ALLOW_ANONYMOUS_READS", raising=False)
     result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, "--upgrade"])
@@ -46,12 +46,12 @@ def test_serve_refuses_a_non_loopback_host_without_read_token(sqlite_url, monkey
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["--read-token", "read-secret"], None),
+    (["--read-token", "read-secret-93be07aa"], None),
     (["--allow-anonymous-reads"], "reads are open to anyone who reaches 0.0.0.0:8177"),
 ])
 def test_serve_on_a_non_loopback_host_passes_with_a_read_token_or_when_told(sqlite_url, monkeypatch,
                                                                           flags, said) -> None:
-    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret")
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "ingest-secret-7d41c2e9")
     monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
     result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url, *flags])
     assert result.exit_code == 2 and "no draftscope schema" in result.output  # past the access checks
@@ -65,7 +65,7 @@ def test_the_images_entry_point_opens_reads_only_when_published_on_loopback(sqli
     """docker/dashboard-entrypoint before the image's own ``serve --host 0.0.0.0`` (compose passes
     where it published the port as DRAFTSCOPE_PUBLISHED_ON)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
-    env |= {"DRAFTSCOPE_INGEST_TOKEN": "ingest-secret", "DRAFTSCOPE_PUBLISHED_ON": published}
+    env |= {"DRAFTSCOPE_INGEST_TOKEN": "ingest-secret-7d41c2e9", "DRAFTSCOPE_PUBLISHED_ON": published}
     done = subprocess.run(["sh", str(REPO / "docker" / "dashboard-entrypoint"), sys.executable, "-m",
                            "draftscope.cli", "serve", "--host", "0.0.0.0", "--db", sqlite_url],
                           env=env, capture_output=True, text=True, timeout=120)
@@ -76,9 +76,43 @@ def test_the_images_entry_point_opens_reads_only_when_published_on_loopback(sqli
         assert "reads need no token" in done.stdout and "no draftscope schema" in done.stderr
 
 
+@pytest.mark.parametrize("variable, flags", [
+    ("DRAFTSCOPE_INGEST_TOKEN", []),
+    ("DRAFTSCOPE_READ_TOKEN", ["--read-token", "x"]),
+])
+def test_serve_refuses_a_short_token_and_suggests_auto(sqlite_url, monkeypatch, variable, flags) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "x" if variable == "DRAFTSCOPE_INGEST_TOKEN" else "auto")
+    monkeypatch.delenv("DRAFTSCOPE_READ_TOKEN", raising=False)
+    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--upgrade", *flags])
+    assert result.exit_code == 2
+    assert f"{variable} is 1 characters: a token needs at least 16" in result.output
+    assert "'auto'" in result.output
+    assert db.current_revision(sqlite_url) is None  # refused before touching the store
+
+
+def test_serve_on_every_address_says_which_host_names_it_answers(sqlite_url, monkeypatch) -> None:
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "auto")
+    monkeypatch.setenv("DRAFTSCOPE_READ_TOKEN", "auto")
+    monkeypatch.setenv("DRAFTSCOPE_ALLOWED_HOSTS", "ignored.example")  # the flag replaces the variable
+    db.upgrade(sqlite_url)
+    import uvicorn
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)  # the outermost edge: no socket
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--db", sqlite_url,
+                                 "--allowed-host", "dash.example.com", "--allowed-host", "10.0.0.5"])
+    assert result.exit_code == 0, result.output
+    assert "answers to the host names 127.0.0.1, localhost, ::1, dash.example.com, 10.0.0.5 " in result.output
+    assert "ignored.example" not in result.output
+
+
+def test_serve_refuses_a_url_for_an_allowed_host(sqlite_url) -> None:
+    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--allowed-host", "https://dash.example.com/"])
+    assert result.exit_code == 2
+    assert "DRAFTSCOPE_ALLOWED_HOSTS: 'https://dash.example.com/' is not a host name" in result.output
+
+
 def test_serve_refuses_one_token_for_reads_and_ingest(sqlite_url, monkeypatch) -> None:
-    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "same-secret")
-    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--read-token", "same-secret"])
+    monkeypatch.setenv("DRAFTSCOPE_INGEST_TOKEN", "same-secret-for-both-0f")
+    result = runner.invoke(app, ["serve", "--db", sqlite_url, "--read-token", "same-secret-for-both-0f"])
     assert result.exit_code == 2
     assert "DRAFTSCOPE_READ_TOKEN must differ from DRAFTSCOPE_INGEST_TOKEN" in result.output
 

@@ -8,6 +8,7 @@ GET route the app declares is requested, so a route added later is covered witho
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from urllib.parse import quote
 
@@ -40,11 +41,11 @@ def _fill(client: TestClient) -> tuple[str, str]:
         steps = [step_record(RID, i) for i in range(5)]
         samples = [sample_record(i, point=p) for i, p in enumerate(
             ["draft.input", "target.aux[0]", "draft.fc.out", "draft.logits.topk"])]
-        request = {"rid": RID, "sampled": True, "prompt_len": 10, "output_len": 12, "started_at": 1.0,
+        request = {"rid": RID, "sampled": True, "prompt_len": 10, "output_len": 12, "started_at": time.time(),
                    "finish_reason": "stop", "spec_verify_ct": 5, "spec_accepted_drafts": 6,
                    "spec_proposed_drafts": 15, "traced_verify_ct": 5, "traced_accepted_drafts": 5,
                    "traced_proposed_drafts": 15}
-        health = {"at": 1.0, "drops": {"queue_full": 2}, "errors": {}, "heartbeats": {"verify": 5},
+        health = {"at": time.time(), "drops": {"queue_full": 2}, "errors": {}, "heartbeats": {"verify": 5},
                   "disabled_probes": []}
         assert client.post("/api/v1/batches", json=make_batch(
             run_id, run=run_record(), requests=[request], steps=steps, samples=samples,
@@ -74,7 +75,8 @@ def _get_paths(app, a: str, b: str) -> list[str]:
 
 def test_every_get_route_answers_from_a_read_only_store(make_client, store_url) -> None:
     a, b = _fill(make_client())
-    with TestClient(create_app(Settings(database_url=read_only_url(store_url)))) as client:
+    with TestClient(create_app(Settings(database_url=read_only_url(store_url))),
+                    base_url="http://127.0.0.1") as client:
         paths = _get_paths(client.app, a, b)
         assert {"/", f"/runs/{a}", "/api/v1/runs", f"/api/v1/runs/{a}"} <= set(paths)
         for path in paths:

@@ -259,7 +259,8 @@ def test_unknown_path_and_bad_parameters_get_error_pages(client, run_id) -> None
 def test_a_broken_store_row_gets_a_500_page_not_a_traceback(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"  # SQLite stores what PostgreSQL's JSON type refuses
     db.upgrade(url)
-    with TestClient(create_app(Settings(database_url=url)), raise_server_exceptions=False) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1",
+                    raise_server_exceptions=False) as client:
         run_id = uuid.uuid4().hex
         assert client.post("/api/v1/batches", json=realistic_batch(run_id)).status_code == 200
         settle(client)

@@ -100,7 +100,7 @@ def wait_for_run(url: str, finished: int, crashes: bool, run_counts: tuple[int, 
 
 
 def first_finding_on_run_page(url: str, run_id: str) -> tuple[str, str] | None:
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
         settle(client)
         page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200, page.text[:500]

@@ -55,6 +55,6 @@ def test_refused_start_is_a_crashed_run_with_the_reason(tmp_path):
         engine.dispose()
     assert [(f.rule_id, f.source) for f in findings] == [("startup-refused", "static"),
                                                          ("server-start-failed", "runtime")]
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
         page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200 and "startup-refused" in page.text and "server-start-failed" in page.text

@@ -101,7 +101,7 @@ def test_traced_totals_equal_sglang_meta_info(tree_trace):
 def test_the_request_page_draws_the_tree_and_the_run_counts_acceptance_by_depth(tree_trace):
     step = max(tree_trace["steps"], key=lambda s: s["accept_len"])
     run, rid = tree_trace["run"], step["rid"]
-    with TestClient(create_app(Settings(database_url=tree_trace["url"]))) as client:
+    with TestClient(create_app(Settings(database_url=tree_trace["url"])), base_url="http://127.0.0.1") as client:
         settle(client)
         page = client.get(f"/runs/{run}/requests/{rid}/steps/{step['step_index']}")
         summary = client.get(f"/runs/{run}.json").json()

@@ -30,7 +30,7 @@ def test_the_checkpoint_thread_keeps_the_wal_small(tmp_path) -> None:
     url = f"sqlite:///{path}"
     db.upgrade(url)
     run_id = uuid.uuid4().hex
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
         with client.app.state.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
         wal = Path(f"{path}-wal")

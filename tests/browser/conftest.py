@@ -1,5 +1,6 @@
 """Playwright driving Debian's chromium (``/usr/bin/chromium``, or ``DRAFTSCOPE_CHROMIUM``) against a
-real dashboard; every test leaves a screenshot under ``artifacts/screenshots/``."""
+real dashboard; every test leaves a screenshot under ``artifacts/screenshots/``, and fails on a
+console error or a Content-Security-Policy violation."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = os.environ.get("DRAFTSCOPE_CHROMIUM", "/usr/bin/chromium")
+OTHER_SITE = "other-site.test"  # another web site's name, resolved to loopback (test_security.py)
+REBOUND = "rebound.test"  # a DNS-rebinding name: an attacker's name that now resolves to loopback
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 # Flags for a closed network and a root user (see the machine notes): no sandbox, no background
-# connections, no first-run work.
+# connections, no first-run work; and the two names above resolved to loopback.
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--host-resolver-rules=MAP {OTHER_SITE} 127.0.0.1, MAP {REBOUND} 127.0.0.1"]
+# Every violation of the page's Content-Security-Policy, reported as a console error (the init
+# script runs before the page's own, outside its CSP).
+REPORT_CSP_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (e) => console.error(
+    "CSP violation: " + e.violatedDirective + " blocked " + (e.blockedURI || "inline") + " at " +
+    e.sourceFile + ":" + e.lineNumber));"""
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +41,9 @@ def browser() -> Iterator:
 @pytest.fixture
 def page(browser, request) -> Iterator:
     """A fresh 1400 × 900 page; its screenshot is saved as ``<test name>.png`` at teardown, and
-    console errors fail the test."""
+    console errors (CSP violations among them) fail the test."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.add_init_script(REPORT_CSP_VIOLATIONS)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)

@@ -1,6 +1,7 @@
 """A dashboard exposed with a read token, in a real browser: a run's address leads to the login page,
 a wrong token is refused there, the right one leads back to the run, and from there links and htmx
-work on the login cookie (HttpOnly, SameSite=Strict, not the token) until logging out."""
+work on the login cookie (HttpOnly, SameSite=Strict, not the token) until logging out, which revokes
+it: the same cookie put back reads nothing."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from testbed.server import start_dashboard
 
 pytestmark = pytest.mark.browser
 
-READ_TOKEN = "read-6d1e9a0c"
+READ_TOKEN = "read-6d1e9a0c55f3a1b7"
 
 
 @pytest.fixture(scope="module")
 def guarded_dashboard(demo_db, tmp_path_factory) -> Iterator[str]:
     """A real ``draftscope serve`` on every address (as a team exposes it), with a read token."""
     log = tmp_path_factory.mktemp("guarded-dashboard") / "serve.log"
-    env = {**os.environ, "DRAFTSCOPE_READ_TOKEN": READ_TOKEN, "DRAFTSCOPE_INGEST_TOKEN": "ingest-1b2c"}
+    env = {**os.environ, "DRAFTSCOPE_READ_TOKEN": READ_TOKEN, "DRAFTSCOPE_INGEST_TOKEN": "ingest-1b2c8e77d0a4c9"}
     env.pop("DRAFTSCOPE_ALLOW_ANONYMOUS_READS", None)
     with start_dashboard(demo_db, log, args=["--host", "0.0.0.0"], env=env) as url:
         yield url
@@ -60,5 +61,8 @@ def test_a_run_page_needs_the_read_token_then_links_work(page, guarded_dashboard
     page.click("form.logout button")
     page.wait_for_url(re.compile(r"/login$"))
     assert page.context.cookies() == []
+    page.goto(run)
+    assert "/login?next=" in page.url
+    page.context.add_cookies([cookie])  # kept from before logout (a copied or stolen cookie)
     page.goto(run)
     assert "/login?next=" in page.url
