@@ -200,6 +200,7 @@ def test_a_dashboard_killed_is_taken_out_and_nothing_is_lost(fleet, docker) -> N
     docker.compose(fleet.project, "--profile", "fleet", "stop", "-t", "120", "tracers")
     done = {int(i): (int(n), drops) for i, n, drops in TRACER_DONE.findall(_logs(docker, fleet, "tracers"))}
     assert sorted(done) == list(range(TRACERS)) and all(drops == "{}" for _, drops in done.values()), done
-    stored = {int(r["host"].rpartition("-")[2]): r for r in _runs(fleet).values()}
+    hosts = {i: json.loads(_get(fleet, f"/api/v1/runs/{i}"))["run"]["host"] for i in runs}  # "<hostname>-<tracer>"
+    stored = {int(hosts[i].rpartition("-")[2]): r for i, r in _runs(fleet).items()}
     assert {i: (r["requests_count"], r["status"]) for i, r in stored.items()} == \
         {i: (n, "ended") for i, (n, _) in done.items()}
