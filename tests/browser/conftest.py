@@ -1,6 +1,7 @@
 """Playwright driving Debian's chromium (``/usr/bin/chromium``, or ``DRAFTSCOPE_CHROMIUM``) against a
 real dashboard; every test leaves a screenshot under ``artifacts/screenshots/``, and fails on a
-console error or a Content-Security-Policy violation."""
+console error or a Content-Security-Policy violation. ``page.wait_for_function`` takes an arrow
+function (``"() => ..."``): a bare expression is eval'd in the page, which its CSP refuses."""
 
 from __future__ import annotations
 

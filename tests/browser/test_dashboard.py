@@ -33,11 +33,11 @@ def test_runs_list_filters_and_sorts_with_htmx(page, demo_dashboard, demo_runs):
     page.goto(demo_dashboard + "/")
     total = page.locator("tr[data-run]").count()
     page.select_option("select[name=severity]", "error")
-    page.wait_for_function(f"document.querySelectorAll('tr[data-run]').length < {total}")
+    page.wait_for_function(f"() => document.querySelectorAll('tr[data-run]').length < {total}")
     assert _row(page, demo_runs["healthy"]).count() == 0
     assert _row(page, demo_runs["aux-off"]).count() == 1
     page.select_option("select[name=severity]", "")
-    page.wait_for_function(f"document.querySelectorAll('tr[data-run]').length == {total}")
+    page.wait_for_function(f"() => document.querySelectorAll('tr[data-run]').length == {total}")
     page.click("th a:has-text('Accept length')")
     page.wait_for_selector("th a.sorted:has-text('Accept length')")
     lengths = [float(t) for t in page.locator("tr[data-run] td.num:nth-child(5)").all_inner_texts()
@@ -104,7 +104,7 @@ def test_requests_table_filters(page, demo_dashboard, demo_runs):
     page.fill("input[name=accept_min]", "9")
     page.wait_for_selector("#requests-table td:has-text('No request matches')")
     page.fill("input[name=accept_min]", "")
-    page.wait_for_function("document.querySelectorAll('#requests-table tbody tr a').length == 2")
+    page.wait_for_function("() => document.querySelectorAll('#requests-table tbody tr a').length == 2")
 
 
 def test_request_timeline_and_step_detail(page, demo_dashboard, demo_runs):

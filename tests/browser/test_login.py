@@ -53,7 +53,7 @@ def test_a_run_page_needs_the_read_token_then_links_work(page, guarded_dashboard
     page.wait_for_selector(f"tr[data-run='{demo_runs['healthy']}']")
     total = page.locator("tr[data-run]").count()
     page.select_option("select[name=severity]", "error")
-    page.wait_for_function(f"document.querySelectorAll('tr[data-run]').length < {total}")
+    page.wait_for_function(f"() => document.querySelectorAll('tr[data-run]').length < {total}")
     page.locator(f"tr[data-run='{demo_runs['aux-off']}'] a").first.click()
     page.wait_for_selector("#spec-diff")
     assert page.url.startswith(run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -117,14 +118,14 @@ def _stored(dashboard: str, run_id: str) -> bool:
 
 
 def _text_plain_batch_form(dashboard: str, run_id: str) -> str:
-    """A form whose text/plain body (``name=value``) is a valid wire batch: what a cross-site page
-    can send to ingest without a preflight."""
-    batch = {"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id, "sent_at": 1.0,
+    """A form whose text/plain body (``name=value``) is a valid wire batch, its run's ``host`` the
+    ``=`` between them: what a cross-site page can send to ingest without a preflight."""
+    batch = {"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id, "sent_at": time.time(),
              "run": {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer",
-                     "status": "running", "started_at": 1.7e9}}
-    name = json.dumps(batch)[:-1] + ', "pad": "'
+                     "status": "running", "started_at": time.time()}}
+    name = json.dumps(batch)[:-2] + ', "host": "'
     return (f'<form method="post" action="{dashboard}/api/v1/batches" enctype="text/plain">'
-            f'<input type="hidden" name="{html.escape(name)}" value="&quot;}}">'
+            f'<input type="hidden" name="{html.escape(name)}" value="&quot;}}}}">'
             '<button id="go">send</button></form>')
 
 
