@@ -283,8 +283,8 @@ def variants(sweep: bool) -> list[dict]:
     tried = [(64, SAMPLE_EVERY, "hidden stats only", {"with_logits": False}, {})]
     if sweep:
         for batch in (64, 1):
-            for block in (2048, 4096, 8192):
-                for warps in (1, 2, 4):
+            for block in (4096, 8192, 16384):
+                for warps in (2, 4, 8):
                     for group in (16, 32):
                         tried.append((batch, None, f"chunk {block}, {warps} warps, groups of {group}",
                                       {"block": block}, {"warps": warps, "group": group}))

@@ -158,12 +158,6 @@ if triton is not None:
         tl.store(ints_out + r * 4 + 2, tl.load(iseq + req * mseq, mask=ok, other=-1).to(tl.int64))
         tl.store(ints_out + r * 4 + 3, tl.load(iacc + req * macc, mask=ok, other=-1).to(tl.int64))
 
-    @triton.jit
-    def _copy_words(src, dst, n, BLOCK: tl.constexpr):
-        """Words [p * BLOCK, (p + 1) * BLOCK) of ``src`` into ``dst``, for program p."""
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
-
     _NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every order key: an entry already taken
 
     @triton.jit
@@ -325,18 +319,16 @@ class TritonPath:
         # kernel ("hidden_warps") and of the summary kernel ("warps"); the summary's group width ("group": the
         # columns whose max ranks them within a logits chunk) and widest hidden slice read by one program
         # ("hidden_slice", at least 1024; None: 2048 per warp, at most 8192).
-        self.tuning = {"hidden_warps": max(1, min(16, self.hblock // 512)), "warps": 4, "group": 32,
+        self.tuning = {"hidden_warps": max(1, min(16, self.hblock // 512)), "warps": 4, "group": 16,
                        "hidden_slice": None}
         self.block = None
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.tuning["hidden_warps"])
-        self._copy = Launches(_copy_words, lambda: 4)
-        self._copy_plan: Optional[Callable[[Outputs], None]] = None
         if vocab_size is None:
             return
         V, k, R, K = vocab_size, topk, max_rows, num_chunks
-        tb = max(pow2_at_least(block or 4096), pow2_at_least(k))
+        tb = max(pow2_at_least(block or 8192), pow2_at_least(k))
         tb = min(tb, max(pow2_at_least(V), pow2_at_least(k)))
         while pow2_at_least(-(-V // tb) * k) > 4096:  # keep the merge's candidates in registers
             tb *= 2
@@ -363,22 +355,6 @@ class TritonPath:
         group = max(1, min(pow2_at_least(self.tuning["group"]), tb // kp2))
         return S, HS, (pow2_at_least(HS), k, kp2, tb // group, group, pow2_at_least(self.num_chunks),
                        pow2_at_least(S), pow2_at_least(nb), pow2_at_least(nb * k))
-
-    def copy(self, buf: torch.Tensor, out: Outputs) -> None:
-        """The device buffer ``buf`` (bytes, a multiple of 8) into the ring slot of ``out``, by a kernel: a copy
-        engine's transfer of a few KB takes several µs on the stream, a kernel about two."""
-        if self._copy_plan is not None and not hooked():
-            self._copy_plan(out)
-            return
-        n, block = buf.numel() // 8, 1024
-        grid = (-(-n // block), 1)
-        compiled = self._copy.compiled(())
-        if compiled is None:  # the slot's first field (rows) starts the slot: the kernel writes all of it from there
-            self._copy.first(grid, (), buf.view(torch.int64), out.views["rows"], n, block)
-        else:
-            self._copy_plan = Launches.planned(compiled, grid, buf.device.index, (buf.data_ptr(),),
-                                               lambda o: (o.head[0], n, block))
-            self._copy_plan(out)
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
             ints: Optional[tuple] = None) -> bool:
