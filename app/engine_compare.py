@@ -17,6 +17,7 @@ from draftscope.spec.convention import OWNER, config_readings
 from draftscope.spec.draft import config_ids
 from draftscope.spec.expectations import NAMES
 from draftscope.spec.target import recorded_target
+from draftscope.spec.vllm import last_index
 
 
 def fed(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
@@ -47,11 +48,12 @@ def fed(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
 
 def captured_hf(target: dict[str, Any], engine: str) -> list[int] | None:
     """The HF ``hidden_states`` indices the engine captured, in layer order: its recorded
-    ``layers_to_capture`` less those it never reaches (i >= L on SGLang, i > L on vLLM, i < 0)."""
+    ``layers_to_capture`` less those it never reaches (i >= L on SGLang and vLLM's DeepSeek path,
+    i > L on vLLM's Llama path, i < 0)."""
     layers, n = target.get("layers_to_capture"), target.get("num_layers")
     if layers is None or not n:
         return layers
-    last = n if engine == "vllm" else n - 1
+    last = last_index(target.get("architecture"), n) if engine == "vllm" else n - 1
     return [i for i in range(last + 1) if i in layers]
 
 

@@ -124,3 +124,63 @@ def test_through_the_cli_and_its_help(pair) -> None:
                                       "--server-args", "--speculative-algorithm EAGLE3"])
     assert result.exit_code == 0 and "no findings" in result.output, result.output
     assert "Diagnose a draft + target pair" in CliRunner().invoke(app, ["--help"]).output
+
+
+def _speculators_layout(ids=(1, 4, 7)) -> dict:
+    body = tiny_draft_config(ids=None)
+    body.pop("architectures")
+    top = {k: body.pop(k) for k in ("draft_vocab_size", "target_hidden_size")}
+    return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
+            "transformer_layer_config": body, "eagle_aux_hidden_state_layer_ids": list(ids), **top,
+            "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"speculative_tokens": 3}],
+                                   "verifier": {"name_or_path": "t", "architectures": ["LlamaForCausalLM"]}}}
+
+
+# The outputs of layers 0, 3, 6 of the 8-layer target (hidden_states[1, 4, 7]) in each format's own
+# convention: name -> (config, key style, {engine: (the error doctor gives or None, the ids its fix writes)}).
+FORMATS = {
+    "speculators-layout": (_speculators_layout(), "layers.0",
+                           {"vllm": (None, None), "sglang": ("draft-arch-unsupported", [0, 3, 6])}),
+    "speculators-keys": (tiny_draft_config(ids=[1, 4, 7], speculators_model_type="eagle3"), "midlayer",
+                         {"vllm": (None, None), "sglang": ("aux-count-short", [0, 3, 6])}),
+    "written-for-sglang": (tiny_draft_config(ids=[0, 3, 6], speculators_model_type="eagle3",
+                                             draftscope_trained_aux_layers=[0, 3, 6]), "midlayer",
+                           {"sglang": (None, None), "vllm": ("captured-layers-differ", [1, 4, 7])}),
+    "eagle-layout": (tiny_draft_config(ids=[1, 4, 7], architectures=["LlamaForCausalLM"]), "midlayer",
+                     {"vllm": (None, None), "sglang": ("draft-arch-unsupported", None)}),
+    "specforge": (tiny_draft_config(ids=[0, 3, 6]), "midlayer",
+                  {"sglang": (None, None), "vllm": (None, None)}),  # vLLM: aux-convention-ambiguous, info
+}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_each_format_read_in_its_own_convention(tmp_path, name, engine):
+    """Healthy where the engine feeds the trained layers (no warning, no error); otherwise the one error,
+    whose fix and patch give the ids that capture them, where that engine reads them."""
+    config, style, expected = FORMATS[name]
+    tiny_target(tmp_path / "t")
+    write_draft(tmp_path / "d", config, tiny_weights(key_style=style))
+    rule, ids = expected[engine]
+    data = json.loads(run(tmp_path / "d", "--target", tmp_path / "t", "--engine", engine, "--json").output)
+    serious = [f for f in data["findings"] if f["severity"] != "info"]
+    assert [f["rule_id"] for f in serious] == ([rule] if rule else []), data["findings"]
+    if ids is not None:
+        where = "eagle_config.eagle_aux_hidden_state_layer_ids" if engine == "sglang" \
+            else "eagle_aux_hidden_state_layer_ids"
+        assert f"{where} {ids}" in serious[0]["fix"] and "retrain" not in serious[0]["fix"], serious[0]
+        assert {"op": "config_set", "path": where, "value": ids} in serious[0]["patch"]
+
+
+def test_speculators_layout_with_specforge_training_config_reads_output_of(tmp_path):
+    """The one case read as ids lifted from a SpecForge eagle_config: a SpecForge training config
+    beside speculators' layout records SpecForge as the trainer."""
+    tiny_target(tmp_path / "t")
+    write_draft(tmp_path / "d", _speculators_layout(ids=(0, 3, 6)), tiny_weights(key_style="layers.0"))
+    (tmp_path / "d" / "training_config.json").write_text(json.dumps(
+        {"target_model_path": "t", "draft_model_config": "c.json", "ttt_length": 7}))
+    data = json.loads(run(tmp_path / "d", "--target", tmp_path / "t", "--engine", "vllm", "--json").output)
+    assert data["summary"]["trained_physical"] == [0, 3, 6]
+    [differ] = [f for f in data["findings"] if f["severity"] == "error"]
+    assert differ["rule_id"] == "captured-layers-differ" and "SpecForge" in differ["message"]
+    assert "eagle_aux_hidden_state_layer_ids [1, 4, 7]" in differ["fix"]

@@ -42,3 +42,18 @@ def test_no_note_for_different_drafts_or_the_same_layers() -> None:
     a, b = _run("sglang", [1, 2, 3], CONFIG), _run("vllm", [0, 1, 2], CONFIG)
     assert engine_compare.block(a, {}, {**b, "draft_config_hash": "other"}, {})["note"] is None
     assert engine_compare.block(a, {}, _run("sglang", [1, 2, 3], CONFIG), {})["note"] is None
+
+
+def test_only_captured_layers_are_listed_and_the_fix_matches_doctors() -> None:
+    """A speculators draft's [1, 4, 7] in eagle_config: SGLang sets layers_to_capture [2, 5, 8] on an
+    8-layer target and never reaches 8; vLLM feeds [1, 4, 7]. The page lists the two SGLang fed, and the
+    note's SGLang ids are the ones doctor --fix writes ([0, 3, 6])."""
+    config = {**CONFIG, "speculators_model_type": "eagle3",
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 7]}}
+    a, b = _run("sglang", [2, 5, 8], config), _run("vllm", [1, 4, 7], config)
+    got = engine_compare.block(a, {}, b, {})
+    assert (got["a"]["fed_hf"], got["b"]["fed_hf"]) == ([2, 5], [1, 4, 7])
+    [trained] = got["note"]["trained"]
+    assert trained["hidden_states"] == [1, 4, 7] and "no change" in trained["fixes"]["vllm"]
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids [0, 3, 6]" in trained["fixes"]["sglang"]
+    assert "hidden_states[2, 5]" in got["note"]["message"] and "hidden_states[2, 5, 8]" not in got["note"]["message"]

@@ -13,6 +13,7 @@ from draftscope.spec.feature_stats import relative_gap
 from draftscope.spec import engines
 from draftscope.spec.expectations import NAMES
 from draftscope.spec.sglang import random_weights
+from draftscope.spec.vllm import last_index
 from draftscope.spec.target import TargetSpec, recorded_target
 
 EAGLE3_DRAFT_CLASSES = {"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3LlamaForCausalLM"}
@@ -154,7 +155,7 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
           "layers_to_capture": target.get("layers_to_capture")}
     layers = target.get("layers_to_capture")
     n = target.get("num_layers")
-    last = n if engine == "vllm" else n - 1 if n else None  # vLLM also captures hidden_states[L]
+    last = (last_index(target.get("architecture"), n) if engine == "vllm" else n - 1) if n else None
     captured = [i for i in range(last + 1) if i in layers] if layers is not None and n else None
     if expected and embed and expected != embed and embed in seen:
         why = ("the target captures no aux states (capture_aux_hidden_states is false)"

@@ -233,8 +233,9 @@ def _short(spec: DraftFeatureSpec, target: TargetSpec, exp: Expectations, readin
         said = (f"{_name(exp)} captures {exp.aux_count} aux states (layers {exp.captured_layers}) "
                 f"but the draft was trained on {spec.k}{crash}")
     elif exp.engine == "vllm":
-        said = (f"aux ids {exp.dropped_layers} are outside 0..{target.num_layers}: vLLM captures "
-                f"hidden_states[i] for 0 <= i <= {target.num_layers} only, so {exp.aux_count} of "
+        top = vllm.last_index(target.architecture, target.num_layers)
+        said = (f"aux ids {exp.dropped_layers} are outside 0..{top}: vLLM captures "
+                f"hidden_states[i] for 0 <= i <= {top} only on {target.architecture}, so {exp.aux_count} of "
                 f"{spec.k} aux states are captured{crash}")
     else:
         said = (f"aux id {last} is the target's last layer: SGLang captures the input of "

@@ -17,8 +17,7 @@ SGLANG_PATH = {"plus1": "SGLang's Llama-family path", "first1": "SGLang's DeepSe
 # level first (gpu_model_runner.py::_get_eagle3_aux_layers_from_config), so ids written there leave
 # SGLang's eagle_config ids alone and one config can serve both engines.
 IDS_PATH = {"sglang": "eagle_config.eagle_aux_hidden_state_layer_ids", "vllm": "eagle_aux_hidden_state_layer_ids"}
-IDS_WHERE = {"sglang": "eagle_config.eagle_aux_hidden_state_layer_ids",
-             "vllm": "eagle_aux_hidden_state_layer_ids at the config's top level (vLLM reads it before eagle_config)"}
+IDS_WHERE = {"sglang": "", "vllm": " at the config's top level, which vLLM reads before eagle_config"}
 
 
 def expect(engine: str, spec: DraftFeatureSpec, target: TargetSpec, server_args: dict[str, Any] | None = None,
@@ -42,7 +41,7 @@ def ids_capturing(physical: list[int], target: TargetSpec, engine: str = "sglang
 def ids_fix(engine: str, ids: list[int], physical: list[int]) -> str:
     """The one wording of a fix that writes ``ids`` (``ids_capturing(physical)``) for ``engine``: the
     finding's, the run page's and the compare note's."""
-    return (f"write {IDS_WHERE[engine]} {ids} ({NAMES[engine]} then captures the output of layers "
+    return (f"write {IDS_PATH[engine]} {ids}{IDS_WHERE[engine]} ({NAMES[engine]} then captures the output of layers "
             f"{physical}, hidden_states{[p + 1 for p in physical]})")
 
 

@@ -183,14 +183,26 @@ def _ids(config: dict, eagle_config: dict) -> tuple[list[int] | None, str]:
     return None, "no aux ids in the config; vLLM uses its default (2, L//2, L-3)"
 
 
+# Targets whose decoder loop captures before each layer (model_executor/models/deepseek_v2.py::
+# DeepseekV2Model.forward: ``idx in self.aux_hidden_state_layers`` ahead of ``layer(...)``): id i is still
+# hidden_states[i], but the last layer's output (id L) is never reached. Llama's loop also captures after
+# the last layer (EagleModelMixin._maybe_add_hidden_state(idx + 1)).
+CAPTURE_BEFORE_LAYER = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+
+
+def last_index(architecture: str | None, num_layers: int) -> int:
+    """The highest hidden_states index vLLM captures on this target class: L, or L-1 for DeepSeek."""
+    return num_layers - 1 if architecture in CAPTURE_BEFORE_LAYER else num_layers
+
+
 def capture_for_ids(ids: list[int] | None, target: TargetSpec
                     ) -> tuple[list[int], list[int], list[int], list[int]]:
     """(aux_hidden_state_layers, captured, dropped, captured as "output of layer j") for ``ids``
     (None: the default): vLLM sorts and dedups them and captures ``hidden_states[i]`` for 0 <= i <= L."""
-    n = target.num_layers
+    n, last = target.num_layers, last_index(target.architecture, target.num_layers)
     layers = sorted(set(ids if ids is not None else [2, n // 2, n - 3]))
-    captured = [i for i in layers if 0 <= i <= n]
-    dropped = [i for i in layers if not 0 <= i <= n]
+    captured = [i for i in layers if 0 <= i <= last]
+    dropped = [i for i in layers if not 0 <= i <= last]
     return layers, captured, dropped, [i - 1 for i in captured]
 
 
