@@ -70,11 +70,12 @@ def _last_batch() -> sa.ScalarSelect:
 
 
 def run_state(last: sa.ColumnElement, now: float | None = None) -> sa.ColumnElement:
-    """The one definition of a run's state, for the runs list and the run page alike: imported (a
-    bundle), live (running, a batch within ``LIVE_WINDOW_S`` of ``now``), stalled (running, nothing
-    since), else the stored status (ended, crashed). ``last``: the run's newest batch receipt."""
+    """The one definition of a run's state, for the runs list and the run page alike: crashed (also
+    when imported), imported (a bundle), live (running, a batch within ``LIVE_WINDOW_S`` of ``now``),
+    stalled (running, nothing since), else the stored status (ended). ``last``: the run's newest batch
+    receipt."""
     now = time.time() if now is None else now
-    return sa.case((_RUNS.c.source == "bundle", "imported"),
+    return sa.case((_RUNS.c.status == "crashed", "crashed"), (_RUNS.c.source == "bundle", "imported"),
                    (sa.and_(_RUNS.c.status == "running", last > now - LIVE_WINDOW_S), "live"),
                    (_RUNS.c.status == "running", "stalled"), else_=_RUNS.c.status)
 
