@@ -159,3 +159,12 @@ def test_serve_names_the_address_to_open() -> None:
     assert open_url(Settings(host="0.0.0.0", port=9001)) == "http://127.0.0.1:9001/"
     assert open_url(Settings(host="127.0.0.1", port=9001)) == "http://127.0.0.1:9001/"
     assert open_url(Settings(host="0.0.0.0", public_url="http://127.0.0.1:18177/")) == "http://127.0.0.1:18177/"
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    from draftscope.settings import Settings
+
+    readme = (REPO / "README.md").read_text()
+    missing = [f"DRAFTSCOPE_{name.upper()}" for name in Settings.model_fields
+               if f"`DRAFTSCOPE_{name.upper()}" not in readme]
+    assert missing == [], f"settings the README does not name: {missing}"
