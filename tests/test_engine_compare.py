@@ -57,3 +57,25 @@ def test_only_captured_layers_are_listed_and_the_fix_matches_doctors() -> None:
     assert trained["hidden_states"] == [1, 4, 7] and "no change" in trained["fixes"]["vllm"]
     assert "eagle_config.eagle_aux_hidden_state_layer_ids [0, 3, 6]" in trained["fixes"]["sglang"]
     assert "hidden_states[2, 5]" in got["note"]["message"] and "hidden_states[2, 5, 8]" not in got["note"]["message"]
+
+
+def test_a_crashed_run_reads_crashed_imported_or_not(tmp_path) -> None:
+    """The run's state (runs list, run page, compare page): a crashed run imported from a bundle is
+    crashed, an imported one that ended reads imported (real SQLite store, migrated)."""
+    import sqlalchemy as sa
+
+    from draftscope import db, models, queries
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as conn:
+            for rid, source, status in (("a", "bundle", "crashed"), ("b", "bundle", "ended"), ("c", "tracer", "crashed")):
+                conn.execute(sa.insert(models.Run.__table__).values(
+                    id=rid, engine="vllm", engine_version="0.32.0", source=source, status=status, started_at=1.0))
+        with engine.connect() as conn:
+            assert {r: queries.get_run(conn, r)["state"] for r in "abc"} == \
+                {"a": "crashed", "b": "imported", "c": "crashed"}
+    finally:
+        engine.dispose()

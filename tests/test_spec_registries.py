@@ -6,6 +6,7 @@ its config parser, and what vLLM 0.32 makes of each draft config (its own config
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -45,7 +46,8 @@ def _sglang_models() -> Path:
     return Path(spec.submodule_search_locations[0]) / "srt" / "models"
 
 
-def _entry_classes(models: Path) -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _entry_classes(models: Path) -> frozenset[str]:
     """The class names every ``models/*.py`` lists as ``EntryClass`` (SGLang's registry)."""
     names: set[str] = set()
     for path in models.glob("*.py"):
@@ -53,7 +55,7 @@ def _entry_classes(models: Path) -> set[str]:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "EntryClass" for t in node.targets):
                 values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
                 names |= {v.id for v in values if isinstance(v, ast.Name)}
-    return names
+    return frozenset(names)
 
 
 def test_sglang_registry_holds_the_draft_classes():
