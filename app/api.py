@@ -11,8 +11,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from draftscope import queries
+from draftscope import pages, queries
 from draftscope.ingest import IngestError
+from draftscope.wire_schema import batch_json_schema
 
 router = APIRouter(prefix="/api/v1")
 ingest_router = APIRouter(prefix="/api/v1")
@@ -27,7 +28,8 @@ def as_json(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
-@ingest_router.post("/batches")
+@ingest_router.post("/batches", openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": batch_json_schema()}}}})
 async def post_batch(request: Request) -> Response:
     """Store one tracer batch (see ``draftscope_tracer/wire.py``); all of it or nothing."""
     settings = request.app.state.settings
@@ -68,13 +70,17 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
 
 
 @router.get("/runs")
-def get_runs(request: Request, engine: str | None = None) -> Response:
-    """Runs, newest first, with record counts; ``?engine=sglang|vllm``: that engine's runs only."""
+def get_runs(request: Request, engine: str | None = None, cursor: str | None = None,
+             limit: int = pages.PageSize) -> Response:
+    """Runs, newest first, with record counts, ``limit`` at a time; the ``Link`` header's
+    ``rel="next"`` address has the next page (none on the last). ``?engine=sglang|vllm``: that
+    engine's runs only."""
     try:
         with request.app.state.engine.connect() as conn:
-            return as_json(queries.list_runs(conn, engine=engine or None))
+            runs, after = queries.runs_page(conn, engine=engine or None, cursor=cursor, limit=limit)
     except queries.BadQuery as exc:
         return error(400, str(exc))
+    return Response(orjson.dumps(runs), media_type="application/json", headers=pages.next_link(request, after))
 
 
 @router.get("/runs/{run_id}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
+import time
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +19,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 import draftscope.migrations
+from draftscope_tracer.redact import scrub_text
 
 MIGRATIONS_DIR = Path(draftscope.migrations.__file__).parent
+log = logging.getLogger(__name__)
 
 
 def _json_dumps(value: Any) -> str:
@@ -44,8 +48,11 @@ def make_engine(url: str, autocheckpoint: bool = True) -> sa.Engine:
     @sa.event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
-        if writable:  # takes on a new file; on an old one at its next VACUUM
-            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if writable and cur.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+            try:  # takes on a new file; on an old one at its next VACUUM
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            except sqlite3.OperationalError:  # a full disk: reads must still work (the next connection tries)
+                pass
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=30000")
@@ -70,12 +77,17 @@ class WalCheckpointer:
     """Copies a SQLite store's WAL back into the database from a thread of its own.
 
     With autocheckpoint off (``make_engine(url, autocheckpoint=False)``) commits stay short and
-    the page copying, during which sqlite3 releases the GIL, runs beside the request thread.
+    the page copying, during which sqlite3 releases the GIL, runs beside the request thread. A
+    checkpoint that fails (a full disk) is counted and logged, once per stretch of failures, and
+    the thread keeps going; ``problem()`` says what fails while it does (``/healthz``).
     """
 
     def __init__(self, url: str, interval_s: float = 0.5):
         self.path = sa.make_url(url).database
         self.interval_s = interval_s
+        self.errors = 0
+        self.failing_since: float | None = None
+        self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="draftscope-wal-checkpoint", daemon=True)
 
@@ -86,14 +98,46 @@ class WalCheckpointer:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def problem(self) -> str | None:
+        """What is failing, or None while checkpoints succeed."""
+        since, error = self.failing_since, self.last_error
+        if since is None:
+            return None
+        return (f"WAL checkpoints fail since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))} "
+                f"({error}); the WAL file grows until one succeeds.")
+
     def _run(self) -> None:
-        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        conn = None
         try:
             while not self._stop.wait(self.interval_s):
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                conn = self._checkpoint(conn, "PASSIVE")
+            self._checkpoint(conn, "TRUNCATE")
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection | None, mode: str) -> sqlite3.Connection | None:
+        """One checkpoint; its failure counted and logged (the first of a stretch with its traceback).
+        Returns the connection to use next (None: open one next time)."""
+        try:
+            if conn is None:
+                conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+            conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            if self.failing_since is not None:
+                log.warning("draftscope: WAL checkpoints work again after %d failures", self.errors)
+                self.failing_since = self.last_error = None
+            return conn
+        except Exception as exc:  # never dies: counted, logged, tried again at the next interval
+            self.errors += 1
+            self.last_error = failure_reason(exc)
+            if self.failing_since is None:
+                self.failing_since = time.time()
+                log.exception("draftscope: WAL checkpoint (%s) of %s failed; retrying every %.1f s",
+                              mode, self.path, self.interval_s)
+            return conn
 
 
 def _is_uri(sa_url: sa.URL) -> bool:
@@ -149,6 +193,14 @@ def _missing_sqlite_file(url: str) -> bool:
     sa_url = sa.make_url(url)
     return (sa_url.get_backend_name() == "sqlite" and bool(sa_url.database)
             and sa_url.database != ":memory:" and not Path(sa_url.database).exists())
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line that says why ``exc`` happened, for pages and ``/healthz``: the database driver's own
+    error where SQLAlchemy wraps one (``database or disk is full``), credentials scrubbed."""
+    cause = getattr(exc, "orig", None) or exc
+    first = (str(cause).strip().splitlines() or [""])[0][:300]
+    return scrub_text(f"{type(cause).__name__}: {first}" if first else type(cause).__name__)
 
 
 def display_url(url: str) -> str:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from draftscope import charts, engine_compare, queries, topk_gaps
+from draftscope.csv_export import csv_response
 from draftscope.facts_view import fact_sections
 from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
@@ -55,25 +54,15 @@ def _htmx(request: Request) -> bool:
 
 
 def _json(data: Any) -> Response:
-    return Response(json.dumps(data, default=_plain, allow_nan=False), media_type="application/json")
+    """``data`` as strict JSON: a stored value that is not a finite number becomes null."""
+    return Response(orjson.dumps(data, default=_plain, option=orjson.OPT_NON_STR_KEYS),
+                    media_type="application/json")
 
 
 def _plain(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _csv(rows: Iterable[dict[str, Any]], columns: Iterable[str], filename: str) -> Response:
-    out = io.StringIO()
-    writer = csv.writer(out)
-    columns = list(columns)
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else v)
-                         for v in (row.get(c) for c in columns)])
-    return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
-                    headers={"content-disposition": f'attachment; filename="{filename}"'})
 
 
 def _run_url(run_id: str) -> str:
@@ -90,36 +79,63 @@ def _not_found(exc: queries.NotFound) -> PageError:
 
 # --- runs list -----------------------------------------------------------------------------------
 
-def _runs(request: Request, sort: str, desc: bool, status: str | None, q: str | None,
-          severity: str | None, engine: str | None = None) -> list[dict[str, Any]]:
+def _filters(status: str | None, q: str | None, severity: str | None, engine: str | None) -> dict[str, Any]:
+    return {"status": status or None, "q": q or None, "severity": severity or None, "engine": engine or None}
+
+
+def _runs(request: Request, sort: str, desc: bool, filters: dict[str, Any], cursor: str | None,
+          limit: int) -> tuple[list[dict[str, Any]], str | None, int]:
+    """One page of the runs list, the next page's cursor (None: last page) and how many runs match."""
     try:
         with _conn(request) as conn:
-            runs = queries.list_runs(conn, sort=sort, desc=desc, status=status or None, q=q or None,
-                                     engine=engine or None)
+            runs, after = queries.runs_page(conn, cursor=cursor or None, limit=limit, sort=sort, desc=desc,
+                                            **filters)
+            total = queries.count_runs(conn, **filters)
     except queries.BadQuery as exc:
         raise _bad_query(exc) from None
-    if severity == "none":
-        runs = [r for r in runs if not r["worst_severity"]]
-    elif severity:
-        runs = [r for r in runs if r["worst_severity"] == severity]
-    return runs
+    return runs, after, total
+
+
+def _page_url(path: str, params: dict[str, Any]) -> str:
+    return path + "?" + urlencode({k: (int(v) if isinstance(v, bool) else v) for k, v in params.items()
+                                   if v is not None})
+
+
+def next_link(request: Request, cursor: str | None) -> dict[str, str]:
+    """The ``Link: <...>; rel="next"`` header of a page of runs (none on the last page): this
+    request's address with ``cursor`` set."""
+    if cursor is None:
+        return {}
+    url = _page_url(request.url.path, {**dict(request.query_params), "cursor": cursor})
+    return {"link": f'<{url}>; rel="next"'}
+
+
+PageSize = Query(queries.RUNS_PAGE_SIZE, ge=1, le=queries.MAX_RUNS_PAGE,
+                 description="Runs per page; the Link header's rel=next address has the next page.")
 
 
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
               status: str | None = None, q: str | None = None, severity: str | None = None,
-              engine: str | None = None):
-    """Runs list: the root cause of each run as a badge; an htmx request gets only the table."""
-    runs = _runs(request, sort, desc, status, q, severity, engine)
-    params = {k: v for k, v in (("status", status), ("q", q), ("severity", severity),
-                                ("engine", engine)) if v}
+              engine: str | None = None, cursor: str | None = None, limit: int = PageSize):
+    """Runs list, a page at a time: the root cause of each run as a badge; an htmx request gets
+    only the table."""
+    filters = _filters(status, q, severity, engine)
+    runs, after, total = _runs(request, sort, desc, filters, cursor, limit)
+    params = {k: v for k, v in filters.items() if v}
+    size = {"limit": limit} if limit != queries.RUNS_PAGE_SIZE else {}
 
     def sort_url(key: str) -> str:
-        return "/?" + urlencode({**params, "sort": key, "desc": int(key != sort or not desc)})
+        return _page_url("/", {**params, **size, "sort": key, "desc": key != sort or not desc})
 
+    page = {**params, **size, "sort": sort, "desc": desc}
+    refresh = request.app.state.refresher.problem()
     context = {"runs": runs, "sort": sort, "desc": desc, "status_filter": status, "q": q,
                "severity": severity, "engine": engine, "engines": queries.ENGINES, "filtered": bool(params), "sort_url": sort_url,
-               "self_url": "/?" + urlencode({**params, "sort": sort, "desc": int(desc)}),
+               "self_url": _page_url("/", {**page, "cursor": cursor or None}),
+               "next_url": _page_url("/", {**page, "cursor": after}) if after else None,
+               "first_url": _page_url("/", page) if cursor else None, "total": total,
+               "refresh_problem": refresh,
                "any_live": any(r["live"] for r in runs), "port": request.app.state.settings.port,
                "columns": [(None, "Run", False), ("state", "Status", False),
                            ("worst_severity", "Root cause", False),
@@ -134,15 +150,26 @@ def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
 @router.get("/runs.json")
 def runs_json(request: Request, sort: str = "started_at", desc: bool = True,
               status: str | None = None, q: str | None = None, severity: str | None = None,
-              engine: str | None = None):
-    return _json(_runs(request, sort, desc, status, q, severity, engine))
+              engine: str | None = None, cursor: str | None = None, limit: int = PageSize):
+    """The runs page as JSON: a list of runs; the next page's address in the ``Link`` header."""
+    runs, after, _ = _runs(request, sort, desc, _filters(status, q, severity, engine), cursor, limit)
+    response = _json(runs)
+    response.headers.update(next_link(request, after))
+    return response
 
 
 @router.get("/runs.csv")
-def runs_csv(request: Request, sort: str = "started_at", desc: bool = True,
+def runscsv_response(request: Request, sort: str = "started_at", desc: bool = True,
              status: str | None = None, q: str | None = None, severity: str | None = None,
              engine: str | None = None):
-    return _csv(_runs(request, sort, desc, status, q, severity, engine), RUN_CSV, "runs.csv")
+    """Every run that matches the filters (a download is not paged)."""
+    try:
+        with _conn(request) as conn:
+            runs = queries.list_runs(conn, sort=sort, desc=desc, limit=ALL_ROWS,
+                                     **_filters(status, q, severity, engine))
+    except queries.BadQuery as exc:
+        raise _bad_query(exc) from None
+    return csv_response(runs, RUN_CSV, "runs.csv")
 
 
 # --- run page ------------------------------------------------------------------------------------
@@ -181,7 +208,17 @@ def _require_run(conn, run_id: str) -> dict[str, Any]:
     return run
 
 
-def _run_data(conn, run_id: str) -> dict[str, Any]:
+def _summary_state(request: Request, conn, run_id: str) -> dict[str, Any]:
+    """``queries.summary_state`` and, when this process's refresh of the run fails, since when and why."""
+    state = queries.summary_state(conn, run_id)
+    failure = request.app.state.refresher.run_problem(run_id)
+    state["refresh_failed"] = None if failure is None else {"since": failure.since, "reason": failure.reason,
+                                                            "attempts": failure.attempts}
+    state["stale"] = state["stale"] or (failure is not None and state["behind"])
+    return state
+
+
+def _run_data(request: Request, conn, run_id: str) -> dict[str, Any]:
     run = _require_run(conn, run_id)
     summary = queries.run_summary(conn, run_id)
     findings = queries.run_findings(conn, run_id)
@@ -196,6 +233,7 @@ def _run_data(conn, run_id: str) -> dict[str, Any]:
             "orphans": queries.orphan_requests(conn, run_id),
             "gaps": queries.run_gaps(conn, run_id),
             "last_batch_at": queries.last_batch_at(conn, run_id),
+            "summary_state": _summary_state(request, conn, run_id),
             "reconcile": _reconcile(summary.get("acceptance") or {})}
 
 
@@ -246,34 +284,34 @@ def _requests_context(conn, run: dict[str, Any], filters: dict[str, Any]) -> dic
 @router.get("/runs/{run_id}.json")
 def run_json(request: Request, run_id: str):
     with _conn(request) as conn:
-        data = _run_data(conn, run_id)
+        data = _run_data(request, conn, run_id)
     data.pop("feature_stats")
     return _json(data)
 
 
 @router.get("/runs/{run_id}/spec.csv")
-def run_spec_csv(request: Request, run_id: str):
+def run_speccsv_response(request: Request, run_id: str):
     with _conn(request) as conn:
-        diff = _run_data(conn, run_id)["diff"]
-    return _csv((r.to_dict() for r in diff), ("key", "label", "trained", "predicted", "served",
+        diff = _run_data(request, conn, run_id)["diff"]
+    return csv_response((r.to_dict() for r in diff), ("key", "label", "trained", "predicted", "served",
                                              "state", "note"), f"{run_id}-spec.csv")
 
 
 @router.get("/runs/{run_id}/findings.csv")
-def run_findings_csv(request: Request, run_id: str):
+def run_findingscsv_response(request: Request, run_id: str):
     with _conn(request) as conn:
         _require_run(conn, run_id)
         rows = queries.run_findings(conn, run_id)
-    return _csv(rows, ("severity", "rule_id", "message", "fix", "rid", "first_step", "source",
+    return csv_response(rows, ("severity", "rule_id", "message", "fix", "rid", "first_step", "source",
                        "evidence"), f"{run_id}-findings.csv")
 
 
 @router.get("/runs/{run_id}/requests.csv")
-def run_requests_csv(request: Request, run_id: str):
+def run_requestscsv_response(request: Request, run_id: str):
     with _conn(request) as conn:
         _require_run(conn, run_id)
         rows, _ = queries.run_requests_page(conn, run_id, limit=ALL_ROWS)
-    return _csv(rows, REQUEST_CSV, f"{run_id}-requests.csv")
+    return csv_response(rows, REQUEST_CSV, f"{run_id}-requests.csv")
 
 
 @router.get("/runs/{run_id}/requests", response_class=HTMLResponse)
@@ -295,7 +333,7 @@ def run_page(request: Request, run_id: str):
     """One run: diagnosis, trained-vs-served spec diff, acceptance and feature charts, requests,
     tracer health, attach-time facts. While it runs, htmx refreshes the charts every 5 s."""
     with _conn(request) as conn:
-        data = _run_data(conn, run_id)
+        data = _run_data(request, conn, run_id)
         run = data["run"]
         filters = _request_filters(None, None, None, None, "started_at", False, 0)
         context = {**data, **_requests_context(conn, run, filters)}
@@ -446,9 +484,9 @@ def request_page(request: Request, run_id: str, rest: str):
         return _json({k: data[k] for k in ("run", "req", "steps", "samples", "incomplete",
                                            "expected_widths", "traced_accept_length")})
     if kind == "steps.csv":
-        return _csv(data["steps"], STEP_CSV, "steps.csv")
+        return csv_response(data["steps"], STEP_CSV, "steps.csv")
     if kind == "samples.csv":
-        return _csv(data["samples"], SAMPLE_CSV, "samples.csv")
+        return csv_response(data["samples"], SAMPLE_CSV, "samples.csv")
     decode = decoder(data["run"].get("target_path"))
     run_url = _run_url(run_id)
     context = {**data, "decode": decode, "timeline_figure": charts.timeline(data["steps"]),
@@ -469,14 +507,14 @@ def _compare_ids(a: str | None, b: str | None, run: list[str]) -> tuple[str | No
     return (ids[0], ids[1]) if ids else (None, None)
 
 
-def _side(conn, run_id: str) -> dict[str, Any]:
-    data = _run_data(conn, run_id)
+def _side(request: Request, conn, run_id: str) -> dict[str, Any]:
+    data = _run_data(request, conn, run_id)
     f = data["findings"]
     return {**data, "root": f[0] if f and f[0]["severity"] != "info" else None}
 
 
-def _compare_data(conn, a_id: str, b_id: str) -> dict[str, Any]:
-    a, b = _side(conn, a_id), _side(conn, b_id)
+def _compare_data(request: Request, conn, a_id: str, b_id: str) -> dict[str, Any]:
+    a, b = _side(request, conn, a_id), _side(request, conn, b_id)
     rows_a, rows_b = {r.key: r for r in a["diff"]}, {r.key: r for r in b["diff"]}
     keys = list(rows_a) + [k for k in rows_b if k not in rows_a]
     pairs = [((rows_a.get(k) or rows_b[k]).label, rows_a.get(k), rows_b.get(k)) for k in keys]
@@ -493,7 +531,7 @@ def compare_page(request: Request, a: str | None = None, b: str | None = None,
         if a_id is None:
             return templates.TemplateResponse(request, "compare.html", {
                 "a": None, "other_runs": queries.list_runs(conn, limit=50)})
-        data = _compare_data(conn, a_id, b_id)
+        data = _compare_data(request, conn, a_id, b_id)
     label_a, label_b = f"A {a_id[:8]}", f"B {b_id[:8]}"
     figures = _figures([(label_a, data["a"]["summary"]), (label_b, data["b"]["summary"])])
     return templates.TemplateResponse(request, "compare.html", {**data, "charts": figures})
@@ -506,7 +544,7 @@ def compare_json(request: Request, a: str | None = None, b: str | None = None,
     if a_id is None:
         raise PageError(400, "Pick two runs", "compare.json needs two runs.", ["Use ?a=RUN&b=RUN."])
     with _conn(request) as conn:
-        data = _compare_data(conn, a_id, b_id)
+        data = _compare_data(request, conn, a_id, b_id)
     side = ("run", "summary", "findings", "diff")
     return _json({"a": {k: data["a"][k] for k in side}, "b": {k: data["b"][k] for k in side},
                   "engines": data["engines"]})

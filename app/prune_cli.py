@@ -31,7 +31,8 @@ def prune(
 
     The dashboard does this by itself with DRAFTSCOPE_RETAIN_MAX_BYTES and DRAFTSCOPE_RETAIN_DAYS.
 
-    Exit 0: done; 1: a run named with --run is not stored or is being written; 2: bad arguments or store.
+    Exit 0: done; 1: a run named with --run is not stored or is being written, or the store is
+    still (with --dry-run: would still be) over --max-size; 2: bad arguments or store.
     """
     try:
         age = retention.parse_age(older_than) if older_than else None
@@ -73,5 +74,12 @@ def prune(
                    + ("; store rewritten (VACUUM)" if vacuum and not dry_run else ""))
     finally:
         engine.dispose()
-    if set(run or ()) & (set(report.kept_writing) | set(report.unknown)):
+    over = size is not None and report.bytes_after > size
+    if over:
+        why = (f"the runs left are being written ({', '.join(report.kept_writing)})" if report.kept_writing
+               else "no run is left to delete")
+        typer.echo(f"error: the store's live rows {'would still take' if dry_run else 'still take'} "
+                   f"{_gb(report.bytes_after)}, over --max-size {_gb(size)}: {why}. Prune again once "
+                   "they have ended, or raise --max-size.", err=True)
+    if over or set(run or ()) & (set(report.kept_writing) | set(report.unknown)):
         raise typer.Exit(1)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
-from draftscope import models, retention, stats
+from draftscope import models, redact, retention, stats
 from draftscope.spec_diff import expected_widths
 from draftscope_tracer.redact import redact_server_args, redact_tracer_config
 
@@ -87,7 +89,7 @@ def _latest_health(column: str) -> sa.ScalarSelect:
 
 def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = True,
               status: str | None = None, q: str | None = None, engine: str | None = None,
-              limit: int = 200) -> list[dict[str, Any]]:
+              severity: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
     """Runs for the runs list: the columns of ``RUN_LIST_COLUMNS`` plus
 
     - ``requests_count``, ``steps_count``, ``samples_count``, ``findings_count`` (steps and samples
@@ -102,11 +104,67 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
     - ``dropped``: records the tracer dropped, all reasons (its latest health); ``requests_lost``:
       requests it saw whose record never reached the store (``run_gaps``).
 
-    ``sort``: one of ``RUN_SORTS`` (nulls last either way); ``status``: one of ``RUN_STATES``;
-    ``q``: case-insensitive substring of the id, engine, algorithm, host, target or draft path;
-    ``engine``: one of ``ENGINES`` (the serving engine that recorded the run).
-    Raises BadQuery for an unknown sort, status or engine.
+    ``sort``: one of ``RUN_SORTS`` (nulls last either way, then by id); ``status``: one of
+    ``RUN_STATES``; ``q``: case-insensitive substring of the id, engine, algorithm, host, target or
+    draft path; ``engine``: one of ``ENGINES`` (the serving engine that recorded the run);
+    ``severity``: one of ``SEVERITY_FILTERS`` (the worst finding's, ``none``: no finding).
+    Raises BadQuery for an unknown sort, status, engine or severity. ``runs_page``: a page of them.
     """
+    return [row for _, row in _select_runs(conn, sort=sort, desc=desc, status=status, q=q, engine=engine,
+                                           severity=severity, limit=limit)]
+
+
+SEVERITY_FILTERS = (*SEVERITY_ORDER, "none")
+RUNS_PAGE_SIZE = 100  # runs per page of the runs list, its .json twin and GET /api/v1/runs
+MAX_RUNS_PAGE = 1000
+
+
+def runs_page(conn: sa.Connection, *, cursor: str | None = None, limit: int = RUNS_PAGE_SIZE,
+              sort: str = "started_at", desc: bool = True, **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of ``list_runs``: at most ``limit`` runs after ``cursor`` (None: the first page), and
+    the cursor of the next page (None on the last). A cursor is opaque: the sort, its direction and the
+    last run's sort value and id (keyset paging: a run added meanwhile shifts no other onto the next
+    page). Raises BadQuery for a cursor of another sort or one this code did not make."""
+    after = _decode_cursor(cursor, sort, desc) if cursor else None
+    keyed = _select_runs(conn, sort=sort, desc=desc, limit=limit + 1, after=after, **filters)
+    if len(keyed) <= limit:
+        return [row for _, row in keyed], None
+    key, last = keyed[limit - 1]
+    return [row for _, row in keyed[:limit]], _encode_cursor(sort, desc, key, last["id"])
+
+
+def count_runs(conn: sa.Connection, **filters: Any) -> int:
+    """How many runs ``list_runs`` would list with these filters (no sort, no limit)."""
+    query = _runs_query(**filters, sort="id", desc=False)[0]
+    return conn.execute(sa.select(sa.func.count()).select_from(query.order_by(None).subquery())).scalar_one()
+
+
+def _encode_cursor(sort: str, desc: bool, key: Any, run_id: str) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([sort, desc, key, run_id])).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, sort: str, desc: bool) -> tuple[Any, str]:
+    """(sort value, run id) after which the page starts; BadQuery when ``cursor`` is not one of ours
+    or was made for another sort."""
+    try:
+        got = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        ok = (isinstance(got, list) and len(got) == 4 and isinstance(got[3], str)
+              and (got[2] is None or isinstance(got[2], (str, int, float))))
+    except (ValueError, orjson.JSONDecodeError):
+        ok = False
+    if not ok:
+        raise BadQuery(f"cursor {cursor[:40]!r} is not a runs-list cursor: follow the next link "
+                       "of a runs page, or leave cursor out for the first page.")
+    if got[0] != sort or bool(got[1]) != desc:
+        raise BadQuery(f"cursor was made for sort={got[0]} desc={int(bool(got[1]))}, not sort={sort} "
+                       f"desc={int(desc)}: leave cursor out to start this sort from its first page.")
+    return got[2], got[3]
+
+
+def _runs_query(*, sort: str, desc: bool, status: str | None = None, q: str | None = None,
+                engine: str | None = None, severity: str | None = None,
+                after: tuple[Any, str] | None = None) -> tuple[sa.Select, sa.ColumnElement]:
+    """The runs list's query (``list_runs``) and its sort key, filtered, ordered, after ``after``."""
     last = _last_batch()
     state = run_state(last)
     columns = {**{c: _RUNS.c[c] for c in RUN_LIST_COLUMNS},
@@ -120,30 +178,47 @@ def list_runs(conn: sa.Connection, *, sort: str = "started_at", desc: bool = Tru
                "worst_severity": _worst("severity"), "worst_rule_id": _worst("rule_id"),
                "last_batch_at": last, "state": state,
                "drops": _latest_health("drops"), "requests_lost": _latest_health("requests_lost")}
-    query = sa.select(*(c.label(k) for k, c in columns.items())).select_from(
-        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id)).where(_RUNS.c.status != retention.PRUNING)
     sorts = {k: columns[k] for k in RUN_SORTS}
     sorts["worst_severity"] = sa.case((columns["worst_severity"].is_(None), None),
                                       else_=-_severity_rank(columns["worst_severity"]))
     key = _pick(sort, sorts, "sort key")
+    query = sa.select(*(c.label(k) for k, c in columns.items()), key.label("sort_key")).select_from(
+        _RUNS.outerjoin(_STATS, _STATS.c.run_id == _RUNS.c.id)).where(_RUNS.c.status != retention.PRUNING)
     query = query.order_by((key.desc() if desc else key.asc()).nulls_last(), _RUNS.c.id)
     if status is not None:
         query = query.where(state == _pick(status, {s: s for s in RUN_STATES}, "run state"))
     if engine is not None:
         query = query.where(_RUNS.c.engine == _pick(engine, {e: e for e in ENGINES}, "engine"))
+    if severity is not None:
+        worst = columns["worst_severity"]
+        wanted = _pick(severity, {s: s for s in SEVERITY_FILTERS}, "severity")
+        query = query.where(worst.is_(None) if wanted == "none" else worst == wanted)
     if q:
         needle = q.lower()
         query = query.where(sa.or_(*(sa.func.lower(_RUNS.c[c]).contains(needle, autoescape=True)
                                      for c in ("id", "engine", "algorithm", "host", "target_path",
                                                "draft_path"))))
+    if after is not None:  # the rows the order puts after (value, id): nulls last, ties by id
+        value, run_id = after
+        if value is None:
+            query = query.where(key.is_(None), _RUNS.c.id > run_id)
+        else:
+            beyond = key < value if desc else key > value
+            query = query.where(sa.or_(beyond, sa.and_(key == value, _RUNS.c.id > run_id), key.is_(None)))
+    return query, key
+
+
+def _select_runs(conn: sa.Connection, *, limit: int, **options: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """(sort value, runs-list row) of the runs ``_runs_query`` selects, at most ``limit``."""
     rows = []
-    for row in conn.execute(query.limit(limit)).mappings():
+    for row in conn.execute(_runs_query(**options)[0].limit(limit)).mappings():
         row = dict(row)
+        key = row.pop("sort_key")
         row["per_position"] = [a / p if p else None for p, a in row.pop("stats_per_position") or []]
         row["live"] = row["state"] == "live"
         row["dropped"] = sum((row.pop("drops") or {}).values())
         row["requests_lost"] = row["requests_lost"] or 0
-        rows.append(row)
+        rows.append((key, redact.redact_row(row, ("target_path", "draft_path"))))
     return rows
 
 
@@ -168,14 +243,15 @@ def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
 
 
 def safe_run(run: dict[str, Any]) -> dict[str, Any]:
-    """``run`` with ``server_args`` and ``tracer_config`` reduced to their allow-lists: the one
-    filter between a stored run and anything that shows it (pages, API, bundles)."""
+    """``run`` with ``server_args`` and ``tracer_config`` reduced to their allow-lists and credentials
+    scrubbed from every string in it (``redact``): the one filter between a stored run and anything
+    that shows it (pages, API, bundles), and between a batch's run record and the store."""
     out = dict(run)
     if out.get("server_args") is not None:
         out["server_args"] = redact_server_args(out["server_args"])
     if out.get("tracer_config") is not None:
         out["tracer_config"] = redact_tracer_config(out["tracer_config"])
-    return out
+    return redact.scrub(out)
 
 
 def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
@@ -185,7 +261,7 @@ def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
                    else_=len(SEVERITY_ORDER))
     query = (sa.select(*(c for c in _FINDINGS.c if c.name != "run_id"))
              .where(_FINDINGS.c.run_id == run_id).order_by(rank, _FINDINGS.c.id))
-    return [dict(row) for row in conn.execute(query).mappings()]
+    return [redact.redact_row(dict(row), redact.FINDING_TEXT) for row in conn.execute(query).mappings()]
 
 
 def latest_health(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
@@ -311,6 +387,14 @@ def _differs() -> sa.ColumnElement:
                             R[f"spec_{c}"] != R[f"traced_{c}"]) for c in COUNTERS))
 
 
+MAX_ROW_COUNT = 2**62  # an offset or limit past it (past what the store counts in int8) is the same as it
+
+
+def _bounded(count: int) -> int:
+    """A query's offset or limit within 0 .. ``MAX_ROW_COUNT``: any int a URL gives reads no error."""
+    return min(max(count, 0), MAX_ROW_COUNT)
+
+
 def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | None = None,
                       accept_max: float | None = None, finding: str | None = None,
                       status: str | None = None, sort: str = "started_at", desc: bool = False,
@@ -352,16 +436,11 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
     total = conn.execute(sa.select(sa.func.count()).select_from(_REQUESTS).where(*where)).scalar_one()
     query = (sa.select(*(c for c in _REQUESTS.c if c.name not in ("id", "run_id"))).where(*where)
              .order_by((key.desc() if desc else key.asc()).nulls_last(), R.id)
-             .offset(max(offset, 0)).limit(max(limit, 0)))
+             .offset(_bounded(offset)).limit(_bounded(limit)))
     rows = [_with_accept_stats(dict(r)) for r in conn.execute(query).mappings()]
     rids = [r["rid"] for r in rows]
     if rids:
-        steps = {}  # from the run's aggregates (``steps.rid``): a CSV of every request reads no step
-        for i in range(0, len(rids), 500):
-            steps.update((rid, (total / n, n)) for rid, total, n in conn.execute(
-                sa.select(_BINS.c.key, _BINS.c.total, _BINS.c.n)
-                .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
-                       _BINS.c.key.in_(rids[i:i + 500]))))
+        steps = _steps_per_request(conn, run_id, rids, raw=summary_state(conn, run_id)["behind"])
         rules: dict[str, list[str]] = {}
         for rid, rule in conn.execute(sa.select(_FINDINGS.c.rid, _FINDINGS.c.rule_id).distinct()
                                       .where(_FINDINGS.c.run_id == run_id, _FINDINGS.c.rid.is_not(None))
@@ -373,6 +452,47 @@ def run_requests_page(conn: sa.Connection, run_id: str, *, accept_min: float | N
             r["finding_rules"] = rules.get(r["rid"], [])
             _with_completeness(r, stride)
     return rows, total
+
+
+def _steps_per_request(conn: sa.Connection, run_id: str, rids: list[str],
+                       raw: bool) -> dict[str, tuple[float, int]]:
+    """(mean accept_len, count) of the stored verify steps of each of ``rids``: from the run's
+    aggregates (``steps.rid``: a CSV of every request reads no step), or, ``raw``, from the steps
+    themselves (the aggregates are behind the stored batches: a refresh failed or has yet to run)."""
+    steps: dict[str, tuple[float, int]] = {}
+    for i in range(0, len(rids), 500):
+        chunk = rids[i:i + 500]
+        if raw:
+            query = (sa.select(_STEPS.c.rid, sa.func.sum(_STEPS.c.accept_len), sa.func.count())
+                     .where(_STEPS.c.run_id == run_id, _STEPS.c.rid.in_(chunk)).group_by(_STEPS.c.rid))
+        else:
+            query = (sa.select(_BINS.c.key, _BINS.c.total, _BINS.c.n)
+                     .where(_BINS.c.run_id == run_id, _BINS.c.series == "steps.rid", _BINS.c.bucket == 0,
+                            _BINS.c.key.in_(chunk)))
+        steps.update((rid, ((total or 0) / n, n)) for rid, total, n in conn.execute(query))
+    return steps
+
+
+STALE_AFTER_S = 30.0  # a summary still behind its batches this long after the newest one is stale
+
+
+def summary_state(conn: sa.Connection, run_id: str, now: float | None = None) -> dict[str, Any]:
+    """How current the run's summary (``run_stats`` and its bins) is: ``batches`` stored, ``built_from``
+    how many of them, ``updated_at``; ``steps_stored`` (verify steps its batches brought);
+    ``behind``: built from fewer batches than stored; ``stale``: behind although the newest batch
+    arrived more than ``STALE_AFTER_S`` ago (a live run's summary lags by the refresh's debounce;
+    longer, the refresh has failed or no dashboard refreshes this store)."""
+    batches = conn.execute(sa.select(sa.func.count(), sa.func.max(_BATCHES.c.received_at),
+                                     sa.func.coalesce(sa.func.sum(_BATCHES.c.step_rows), 0))
+                           .where(_BATCHES.c.run_id == run_id)).one()
+    built = conn.execute(sa.select(_STATS.c.batches_seen, _STATS.c.updated_at)
+                         .where(_STATS.c.run_id == run_id)).first()
+    count, newest, steps = batches
+    behind = (built.batches_seen if built else 0) < count
+    now = time.time() if now is None else now
+    return {"batches": count, "built_from": built.batches_seen if built else 0,
+            "updated_at": built.updated_at if built else None, "steps_stored": int(steps), "behind": behind,
+            "stale": behind and newest is not None and newest < now - STALE_AFTER_S}
 
 
 MAX_TIME_BINS, MAX_SEQ_BINS = 200, 100
@@ -545,8 +665,9 @@ RUN_VIEW_REQUESTS = 100
 def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     """Everything ``GET /api/v1/runs/{run_id}`` returns: the run, its findings, latest health, the
     summary (``run_summary``), the first ``RUN_VIEW_REQUESTS`` requests (``run_requests_page``),
-    ``requests_total``, ``orphan_requests``, ``gaps`` (``run_gaps``), ``last_batch_at`` and
-    ``imported`` (``imported_from``). The run carries its ``state`` (``run_state``)."""
+    ``requests_total``, ``orphan_requests``, ``gaps`` (``run_gaps``), ``last_batch_at``,
+    ``summary_state`` (how current the summary is) and ``imported`` (``imported_from``). The run
+    carries its ``state`` (``run_state``)."""
     run = get_run(conn, run_id)
     if run is None:
         raise NotFound(f"No run {run_id!r} is stored. The runs list at / shows every stored run; "
@@ -555,7 +676,7 @@ def run_view(conn: sa.Connection, run_id: str) -> dict[str, Any]:
     return {"run": run, "findings": run_findings(conn, run_id), "health": latest_health(conn, run_id),
             "summary": run_summary(conn, run_id), "requests": requests, "requests_total": total,
             "orphan_requests": orphan_requests(conn, run_id), "gaps": run_gaps(conn, run_id),
-            "last_batch_at": last_batch_at(conn, run_id),
+            "last_batch_at": last_batch_at(conn, run_id), "summary_state": summary_state(conn, run_id),
             "imported": imported_from(conn, run_id)}
 
 

@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from sqlmodel import SQLModel
 
 from draftscope import models
+from draftscope.db import failure_reason
 
 log = logging.getLogger(__name__)
 _RUNS = models.Run.__table__
@@ -307,7 +308,9 @@ def _select(runs: list[StoredRun], size: int, report: PruneReport, older_than_s:
         for r in runs:
             if left <= max_bytes:
                 break
-            if r not in chosen and not r.writing:
+            if r.writing and r.id not in report.kept_writing:
+                report.kept_writing.append(r.id)  # over the bound, but it cannot go
+            elif r not in chosen and not r.writing:
                 chosen.append(r)
                 left -= max(estimate[r.id], 1)
     victims = []
@@ -381,11 +384,16 @@ class Policy:
 
 
 class Retainer:
-    """A thread of the dashboard process that applies a ``Policy`` every ``interval_s`` (first at start)."""
+    """A thread of the dashboard process that applies a ``Policy`` every ``interval_s`` (first at start).
+
+    Each run it deletes is logged at WARNING (its id, last data, records and estimated bytes; then the
+    store's live bytes before and after), so the default log shows what the dashboard deleted on its
+    own. A pass that fails is counted and logged and ``problem()`` says so until one succeeds."""
 
     def __init__(self, engine: sa.Engine, policy: Policy, interval_s: float = 600.0):
         self.engine, self.policy, self.interval_s = engine, policy, interval_s
         self.passes = self.errors = 0
+        self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="draftscope-retention", daemon=True)
 
@@ -396,18 +404,42 @@ class Retainer:
         self._stop.set()
         self._thread.join(timeout_s)
 
+    def problem(self) -> str | None:
+        return None if self.last_error is None else f"The last retention pass failed ({self.last_error})."
+
     def run_once(self) -> PruneReport:
         report = prune(self.engine, older_than_s=self.policy.max_age_s, max_bytes=self.policy.max_bytes)
+        for run, estimate in report.deleted:
+            log.warning("draftscope: retention deleted run %s (%s, last data %s UTC, %d records, ~%d bytes)",
+                        run.id, run.status, time.strftime("%Y-%m-%d %H:%M", time.gmtime(run.last_at)),
+                        run.rows, estimate)
         if report.deleted:
-            reclaim(self.engine)
+            freed = reclaim(self.engine)
+            log.warning("draftscope: retention deleted %d run%s: live rows %d -> %d bytes (bound: %s); "
+                        "%d free pages given back", len(report.deleted), "s" if len(report.deleted) != 1 else "",
+                        report.bytes_before, report.bytes_after, self._bound(), freed)
+        if self.policy.max_bytes is not None and report.bytes_after > self.policy.max_bytes:
+            log.warning("draftscope: the store's live rows take %d bytes, over DRAFTSCOPE_RETAIN_MAX_BYTES "
+                        "(%d): the runs left are being written (%s)", report.bytes_after,
+                        self.policy.max_bytes, ", ".join(report.kept_writing) or "none left to delete")
         return report
+
+    def _bound(self) -> str:
+        parts = []
+        if self.policy.max_age_s is not None:
+            parts.append(f"runs last written more than {self.policy.max_age_s / 86400:g} days ago")
+        if self.policy.max_bytes is not None:
+            parts.append(f"at most {self.policy.max_bytes} bytes")
+        return ", ".join(parts)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.run_once()
-            except Exception:  # a store briefly unreachable: the next pass retries
+                self.last_error = None
+            except Exception as exc:  # a store briefly unreachable: the next pass retries
                 self.errors += 1
+                self.last_error = failure_reason(exc)
                 log.exception("draftscope: retention pass failed")
             self.passes += 1
             self._stop.wait(self.interval_s)

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from alembic.runtime.migration import MigrationContext
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,6 +17,7 @@ from starlette.types import ASGIApp
 
 from draftscope import access, api, bundle_web, charts, db, metrics, pages, templating
 from draftscope.guard import Guard
+from draftscope.healthz import health
 from draftscope.ingest import BatchWriter
 from draftscope.login_throttle import LoginThrottle
 from draftscope.refresh import RunRefresher
@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if db.is_sqlite_file(settings.database_url):
             checkpointer = db.WalCheckpointer(settings.database_url)
             checkpointer.start()
+        app.state.checkpointer = checkpointer
         engine = db.make_engine(settings.database_url, autocheckpoint=checkpointer is None)
         app.state.engine = engine
         app.state.writer = BatchWriter(engine)
@@ -157,12 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:
-        """Liveness plus the database revision against the head this draftscope ships."""
-        with request.app.state.engine.connect() as conn:
-            revision = MigrationContext.configure(conn).get_current_revision()
-        head = db.head_revision()
-        ok = revision == head
-        return JSONResponse({"status": "ok" if ok else "schema_behind", "db_revision": revision,
-                             "head_revision": head}, status_code=200 if ok else 503)
+        """Liveness, the database revision against this draftscope's head, background work (``healthz``)."""
+        body, status = health(request.app.state)
+        return JSONResponse(body, status_code=status)
 
     return app

@@ -27,8 +27,12 @@ OLD_CONFIG = {"url": "https://alice:s3cret-5b7e@dash.example:8177/?token=tok-5b7
 
 
 def _everything(client, run_id: str) -> str:
+    """Every page, JSON and CSV twin and API answer about the run, and its bundle's members."""
     pages = [client.get(f"/runs/{run_id}"), client.get(f"/api/v1/runs/{run_id}"), client.get("/"),
-             client.get("/api/v1/runs"), client.get(f"/runs/{run_id}/bundle.zip")]
+             client.get("/api/v1/runs"), client.get(f"/runs/{run_id}.json"), client.get("/runs.json"),
+             client.get("/runs.csv"), client.get(f"/runs/{run_id}/findings.csv"),
+             client.get(f"/runs/{run_id}/spec.csv"), client.get(f"/runs/{run_id}/requests.csv"),
+             client.get(f"/runs/{run_id}/bundle.zip")]
     assert all(p.status_code == 200 for p in pages), [p.status_code for p in pages]
     with zipfile.ZipFile(io.BytesIO(pages.pop().content)) as bundle:
         members = [bundle.read(name).decode() for name in bundle.namelist()]
@@ -91,3 +95,55 @@ def test_a_credentialed_config_stored_before_the_filter_shows_none(client, store
     assert "alice" not in text and "5b7e" not in text
     assert client.get(f"/api/v1/runs/{run_id}").json()["run"]["tracer_config"]["url"] == \
         "https://dash.example:8177"
+
+
+# Credentials in values, whatever their names: a URL's userinfo, credential query parameters, a bearer token.
+USER, PASSWORD, TOKEN, SIGNATURE, BEARER = "u-7c1d", "pw-7c1d", "tok-7c1d", "sig-7c1d", "Ab9-bearer-7c1d"
+HUB_URL = f"https://{USER}:{PASSWORD}@hub.example/drafts/x?revision=main&token={TOKEN}"
+CREDENTIALED = {
+    "server_args": {"model_path": "/m/t", "served_model_name": HUB_URL,
+                    "speculative_draft_model_path": f"s3://bucket/d?X-Amz-Signature={SIGNATURE}&X-Amz-Date=1"},
+    "draft_path": HUB_URL,
+    "facts": {"start_error": {"type": "HTTPError", "message": f"401 for {HUB_URL}: Authorization: Bearer {BEARER}"},
+              "draft": {"path": HUB_URL, "config": {"hub": f"https://hub.example/?api_key={TOKEN}"}}},
+}
+FINDING = {"rule_id": "draft-weights-not-loaded", "severity": "error",
+           "message": f"could not read {HUB_URL}", "fix": f"set a token, not ?access_token={TOKEN}",
+           "evidence": {"url": f"https://hub.example/x?sig={SIGNATURE}", "header": f"Bearer {BEARER}"}}
+SECRETS = (USER, PASSWORD, TOKEN, SIGNATURE, BEARER)
+
+
+def _stored_text(store_url: str) -> str:
+    """Every stored run and finding, as the database holds them."""
+    engine = db.make_engine(store_url)
+    with engine.connect() as conn:
+        rows = [conn.execute(sa.select(t)).all() for t in (models.Run.__table__, models.Finding.__table__)]
+    engine.dispose()
+    return repr(rows)
+
+
+def test_credentials_in_any_recorded_value_are_scrubbed_at_ingest(client, store_url):
+    run_id = uuid.uuid4().hex
+    batch = make_batch(run_id, run=run_record(**CREDENTIALED), findings=[FINDING])
+    assert client.post("/api/v1/batches", json=batch).status_code == 200
+    stored = _stored_text(store_url)
+    assert not [s for s in SECRETS if s in stored]
+    assert "https://<redacted>@hub.example/drafts/x?revision=main&token=<redacted>" in stored  # kept, scrubbed
+    assert "X-Amz-Signature=<redacted>&X-Amz-Date=1" in stored and "Bearer <redacted>" in stored
+    everything = _everything(client, run_id)
+    assert not [s for s in SECRETS if s in everything]
+    assert "hub.example/drafts/x" in everything
+
+
+def test_credentials_stored_before_the_scrub_show_nowhere(client, store_url):
+    run_id = _stored_by_an_old_dashboard(client, store_url, **CREDENTIALED)
+    engine = db.make_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(models.Finding.__table__.insert().values(run_id=run_id, **FINDING))  # as a tracer sent it
+    engine.dispose()
+    assert HUB_URL in _stored_text(store_url)  # as an old dashboard stored it
+    everything = _everything(client, run_id)
+    assert not [s for s in SECRETS if s in everything]
+    assert "could not read https://<redacted>@hub.example" in everything
+
+

@@ -284,3 +284,37 @@ def test_bad_sizes_and_ages_say_what_to_write():
         retention.parse_age("7 days")
     assert retention.parse_age("2w") == 14 * DAY
 
+
+
+def test_prune_to_a_size_it_cannot_reach_fails_and_says_why(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    old, running = _run(engine, days_old=9), _run(engine, status="running")  # being written: never
+    engine.dispose()
+    dry = runner.invoke(app, ["prune", "--max-size", "1", "--dry-run", "--db", url])
+    assert dry.exit_code == 1 and f"would delete run {old}" in dry.output
+    assert "error: the store's live rows would still take" in dry.output and running in dry.output
+    result = runner.invoke(app, ["prune", "--max-size", "1", "--db", url])
+    assert result.exit_code == 1, result.output
+    assert f"deleted run {old}" in result.output and f"kept run {running}: it is being written" in result.output
+    assert "error: the store's live rows still take" in result.output and "over --max-size" in result.output
+    assert f"being written ({running})" in result.output
+    assert runner.invoke(app, ["prune", "--max-size", "1GB", "--db", url]).exit_code == 0  # within: done
+
+
+def test_automatic_retention_logs_each_run_it_deletes(store_url, caplog):
+    engine = db.make_engine(store_url)
+    old, older, kept = _run(engine, days_old=40), _run(engine, days_old=50), _run(engine, days_old=1)
+    retainer = retention.Retainer(engine, retention.Policy(max_age_s=30 * DAY))
+    with caplog.at_level(logging.WARNING, "draftscope.retention"):
+        report = retainer.run_once()
+    assert [r.id for r, _ in report.deleted] == [older, old]
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftscope.retention"]
+    for run, estimate in report.deleted:
+        assert any(f"retention deleted run {run.id} (ended, last data" in line and f"~{estimate} bytes" in line
+                   and estimate > 0 for line in lines), lines
+    assert any(f"retention deleted 2 runs: live rows {report.bytes_before} -> {report.bytes_after} bytes" in line
+               for line in lines), lines
+    assert kept not in "".join(lines)
+    engine.dispose()

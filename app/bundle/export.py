@@ -1,5 +1,8 @@
 """Write a run of the store as a trace bundle. Reads only (one consistent snapshot), writes a zip.
 
+What a bundle leaves out is in ``privacy``: secret names, credentials in any value (the run record
+through ``queries.safe_run``, findings and the feature spec through ``redact.scrub``), home paths.
+
 Records stream from the database into JSON-lines members; JSON columns are copied as the text the
 store holds (``orjson.Fragment``), so a large run is not decoded and re-encoded row by row.
 """
@@ -21,6 +24,7 @@ from draftscope import models, retention
 from draftscope.bundle import format as fmt
 from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
 from draftscope.bundle.readme import readme_text
+from draftscope.redact import scrub
 from draftscope.bundle.text import load_tokenizer, text_line
 from draftscope.spec import SpecError, read_draft, read_target
 from draftscope_tracer.transport import wire
@@ -73,9 +77,9 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
             findings: list[dict[str, Any]] = []
             for table, name in fmt.TABLE_MEMBERS.items():
                 rows = _records(conn, table, run_id, requests)
-                if table == "findings":
+                if table == "findings":  # free text a tracer wrote: credentials scrubbed (``redact``)
                     findings = [r if keep_paths else shorten_paths(r) for r in
-                                (orjson.loads(orjson.dumps(row)) for row in rows)]
+                                (scrub(orjson.loads(orjson.dumps(row))) for row in rows)]
                     rows = iter(findings)
                 elif table == "verify_steps" and emitted is not None:
                     rows = _collect_steps(rows, emitted)
@@ -238,9 +242,9 @@ def _feature_spec(run: dict[str, Any], keep_paths: bool) -> dict[str, Any]:
         draft = read_draft(draft_dir, target_layers=target.num_layers).to_dict()
     except (SpecError, OSError, ValueError) as exc:
         return {"draft": None, "target": None,
-                "unavailable": f"not readable where the bundle was made: {exc}"}
+                "unavailable": scrub(f"not readable where the bundle was made: {exc}")}
     for key in ("config", "training", "verifier"):
         draft[key] = drop_secrets(draft.get(key))
     spec = {"draft": draft, "target": target.__dict__.copy(), "unavailable": None}
-    return orjson.loads(orjson.dumps(spec if keep_paths else shorten_paths(spec),
-                                     option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+    return scrub(orjson.loads(orjson.dumps(spec if keep_paths else shorten_paths(spec),
+                                           option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)))

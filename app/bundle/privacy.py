@@ -1,8 +1,9 @@
 """What a bundle leaves out: secrets (whatever the store holds) and, by default, home paths.
 
 Server args and the tracer's config go through the tracer's allow-lists (``queries.safe_run``);
-facts and the draft's config through a deny pass on secret-looking names; paths under the
-exporting user's home become ``~/...`` unless kept.
+facts and the draft's config through a deny pass on secret-looking names; credentials in any value
+(URL userinfo, credential query parameters, bearer tokens) are scrubbed (``draftscope.redact``);
+paths under the exporting user's home become ``~/...`` unless kept.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ def _shorten(value: Any, home: str) -> Any:
 
 
 def private_run(run: dict[str, Any]) -> dict[str, Any]:
-    """The run record as a bundle carries it: server args and tracer config allow-listed (as the
-    pages and the API show them, ``queries.safe_run``), secret names dropped."""
+    """The run record as a bundle carries it: server args and tracer config allow-listed and every
+    value scrubbed (as the pages and the API show them, ``queries.safe_run``), secret names dropped."""
     out = safe_run(run)
     out["server_args"] = out.get("server_args") or {}
-    out["facts"] = drop_secrets(run.get("facts")) if run.get("facts") is not None else None
+    out["facts"] = drop_secrets(out.get("facts")) if out.get("facts") is not None else None
     out["tracer_config"] = (drop_secrets(out["tracer_config"])
                             if out.get("tracer_config") is not None else None)
     return out
