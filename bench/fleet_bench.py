@@ -25,9 +25,11 @@ processes behind one port, for minutes; every batch is stored once, even across 
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client
 import os
 import random
+import re
 import shutil
 import signal
 import ssl
@@ -50,6 +52,7 @@ from testbed.server import free_port, wait_for_port  # noqa: E402
 from tests.fixtures.front_door import front_door  # noqa: E402
 
 AUX_OFF = {"capture_aux_hidden_states": False}  # half the tracers: a run with a finding to compute
+POSTED = re.compile(r' dashboards/(\S+) \S+ (\d{3}) .*"POST /api/v1/batches ')  # an HAProxy httplog line
 
 
 def tracer(port: int, index: int, args: argparse.Namespace, out: Path) -> None:
@@ -197,6 +200,7 @@ def main() -> None:
                 wait_for_port(p, d)
             with front_door(ports, tmp / "proxy") as door:
                 ok = fleet(url, ports, dashboards, door.https_port, door.ca_file, tracers, tmp, args)
+            print(proxy_report(tmp / "proxy" / "proxy.log"))
         finally:
             for t in tracers:
                 stop(t)
@@ -248,6 +252,13 @@ def fleet(url: str, ports: list[int], dashboards: list[subprocess.Popen], proxy_
     ok = check(url, reports)
     print("every batch stored once, nothing dropped" if ok else "LOST OR DUPLICATED DATA (above)")
     return ok
+
+
+def proxy_report(log: Path) -> str:
+    """The tracers' POSTs by the dashboard that answered them and their status, from HAProxy's log."""
+    answers = collections.Counter(POSTED.findall(log.read_text()))
+    return "proxy: POSTs answered " + ", ".join(f"{n:,} {status} by {server}" for (server, status), n in
+                                                sorted(answers.items()))
 
 
 def db_runs(url: str) -> list[str]:
