@@ -153,3 +153,16 @@ def test_a_crash_answer_carries_the_headers_too(make_client, store_url) -> None:
     answer = client.get("/api/v1/runs/any")
     assert answer.status_code == 500
     assert answer.headers["content-security-policy"] == CSP and answer.headers["cache-control"] == "no-store"
+
+
+def test_no_template_holds_inline_script_handler_or_style() -> None:
+    """What the CSP would block (and the browser tests would catch on the pages they open), caught on
+    every template: scripts are files, handlers live in static/draftscope.js, styles in the stylesheet."""
+    import re
+
+    from draftscope.resources import TEMPLATES_DIR
+
+    inline = re.compile(r"<script(?![^>]*\b(src=|type=\"application/json\"))|\son[a-z]+\s*=|\shx-on[:-]|"
+                        r"\sstyle\s*=|javascript:", re.I)
+    found = {path.name: inline.findall(path.read_text()) for path in TEMPLATES_DIR.glob("*.html")}
+    assert len(found) >= 10 and {name: hits for name, hits in found.items() if hits} == {}
