@@ -7,9 +7,10 @@ Llama-family targets read ids the SpecForge way (``models/llama.py::set_eagle3_l
 layers_to_capture = id + 1, capture = input of layer i = ``hidden_states[i]``); its DeepSeek/Kimi
 path adds 1 only when the first id is 1 (``models/deepseek_v2.py::set_eagle3_layers_to_capture``,
 sglang PR #25454), so it reads every other id list the speculators way. vLLM 0.32 reads every id
-the speculators way (id i feeds ``hidden_states[i]``, ``spec/vllm.py``). When the checkpoint does not
-name its trainer and the format's convention differs from the engine's reading, both readings are
-possible: each verdict then says which convention it assumes.
+the speculators way (id i feeds ``hidden_states[i]``, ``spec/vllm.py``). When the checkpoint records no
+convention (``draft._convention``: no recorded layers, no trainer, not speculators' or EAGLE's own
+layout) and the format's convention differs from the engine's reading, both readings are possible:
+each verdict then says which convention it assumes (docs/findings.md, "Aux-layer id conventions").
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ MEANING = {"output_of": "SpecForge's convention: id j is the output of decoder l
            "input_to": "speculators' / EAGLE's / HF hidden_states[j] convention (the embedding "
                        "output is 0): id j is the output of decoder layer j-1",
            "boundary": "boundary indices: id j is the output of layer j-1, id L the last layer's",
-           "recorded": "the trained layers recorded beside ids written for SGLang"}
+           "recorded": "the trained layers recorded beside ids rewritten for an engine"}
 SHORT = {"output_of": "output-of, as SpecForge", "input_to": "input-to, as speculators / HF",
          "boundary": "boundary", "recorded": "recorded"}
 # Whose convention, as a verdict names it ("under SpecForge's convention ...").
@@ -78,7 +79,8 @@ def config_readings(read: ConfigIds, target: TargetSpec,
 
 
 def is_ambiguous(spec: DraftFeatureSpec, target: TargetSpec, engine: str = "sglang") -> bool:
-    """True when no trainer metadata settles the ids and the engine reads them unlike the format."""
+    """True when the checkpoint records no convention (no recorded layers, no trainer: speculators' and
+    EAGLE's layouts name theirs) and the engine reads the ids unlike the format."""
     return _ambiguous(spec.source_format, spec.aux_layer_ids, spec.aux_convention, spec.trainer, target, engine)
 
 

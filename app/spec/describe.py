@@ -17,7 +17,7 @@ from draftscope.spec.expectations import NAMES, Expectations, engine_label
 from draftscope.spec.target import TargetSpec
 
 CONVENTION_NAME = {"output_of": "output-of", "input_to": "input-to", "boundary": "boundary",
-                   "recorded": "written for SGLang"}
+                   "recorded": "rewritten by doctor --fix, the trained layers recorded"}
 
 
 @dataclass
@@ -60,8 +60,8 @@ def render_text(rows: list[SpecRow], engine: str = "sglang") -> str:
 
 
 def _format(spec: DraftFeatureSpec, exp: Expectations) -> SpecRow:
-    predicted = (f"draft class {spec.architecture}" if exp.draft_class_supported else
-                 f"no EAGLE-3 draft class for {spec.architecture}: it does not load as a draft head")
+    predicted = (f"draft class {exp.draft_class}" if exp.draft_class_supported else
+                 f"no EAGLE-3 draft head: {exp.draft_class_reason}")
     return SpecRow("format", "format", f"{spec.source_format} ({spec.architecture})", predicted,
                    mismatch=not exp.draft_class_supported)
 
