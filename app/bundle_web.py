@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from draftscope.bundle.export import ExportError, export_to_file
+from draftscope.bundle.export import ExportError, Unexportable, export_to_file
 from draftscope.bundle.loader import ImportResult, store_bundle
 from draftscope.bundle.reader import BundleError, read_bundle
 from draftscope.bundle.text import TextUnavailable
@@ -51,6 +51,9 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
     try:
         export_to_file(request.app.state.engine, run_id, path, requests=requests,
                        include_text=include_text, keep_paths=keep_paths)
+    except Unexportable as exc:
+        path.unlink(missing_ok=True)
+        raise PageError(409, "Cannot be exported", str(exc), ["Open the run's page or its .json."]) from None
     except ExportError as exc:
         path.unlink(missing_ok=True)
         raise PageError(404, "Not found", str(exc), ["Open the runs list to see every stored run."]) from None
@@ -59,7 +62,7 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
         return HTMLResponse(f"<p>{html.escape(str(exc))}</p>", status_code=409)
     suffix = "" if requests is None else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", requests[0])[:40]
     return FileResponse(path, media_type="application/zip",
-                        filename=f"draftscope-{run_id[:12]}{suffix}.zip",
+                        filename=f"draftscope-{re.sub(r'[^A-Za-z0-9_.-]+', '_', run_id[:12])}{suffix}.zip",
                         background=BackgroundTask(path.unlink, missing_ok=True))
 
 
@@ -117,4 +120,5 @@ def _token_ok(request: Request, field: object) -> bool:
 
 def _store_upload(request: Request, upload: UploadFile) -> ImportResult:
     bundle = read_bundle(upload.file)
-    return store_bundle(request.app.state.writer, bundle, origin=f"upload {upload.filename}")
+    name = re.sub(r"[\x00-\x1f\x7f]", "?", upload.filename)[:200]  # no NUL or line break in the store
+    return store_bundle(request.app.state.writer, bundle, origin=f"upload {name}")

@@ -23,10 +23,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models
+from draftscope.ingest_checks import MAX_JSON_DEPTH, Refused, check_batch
 from draftscope.queries import safe_run
 from draftscope.redact import redact_batch
 from draftscope.stats import PG_WRITE_LOCK
-from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
+from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, TRACER_STATUSES, Batch, FastBatch
 from draftscope_tracer.transport import wire
 
 MAX_ERRORS_SHOWN = 5
@@ -67,6 +68,24 @@ def _insert_many(conn: sa.Connection, table: str, rows: list[tuple[Any, ...]]) -
     conn.exec_driver_sql(sql, rows)
 
 
+RUN_IDENTITY = ("engine", "engine_version", "source", "algorithm", "target_path", "target_arch",
+                "target_config_hash", "draft_path", "draft_arch", "draft_config_hash")
+"""What a run is: set by its first batch (or filled in by a later one while unset), never changed."""
+RUN_FIRST_KEPT = ("started_at", "host", "pid", "server_args", "tracer_config")
+"""Which process started it, with what: each process of a multi-process server (vLLM's engine core and
+its worker) sends its own; the first one stored stays, later ones are ignored."""
+_STATUS_RANK = {s: i for i, s in enumerate(TRACER_STATUSES)}  # running < ended < crashed
+
+
+def _next_status(stored: str, sent: str) -> str:
+    """A run's status after a batch says ``sent``: it only advances (running, then ended, then
+    crashed: one process's crash outranks another's clean end); a status the server set (``pruning``:
+    being deleted) or did not know stays."""
+    if stored not in _STATUS_RANK:
+        return stored
+    return sent if _STATUS_RANK[sent] > _STATUS_RANK[stored] else stored
+
+
 class IngestError(Exception):
     """A batch that cannot be stored; ``status`` is the HTTP status, the message says what to do."""
 
@@ -85,17 +104,28 @@ class IngestResult:
 
 
 def parse_batch(body: bytes) -> Any:
-    """Validate ``body`` against the wire schema into a ``FastBatch``, or raise IngestError (400/422).
+    """Validate ``body`` against the wire schema and ``ingest_checks`` into a ``FastBatch``, or raise
+    IngestError (400/422) naming the field.
 
     msgspec decodes valid bodies; a body it rejects goes through the pydantic ``Batch``, which
     names every wrong field, or accepts what only msgspec refuses (``NaN`` literals).
     """
     try:
-        batch = _DECODER.decode(body)
-    except msgspec.DecodeError:  # includes msgspec.ValidationError
-        batch = _parse_slow(body)
+        try:
+            batch = _DECODER.decode(body)
+        except msgspec.DecodeError:  # includes msgspec.ValidationError
+            batch = _parse_slow(body)
+    except RecursionError:
+        raise IngestError(422, f"Batch nests JSON too deep to read; values in run.server_args, "
+                               f"run.tracer_config, run.facts and findings[].evidence may nest "
+                               f"{MAX_JSON_DEPTH} levels at most. Nothing was stored.") from None
     if batch.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _unsupported_version(batch.schema_version)
+    try:
+        check_batch(batch)
+    except Refused as exc:
+        raise IngestError(422, f"Batch does not match the wire schema: {exc}. Nothing was stored; "
+                               "fix the named field (see docs/tracer.md, \"What a tracer may send\").") from None
     return batch
 
 
@@ -212,8 +242,10 @@ class BatchWriter:
         return conn.execute(stmt).first() is not None
 
     def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
-        """Insert the run, or overwrite its non-null fields and merge ``facts`` key by key (a run marked
-        ``pruning`` keeps that status; a ``crashed`` one is not marked running or ended again).
+        """Insert the run, or update it as ``RUN_IDENTITY``, ``RUN_FIRST_KEPT`` and ``_next_status`` say:
+        identity fields are fixed by the first batch that sets them (another value: 409 naming the
+        field), process fields keep their first value, ``facts`` gain new keys only, the status only
+        advances. Raises IngestError(409).
 
         ``server_args`` and ``tracer_config`` pass the tracer's allow-lists here too: a tracer from
         before them sends them whole."""
@@ -223,16 +255,27 @@ class BatchWriter:
         if inserted.first() is not None:
             return
         stored = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id).with_for_update()).one()
-        changes = {k: v for k, v in record.items() if v is not None}
-        if stored.status == "pruning":  # being deleted (``retention``): a late record does not bring it back
-            changes.pop("status", None)
-        elif stored.status == "crashed" and changes.get("status") in ("running", "ended"):
-            # one process of a multi-process server (vLLM's engine core) saw it die; another (its worker)
-            # ends its own part later, cleanly: the run stays crashed
-            changes.pop("status", None)
-            changes.pop("ended_at", None)
-        if record.get("facts") is not None:
-            changes["facts"] = {**(stored.facts or {}), **record["facts"]}
+        changes: dict[str, Any] = {}
+        for field in RUN_IDENTITY:
+            new, old = record.get(field), getattr(stored, field)
+            if new is not None and old is not None and new != old:
+                raise IngestError(409, f"run.{field}: run {run_id} was recorded with {field} {old!r}, "
+                                       f"this batch says {new!r}. A run's identity is fixed by its first "
+                                       "batch; a different server or model is a new run (a new run_id). "
+                                       "Nothing was stored.")
+        for field in (*RUN_IDENTITY, *RUN_FIRST_KEPT):
+            if record.get(field) is not None and getattr(stored, field) is None:
+                changes[field] = record[field]
+        status = _next_status(stored.status, record["status"])
+        if status != stored.status:
+            changes["status"] = status
+        if record.get("ended_at") is not None and (status != stored.status or stored.ended_at is None) \
+                and status in ("ended", "crashed"):
+            changes["ended_at"] = record["ended_at"]
+        if record.get("facts"):
+            facts = {**record["facts"], **(stored.facts or {})}
+            if facts != stored.facts:
+                changes["facts"] = facts
         if changes:
             conn.execute(_RUNS.update().where(_RUNS.c.id == run_id).values(**changes))
 

@@ -15,10 +15,13 @@ PLOTLY_JS = "plotly-basic-4.1.1.min.js"  # plotly.js-basic-dist-min, the version
 
 
 def when(ts: float | None) -> str:
-    """A Unix time as UTC text."""
+    """A Unix time as UTC text; a stored value that is no time (infinite, out of range) as itself."""
     if ts is None:
         return ""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{ts!r} (not a time)"
 
 
 def num(value: float | None, digits: int = 3) -> str:

@@ -20,6 +20,7 @@ from draftscope.guard import Guard
 from draftscope.healthz import health
 from draftscope.ingest import BatchWriter
 from draftscope.login_throttle import LoginThrottle
+from draftscope.nul_guard import RefuseNul
 from draftscope.refresh import RunRefresher
 from draftscope.resources import STATIC_DIR
 from draftscope.retention import Policy, Retainer
@@ -96,7 +97,7 @@ class Dashboard(FastAPI):
     """FastAPI with ``draftscope.guard`` outside everything, its error handling included."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Guard(super().build_middleware_stack(), self.state.settings)
+        return Guard(RefuseNul(super().build_middleware_stack()), self.state.settings)
 
 
 class UnsafeSettings(ValueError):

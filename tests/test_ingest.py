@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -12,6 +13,7 @@ from draftscope import db, models
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 URL = "/api/v1/batches"
+NOW = time.time()
 TABLES = ("runs", "requests", "verify_steps", "tensor_samples", "tracer_health", "findings",
           "ingest_batches")
 
@@ -53,7 +55,7 @@ def full_batch(run_id: str) -> dict:
         requests=[{"rid": "req-0", "sampled": True, "prompt_len": 12}],
         steps=[step_record("req-0", 0), step_record("req-0", 1)],
         samples=[sample_record(i) for i in range(3)],
-        health=[{"at": 1.0, "drops": {"queue_full": 0}, "errors": {}, "heartbeats": {"verify": 2},
+        health=[{"at": NOW, "drops": {"queue_full": 0}, "errors": {}, "heartbeats": {"verify": 2},
                  "disabled_probes": [], "queue_depth": 0}],
         findings=[{"rule_id": "aux-width-mismatch", "severity": "error", "message": "7168 != 21504",
                    "fix": "enable aux capture", "evidence": {"got": 7168, "want": 21504}}],
@@ -87,20 +89,20 @@ def test_same_batch_twice_is_stored_once(client, store_url) -> None:
 
 
 def test_run_upsert_merges_facts_and_keeps_unsent_fields(client, store_url, run_id) -> None:
-    update = run_record(status="ended", ended_at=99.0, facts={"tp_size": 2}, host=None)
+    update = run_record(status="ended", ended_at=NOW + 99, facts={"tp_size": 2}, host=None)
     assert client.post(URL, json=make_batch(run_id, run=update)).status_code == 200
     (status, ended, host, facts), = fetch(store_url, "SELECT status, ended_at, host, facts FROM runs")
-    assert (status, ended, host) == ("ended", 99.0, "gpu-1")
+    assert (status, ended, host) == ("ended", NOW + 99, "gpu-1")
     assert as_json(facts) == {"sglang_version": "0.5.23", "spec_topk": 1, "tp_size": 2}
 
 
 def test_a_crashed_run_is_not_ended_again_by_another_process(client, store_url, run_id) -> None:
     """vLLM's engine core marks the run crashed; its worker process, stopped after it, ends its part
     ``ended``: the run stays crashed, at the crash's time (a later ``running`` batch is no revival either)."""
-    for status, ended_at in (("crashed", 50.0), ("ended", 60.0), ("running", None)):
+    for status, ended_at in (("crashed", NOW + 50), ("ended", NOW + 60), ("running", None)):
         batch = make_batch(run_id, run=run_record(status=status, ended_at=ended_at))
         assert client.post(URL, json=batch).status_code == 200
-    assert fetch(store_url, "SELECT status, ended_at FROM runs") == [("crashed", 50.0)]
+    assert fetch(store_url, "SELECT status, ended_at FROM runs") == [("crashed", NOW + 50)]
 
 
 def test_request_upsert_overwrites_only_non_null(client, store_url, run_id) -> None:
@@ -133,15 +135,15 @@ def test_conflicting_step_rolls_back_the_whole_batch(client, store_url, run_id) 
 
 @pytest.mark.parametrize("body, status, words", [
     (b'{"schema_version": 1, "batch_id": ', 400, ["not valid JSON", "line 1 column"]),
-    (json.dumps({"schema_version": 7, "batch_id": "b", "run_id": "r", "sent_at": 1.0}).encode(),
+    (json.dumps({"schema_version": 7, "batch_id": "b", "run_id": "r", "sent_at": NOW}).encode(),
      422, ["schema_version 7", "accepts schema_version 1"]),
-    (json.dumps({"schema_version": 1, "batch_id": "b", "run_id": "r", "sent_at": 1.0,
+    (json.dumps({"schema_version": 1, "batch_id": "b", "run_id": "r", "sent_at": NOW,
                  "samples": [sample_record(0, colour="red")]}).encode(),
      422, ["samples[0].colour", "Extra inputs"]),
-    (json.dumps({"schema_version": 1, "batch_id": "b", "run_id": "r", "sent_at": 1.0,
+    (json.dumps({"schema_version": 1, "batch_id": "b", "run_id": "r", "sent_at": NOW,
                  "steps": [{"rid": "x"}]}).encode(), 422, ["steps[0].step_index", "Field required"]),
     (json.dumps({"schema_version": 1, "batch_id": "b", "run_id": "no-such-run",
-                 "sent_at": 1.0}).encode(), 404, ["'no-such-run'", "Send the run record first"]),
+                 "sent_at": NOW}).encode(), 404, ["'no-such-run'", "Send the run record first"]),
 ])
 def test_bad_input_is_rejected_with_a_clear_message(client, store_url, run_id, body, status, words) -> None:
     before = counts(store_url)
@@ -162,13 +164,13 @@ def test_oversized_body_is_413(make_client, store_url) -> None:
 
 
 def test_token_is_required_when_set(make_client, store_url) -> None:
-    client = make_client(ingest_token="s3cret")
+    client = make_client(ingest_token="s3cret-ingest-token-0123")
     batch = make_batch(uuid.uuid4().hex, run=run_record())
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-ingest-token-0123"}):
         response = client.post(URL, json=batch, headers=headers)
         assert response.status_code == 401 and "Bearer" in response.json()["error"]
     assert counts(store_url)["runs"] == 0
-    assert client.post(URL, json=batch, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.post(URL, json=batch, headers={"Authorization": "Bearer s3cret-ingest-token-0123"}).status_code == 200
     assert counts(store_url)["runs"] == 1
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import time
 from types import UnionType
-from typing import Any, NotRequired, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 import pytest
@@ -29,7 +30,7 @@ def full_batch() -> dict:
     return make_batch("run-1", run=run_record(server_args={"tp_size": 1}),
                       requests=[{"rid": "a", "prompt_len": 3}], steps=[step_record("a", 0)],
                       samples=[sample_record(0), sample_record(1, rid=None, mean=None)],
-                      health=[{"at": 1.0, "drops": {}, "errors": {}, "heartbeats": {"verify": 1},
+                      health=[{"at": time.time(), "drops": {}, "errors": {}, "heartbeats": {"verify": 1},
                                "disabled_probes": []}],
                       findings=[{"rule_id": "r", "severity": "info", "message": "m"}])
 
@@ -73,8 +74,13 @@ RECORDS = {"run": "RunRecord", "requests": "RequestRecord", "steps": "StepRecord
 
 
 def _shape(tp: Any) -> Any:
-    """A comparable form of a type: ``typing.List[int]`` and ``list[int]`` alike, unions as sets."""
+    """A comparable form of a type: ``typing.List[int]`` and ``list[int]`` alike, unions as sets, a
+    limited type (``Annotated``) as its base type, a ``Literal`` of strings as ``str``."""
     args = get_args(tp)
+    if get_origin(tp) is Annotated:
+        return _shape(args[0])
+    if get_origin(tp) is Literal:
+        return functools.reduce(operator.or_, {type(a) for a in args})
     if get_origin(tp) in (Union, UnionType):
         return frozenset(_shape(a) for a in args)
     return (get_origin(tp), tuple(_shape(a) for a in args)) if args else tp

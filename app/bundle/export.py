@@ -20,7 +20,7 @@ from typing import IO, Any
 import orjson
 import sqlalchemy as sa
 
-from draftscope import models, retention
+from draftscope import models, retention, wire_schema
 from draftscope.bundle import format as fmt
 from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
 from draftscope.bundle.readme import readme_text
@@ -39,6 +39,10 @@ COMPRESS_LEVEL = 1
 
 class ExportError(Exception):
     """No such run or request; the message says where to look."""
+
+
+class Unexportable(ExportError):
+    """A stored run a bundle cannot hold (an engine the bundle format does not know)."""
 
 
 def count_records(engine: sa.Engine, run_id: str, requests: list[str] | None = None) -> int:
@@ -64,6 +68,10 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
             raise ExportError(f"No run {run_id!r} is stored. `draftscope serve` lists the stored "
                               "runs at /, and GET /api/v1/runs returns them.")
         run = {k: v for k, v in run.items() if k != "id"}
+        if run["engine"] not in wire_schema.ENGINES:  # stored by an older draftscope that took any engine
+            raise Unexportable(f"Run {run_id!r} was recorded by engine {run['engine']!r}, which a trace "
+                               f"bundle cannot hold (it knows {', '.join(wire_schema.ENGINES)}); its pages, "
+                               "JSON and CSV still show it.")
         _check_requests(conn, run_id, requests)
         tokenizer = load_tokenizer(run["target_path"]) if include_text else None
         private = private_run(run) if keep_paths else shorten_paths(private_run(run))

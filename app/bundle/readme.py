@@ -15,7 +15,7 @@ def readme_text(manifest: dict[str, Any]) -> str:
             "(exported with `--include-text`)\n" if manifest["include_text"] else "")
     return f"""# draftscope trace bundle
 
-Run `{manifest['run_id']}` ({selected}), traced by draftscope inside {_ENGINE[engine]}
+Run `{manifest['run_id']}` ({selected}), traced by draftscope inside {_ENGINE.get(engine, repr(engine))}
 {manifest['versions'].get(engine)}, exported by {manifest['created_by']}. It shows what an
 EAGLE-3 (or EAGLE) draft model received inside the server, verify step by verify step, and why
 its drafts were accepted or rejected.
