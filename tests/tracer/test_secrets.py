@@ -1,6 +1,9 @@
 """A real SGLang server started with ``--api-key`` and a value found nowhere else: the value is in no
-sink's files, no store, no page, no API answer and no bundle (one server per sink). The HTTP sink's
-``DRAFTSCOPE_URL`` carries ``user:password@`` and a token in its query too: neither is found either."""
+sink's files, no store, no page, no API answer, no JSON or CSV twin and no bundle (one server per sink).
+The HTTP sink's ``DRAFTSCOPE_URL`` carries ``user:password@`` and a token in its query too, and an
+allow-listed server argument holds a URL with credentials (``--served-model-name``: of the allow-listed
+string arguments the one SGLang takes as it is; a model or draft path must load): none is found either,
+the argument is recorded with its credentials scrubbed."""
 
 from __future__ import annotations
 
@@ -45,7 +48,9 @@ def _bundle(base: str, run_id: str) -> bytes:
 
 def _pages(get, run_id: str) -> str:
     """Every page and API answer about the run, as text (status 200 each)."""
-    paths = ["/", f"/runs/{run_id}", "/api/v1/runs", f"/api/v1/runs/{run_id}"]
+    paths = ["/", f"/runs/{run_id}", "/api/v1/runs", f"/api/v1/runs/{run_id}", "/runs.json", "/runs.csv",
+             f"/runs/{run_id}.json", f"/runs/{run_id}/findings.csv", f"/runs/{run_id}/spec.csv",
+             f"/runs/{run_id}/requests.csv"]
     texts = []
     for path in paths:
         status, text = get(path)
@@ -64,6 +69,8 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
     models = ensure_models()
     secret = f"ds-{uuid.uuid4().hex}"
     password, query_token = f"pw-{uuid.uuid4().hex}", f"qt-{uuid.uuid4().hex}"
+    hub_user, hub_password, hub_token = (f"{k}-{uuid.uuid4().hex}" for k in ("hu", "hp", "ht"))
+    hub_url = f"https://{hub_user}:{hub_password}@hub.example/x?token={hub_token}"
     store = tmp_path / "store" / "store.db"
     store.parent.mkdir()
     store_db.upgrade(f"sqlite:///{store}")
@@ -72,8 +79,8 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
         credentialed = url.replace("http://", f"http://alice:{password}@") + f"/?token={query_token}"
         env.update({"url": {"DRAFTSCOPE_URL": credentialed}, "db": {"DRAFTSCOPE_DB": str(store)},
                     "file": {"DRAFTSCOPE_FILE": str(tmp_path / "store" / "trace.jsonl")}}[sink])
-        with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env,
-                          api_key=secret) as server:
+        with start_server(models.target, models.draft, ["--served-model-name", hub_url], tmp_path / "server.log",
+                          env=env, api_key=secret) as server:
             for prompt in ("The quick brown fox", "Hello world, this is"):
                 server.generate(prompt, max_new_tokens=8)
         if sink == "file":
@@ -95,10 +102,11 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
         (run_id, args, config), = sqlite3.connect(store).execute(
             "select id, server_args, tracer_config from runs").fetchall()
         assert json.loads(args)["speculative_algorithm"] == "EAGLE3"  # server args were recorded
+        assert json.loads(args)["served_model_name"] == "https://<redacted>@hub.example/x?token=<redacted>"
         if sink == "url":  # the tracer config was recorded, its URL without credentials
             assert json.loads(config)["url"] == url
         pages = _pages(get, run_id)
         bundle = _bundle(url, run_id)
     stored = _files_text(tmp_path / "store")
-    for value in (secret, password, query_token):
+    for value in (secret, password, query_token, hub_user, hub_password, hub_token):
         assert value not in pages and value.encode() not in bundle and value.encode() not in stored
