@@ -175,6 +175,11 @@ except urllib.error.HTTPError as e:
     assert "secure" not in cookie.lower().split("; "), inside.stdout
     assert "believed from" in _logs(docker, fleet, "dashboard-a")
 
+    # the proxy passes the client's Host on: one the dashboards do not answer to is refused
+    with pytest.raises(urllib.error.HTTPError) as foreign:
+        _open(fleet, "/api/v1/runs", headers={"Host": "rebound.example"})
+    assert foreign.value.code == 400
+
 
 def test_a_dashboard_killed_is_taken_out_and_nothing_is_lost(fleet, docker) -> None:
     """Last in this module: it stops the tracers."""
