@@ -28,7 +28,7 @@ def test_metrics_per_run_and_ingest(client) -> None:
     run_id = uuid.uuid4().hex
     flags = [[True, True, False], [True, False, False], [False, False, False]]
     steps = [step_record("r0", i, accept_len=1 + sum(f), accept_flags=f) for i, f in enumerate(flags)]
-    health = {"at": 1.0, "drops": {"queue_full": 7, "Bad Label!": 1}, "errors": {}, "heartbeats": {},
+    health = {"at": time.time(), "drops": {"queue_full": 7, "Bad Label!": 1}, "errors": {}, "heartbeats": {},
               "disabled_probes": []}
     findings = [{"rule_id": "fc-bypassed", "severity": "error", "message": "m"},
                 {"rule_id": "hooks-starved", "severity": "warning", "message": "m"}]

@@ -35,13 +35,13 @@ def _samples(n: int, start: int, at0: float) -> list[dict]:
 
 
 REQUESTS = [
-    {"rid": "r0", "sampled": True, "output_len": 40, "started_at": 3.0, "finish_reason": "stop",
+    {"rid": "r0", "sampled": True, "output_len": 40, "started_at": T0 + 3, "finish_reason": "stop",
      "spec_verify_ct": 20, "spec_accepted_drafts": 19, "spec_proposed_drafts": 60,
      "traced_verify_ct": 20, "traced_accepted_drafts": 19, "traced_proposed_drafts": 60},
-    {"rid": "r1", "sampled": True, "output_len": 30, "started_at": 1.0, "finish_reason": "length",
+    {"rid": "r1", "sampled": True, "output_len": 30, "started_at": T0 + 1, "finish_reason": "length",
      "spec_verify_ct": 10, "spec_accepted_drafts": 19, "spec_proposed_drafts": 30,
      "traced_verify_ct": 9, "traced_accepted_drafts": 17, "traced_proposed_drafts": 27},
-    {"rid": "r2", "sampled": False, "output_len": 11, "started_at": 2.0, "finish_reason": "stop",
+    {"rid": "r2", "sampled": False, "output_len": 11, "started_at": T0 + 2, "finish_reason": "stop",
      "spec_verify_ct": 5, "spec_accepted_drafts": 5, "spec_proposed_drafts": 15},
 ]
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import time
 import urllib.request
 import uuid
 from contextlib import closing, contextmanager
@@ -26,7 +27,7 @@ from tests.fixtures.store import step_record
 from tests.fixtures.wait import until
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
-       "started_at": 1.0}
+       "started_at": time.time()}
 
 
 def _steps(path, rid: str) -> int:
@@ -183,7 +184,7 @@ def test_a_dashboard_outage_names_every_request_it_swallowed(tmp_path):
     path = tmp_path / "store.db"
     store = f"sqlite:///{path}"
     store_db.upgrade(store)
-    port, run_id, health, t0 = free_port(), uuid.uuid4().hex, Health(), 1_000_000.0
+    port, run_id, health, t0 = free_port(), uuid.uuid4().hex, Health(), time.time() - 1000
     sink = HttpSink(f"http://127.0.0.1:{port}", health.drop, max_buffered_batches=2, backoff_s=0.05, timeout_s=1.0)
     writer = Writer(sink, health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
     with open(tmp_path / "serve.log", "w") as log:
