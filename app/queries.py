@@ -120,7 +120,8 @@ MAX_RUNS_PAGE = 1000
 
 
 def runs_page(conn: sa.Connection, *, cursor: str | None = None, limit: int = RUNS_PAGE_SIZE,
-              sort: str = "started_at", desc: bool = True, **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
+              sort: str = "started_at", desc: bool = True,
+              **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
     """One page of ``list_runs``: at most ``limit`` runs after ``cursor`` (None: the first page), and
     the cursor of the next page (None on the last). A cursor is opaque: the sort, its direction and the
     last run's sort value and id (keyset paging: a run added meanwhile shifts no other onto the next

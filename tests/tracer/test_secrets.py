@@ -1,9 +1,10 @@
 """A real SGLang server started with ``--api-key`` and a value found nowhere else: the value is in no
 sink's files, no store, no page, no API answer, no JSON or CSV twin and no bundle (one server per sink).
 The HTTP sink's ``DRAFTSCOPE_URL`` carries ``user:password@`` and a token in its query too, and an
-allow-listed server argument holds a URL with credentials (``--served-model-name``: of the allow-listed
-string arguments the one SGLang takes as it is; a model or draft path must load): none is found either,
-the argument is recorded with its credentials scrubbed."""
+allow-listed server argument holds a URL with credentials (``--speculative-draft-model-revision``: an
+allow-listed string SGLang only passes on to the Hugging Face loaders, which ignore it for a local
+draft; a model or draft path must load, and ``--served-model-name`` may hold no colon): none is found
+either, and the argument is recorded with its credentials scrubbed."""
 
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
         credentialed = url.replace("http://", f"http://alice:{password}@") + f"/?token={query_token}"
         env.update({"url": {"DRAFTSCOPE_URL": credentialed}, "db": {"DRAFTSCOPE_DB": str(store)},
                     "file": {"DRAFTSCOPE_FILE": str(tmp_path / "store" / "trace.jsonl")}}[sink])
-        with start_server(models.target, models.draft, ["--served-model-name", hub_url], tmp_path / "server.log",
-                          env=env, api_key=secret) as server:
+        with start_server(models.target, models.draft, ["--speculative-draft-model-revision", hub_url],
+                          tmp_path / "server.log", env=env, api_key=secret) as server:
             for prompt in ("The quick brown fox", "Hello world, this is"):
                 server.generate(prompt, max_new_tokens=8)
         if sink == "file":
@@ -102,7 +103,8 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
         (run_id, args, config), = sqlite3.connect(store).execute(
             "select id, server_args, tracer_config from runs").fetchall()
         assert json.loads(args)["speculative_algorithm"] == "EAGLE3"  # server args were recorded
-        assert json.loads(args)["served_model_name"] == "https://<redacted>@hub.example/x?token=<redacted>"
+        assert json.loads(args)["speculative_draft_model_revision"] == \
+            "https://<redacted>@hub.example/x?token=<redacted>"
         if sink == "url":  # the tracer config was recorded, its URL without credentials
             assert json.loads(config)["url"] == url
         pages = _pages(get, run_id)
