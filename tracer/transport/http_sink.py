@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import http.client
+import json
 import logging
 import time
 import urllib.error
@@ -23,7 +25,7 @@ def _count(batch: Dict[str, Any]) -> int:
 
 
 class _Retryable(Exception):
-    """A 5xx answer or a connection error: the batch is kept and sent again later."""
+    """A 5xx answer, a connection error or an answer cut short: the batch is kept and sent again later."""
 
 
 def _endpoint(url: str) -> Tuple[str, Optional[str]]:
@@ -44,7 +46,11 @@ class HttpSink:
 
     ``token`` is sent as ``Authorization: Bearer``; without one, credentials in the URL
     (``https://user:pass@host/``, for a proxy in front of the dashboard) go as Basic auth.
-    ``drop(reason, n, batch)`` is told of every batch it gives up on (``Health.drop``)."""
+    ``drop(reason, n, batch)`` is told of every batch it gives up on (``Health.drop``).
+
+    A batch the dashboard stored but whose answer was lost (the connection cut, the answer cut short, a
+    proxy's 502) is sent again; the dashboard answers ``"status": "duplicate"`` for a batch id it holds,
+    and that counts as delivered (``delivered``, ``recovered``), never as dropped."""
 
     def __init__(self, url: str, drop: Callable[[str, int, dict], None], *, token: Optional[str] = None,
                  timeout_s: float = 5.0, max_buffered_batches: int = 64,
@@ -63,6 +69,8 @@ class HttpSink:
         self._backoff0, self._max_backoff = backoff_s, max_backoff_s
         self._backoff = backoff_s
         self._retry_at = 0.0
+        self.delivered = 0  # batches the dashboard holds (stored now, or by an attempt whose answer was lost)
+        self.recovered = 0  # of those, found stored by a retry ("duplicate")
         self.snapshot: Optional[Callable[[], Dict[str, Any]]] = None  # the writer's health record, now
         self.name = f"the HTTP sink ({self.endpoint})"
         self.outage = Outage(self.name, f"batches are buffered (up to {max_buffered_batches}), then the "
@@ -100,7 +108,7 @@ class HttpSink:
         while self._buffer:
             batch = self._buffer[0]
             try:
-                self._post(batch)
+                status = self._post(batch)
             except _Retryable as exc:
                 self._retry_at = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, self._max_backoff)
@@ -115,19 +123,36 @@ class HttpSink:
                     self._buffer[0]["run"] = batch["run"]
                 continue
             self._buffer.popleft()
+            self._delivered(batch, status)
             self._backoff = self._backoff0
             self.outage.ok()
         return True
 
-    def _post(self, batch: Dict[str, Any]) -> None:
+    def _delivered(self, batch: Dict[str, Any], status: Optional[str]) -> None:
+        """Count a batch the dashboard holds; "duplicate": a retry, whose first attempt was stored (each
+        batch id is sent again only after an attempt failed)."""
+        self.delivered += 1
+        if status == "duplicate":
+            self.recovered += 1
+            log.info("draftscope: batch %s was stored by an earlier attempt whose answer was lost; "
+                     "counted delivered", batch.get("batch_id"))
+
+    def _post(self, batch: Dict[str, Any]) -> Optional[str]:
+        """POST one batch; the dashboard's ``status`` ("stored" or "duplicate"), None if it gave none."""
         body = wire.to_json(batch)
         req = urllib.request.Request(self._url, data=body, headers=self._headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                resp.read()
+                answer = resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code >= 500:
                 raise _Retryable(f"HTTP {exc.code}") from exc
             raise
+        except http.client.HTTPException as exc:  # an answer cut short (IncompleteRead, BadStatusLine)
+            raise _Retryable(f"the answer was lost: {type(exc).__name__}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise _Retryable(str(getattr(exc, "reason", exc))) from exc
+        try:
+            return json.loads(answer).get("status")
+        except (ValueError, AttributeError):
+            return None
