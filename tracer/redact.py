@@ -135,11 +135,11 @@ SECRET_PARAM_WORDS = frozenset({
     "token", "key", "apikey", "secret", "password", "passwd", "pwd", "pass", "sig", "signature",
     "credential", "credentials", "auth", "authorization", "jwt", "session", "sessionid"})
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s]+@")  # to the authority's last @
-_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&;#\s\"'<>]*)")
+_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&;#\s\"'<>()\[\]{}]*)")
 # an HTTP credential after its scheme: 8 or more token characters, one of them a digit or + / = (not a word)
 _SCHEME_CREDENTIAL = re.compile(r"(?i)\b(?P<scheme>bearer|basic)(?P<gap>\s+)"
                                 r"(?=[A-Za-z0-9._~+/=\-]*[0-9+/=])[A-Za-z0-9._~+/=\-]{8,}")
-_AUTH_HEADER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;]+")
+_AUTH_HEADER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;()\[\]{}]+")
 _MAYBE = re.compile(r"://|[?&;][A-Za-z0-9_.\-]+=|(?i:bearer|basic|authorization)")
 
 

@@ -65,3 +65,52 @@ def test_exception_messages_lose_secret_values_and_url_credentials():
     out = redact_message(text, env)
     assert "hf_abcdefghijklmnop" not in out and "pa55word" not in out and "/models/x" in out
     assert out.startswith("401 for https://<redacted>@hub.example/m with <redacted>") and len(out) == 2000
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("https://user:pass@hub.example/x?token=abc", "https://<redacted>@hub.example/x?token=<redacted>"),
+    ("s3://b/k?X-Amz-Credential=c&X-Amz-Date=1&X-Amz-Signature=s&X-Amz-Security-Token=t",
+     "s3://b/k?X-Amz-Credential=<redacted>&X-Amz-Date=1&X-Amz-Signature=<redacted>&X-Amz-Security-Token=<redacted>"),
+    ("https://a.blob.core.windows.net/c?sv=2022&sig=abc%3D&se=1", "https://a.blob.core.windows.net/c?sv=2022&sig=<redacted>&se=1"),
+    ("http://h/?apiKey=k;access_token=t&client_secret=c&password=p&pwd=q", "http://h/?apiKey=<redacted>;access_token=<redacted>"
+     "&client_secret=<redacted>&password=<redacted>&pwd=<redacted>"),
+    ("https://ghp_abc123@github.com/o/r.git", "https://<redacted>@github.com/o/r.git"),
+    ("redis://:pw@h:6379/0 and https://u:p@ss@h/x", "redis://<redacted>@h:6379/0 and https://<redacted>@h/x"),
+    ("Authorization: Bearer abc.def-123", "Authorization: Bearer <redacted>"),
+    ('{"Authorization": "Basic dXNlcjpwYXNz"}', '{"Authorization": "Basic <redacted>"}'),
+    ("sent bearer hf_AbC123xyz", "sent bearer <redacted>"),
+    # left as they are: no credential in them
+    ("/models/Llama-3.1-8B?revision=main&max_tokens=5", "/models/Llama-3.1-8B?revision=main&max_tokens=5"),
+    ("basic arithmetic failed; no authorization given", "basic arithmetic failed; no authorization given"),
+    ("https://hub.example/x?keyframe=3&token=", "https://hub.example/x?keyframe=3&token="),
+])
+def test_credentials_in_values_are_scrubbed_whatever_the_name(text, expected):
+    from draftscope_tracer.redact import scrub_text
+
+    assert scrub_text(text) == expected
+
+
+def test_scrub_reaches_every_string_and_keeps_the_rest():
+    from draftscope_tracer.redact import scrub
+
+    value = {"draft": {"path": "https://u:p@h/d"}, "list": ["x?token=t", 3, None, True],
+             "https://u:p@h/": 1.5}
+    assert scrub(value) == {"draft": {"path": "https://<redacted>@h/d"}, "list": ["x?token=<redacted>", 3, None, True],
+                            "https://<redacted>@h/": 1.5}
+
+
+def test_allow_listed_arguments_and_messages_lose_credentials_in_their_values():
+    from draftscope_tracer.redact import redact_message
+
+    got = redact_server_args({"speculative_draft_model_revision": "https://u:pw-1@hub/x?token=tk-1",
+                              "model_path": "/m/t", "speculative_adaptive_config": {"url": "http://h/?sig=s-1"}})
+    assert got == {"speculative_draft_model_revision": "https://<redacted>@hub/x?token=<redacted>", "model_path": "/m/t",
+                   "speculative_adaptive_config": {"url": "http://h/?sig=<redacted>"}}
+    out = redact_message("404 for https://hub.example/x?token=tk-2 (Authorization: Bearer ab12cd34ef)", {})
+    assert out == "404 for https://hub.example/x?token=<redacted> (Authorization: Bearer <redacted>)"
+
+
+def test_a_scrubbed_value_ends_where_the_credential_does():
+    from draftscope_tracer.redact import scrub_text
+
+    assert scrub_text("(see https://h/?token=abc) [key=x]") == "(see https://h/?token=<redacted>) [key=x]"
