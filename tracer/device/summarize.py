@@ -126,6 +126,7 @@ class Summarizer:
         use_triton = triton is not None and (backend == "triton" or (backend == "auto" and self.device.type == "cuda"))
         self._triton: Optional[TritonPath] = TritonPath(**self._shape) if use_triton else None
         self._torch: Optional[TorchPath] = None if use_triton else TorchPath(**self._shape)
+        self._copy_kernel = self.device.type == "cuda"  # publish() copies out by a Triton kernel
 
     @property
     def backend(self) -> str:
@@ -198,9 +199,22 @@ class Summarizer:
         return self._ring.copy_out(slot, self._dev_buf, tag) if out is None else self._ring.written(slot, tag)
 
     def publish(self, tag: Any = None) -> Optional[Pending]:
-        """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot."""
+        """Copy the device buffer (as last written by :meth:`compute`) to a free ring slot: on CUDA by a Triton
+        kernel where the ring is mapped (a copy engine's transfer of a few KB costs several µs on the stream),
+        else (or after that kernel failed once, counted in :attr:`fallbacks`) one non-blocking copy."""
         slot = self._ring.reserve()
-        return None if slot is None else self._ring.copy_out(slot, self._dev_buf, tag)
+        if slot is None:
+            return None
+        out = self._ring.outputs(slot)
+        if out is not None and self._triton is not None and self._copy_kernel:
+            try:
+                self._triton.copy(self._dev_buf, out)
+                return self._ring.written(slot, tag)
+            except Exception as exc:  # noqa: BLE001 - never raise into the serving process
+                self.fallbacks += 1
+                self.fallback_error = f"{type(exc).__name__}: {exc}"
+                self._copy_kernel = False
+        return self._ring.copy_out(slot, self._dev_buf, tag)
 
     def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
                 ints: Optional[tuple] = None) -> None:

@@ -158,6 +158,12 @@ if triton is not None:
         tl.store(ints_out + r * 4 + 2, tl.load(iseq + req * mseq, mask=ok, other=-1).to(tl.int64))
         tl.store(ints_out + r * 4 + 3, tl.load(iacc + req * macc, mask=ok, other=-1).to(tl.int64))
 
+    @triton.jit
+    def _copy_words(src, dst, n, BLOCK: tl.constexpr):
+        """Words [p * BLOCK, (p + 1) * BLOCK) of ``src`` into ``dst``, for program p."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
     _NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every order key: an entry already taken
 
     @triton.jit
@@ -325,6 +331,8 @@ class TritonPath:
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.tuning["hidden_warps"])
+        self._copy = Launches(_copy_words, lambda: 4)
+        self._copy_plan: Optional[Callable[[Outputs], None]] = None
         if vocab_size is None:
             return
         V, k, R, K = vocab_size, topk, max_rows, num_chunks
@@ -355,6 +363,22 @@ class TritonPath:
         group = max(1, min(pow2_at_least(self.tuning["group"]), tb // kp2))
         return S, HS, (pow2_at_least(HS), k, kp2, tb // group, group, pow2_at_least(self.num_chunks),
                        pow2_at_least(S), pow2_at_least(nb), pow2_at_least(nb * k))
+
+    def copy(self, buf: torch.Tensor, out: Outputs) -> None:
+        """The device buffer ``buf`` (bytes, a multiple of 8) into the ring slot of ``out``, by a kernel: a copy
+        engine's transfer of a few KB takes several µs on the stream, a kernel about two."""
+        if self._copy_plan is not None and not hooked():
+            self._copy_plan(out)
+            return
+        n, block = buf.numel() // 8, 1024
+        grid = (-(-n // block), 1)
+        compiled = self._copy.compiled(())
+        if compiled is None:  # the slot's first field (rows) starts the slot: the kernel writes all of it from there
+            self._copy.first(grid, (), buf.view(torch.int64), out.views["rows"], n, block)
+        else:
+            self._copy_plan = Launches.planned(compiled, grid, buf.device.index, (buf.data_ptr(),),
+                                               lambda o: (o.head[0], n, block))
+            self._copy_plan(out)
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
             ints: Optional[tuple] = None) -> bool:
