@@ -144,8 +144,8 @@ def _parse_slow(body: bytes) -> Any:
 def _explain(exc: pydantic.ValidationError, body: bytes) -> IngestError:
     errors = exc.errors(include_url=False, include_input=False)
     if errors[0]["type"] == "json_invalid":
-        return IngestError(400, f"Request body is not valid JSON: {errors[0]['msg']}. "
-                                "Send one JSON object per batch (see draftscope_tracer/wire.py).")
+        return IngestError(400, f"Request body is not valid JSON: {errors[0]['msg']}. Nothing was "
+                                "stored; send one JSON object per batch (see draftscope_tracer/wire.py).")
     parsed = pydantic_core.from_json(body, allow_inf_nan=True)
     if isinstance(parsed, dict) and "schema_version" in parsed \
             and parsed["schema_version"] not in SUPPORTED_SCHEMA_VERSIONS:

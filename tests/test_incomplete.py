@@ -70,10 +70,10 @@ def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_
 
     from draftscope import models
 
-    run_id = uuid.uuid4().hex
+    run_id, t0 = uuid.uuid4().hex, float(int(time.time()) - 1000)
     health = {"at": time.time(), "drops": {"sink_error": 40, "summary_ring_full": 2}, "errors": {},
               "heartbeats": {}, "disabled_probes": [], "records_lost": 40, "requests_lost": 3,
-              "lost_rids": ["gone-1", "back-1"], "gaps": [[100.0, 160.0]]}
+              "lost_rids": ["gone-1", "back-1"], "gaps": [[t0 + 100, t0 + 160]]}
     batch = make_batch(run_id, run=run_record(), health=[health],
                        requests=[{"rid": "back-1", "sampled": False}, {"rid": "kept", "sampled": False}])
     assert client.post("/api/v1/batches", json=batch).status_code == 200
@@ -92,7 +92,7 @@ def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_
     api = client.get(f"/api/v1/runs/{run_id}").json()
     assert api["run"]["state"] == "stalled"
     assert api["gaps"] == {"dropped": 42, "records_lost": 40, "requests_lost": 3, "missing": ["gone-1"],
-                           "unnamed": 1, "windows": [[100.0, 160.0]]}
+                           "unnamed": 1, "windows": [[t0 + 100, t0 + 160]]}
     row = next(r for r in client.get("/api/v1/runs").json() if r["id"] == run_id)
     assert (row["state"], row["dropped"], row["requests_lost"]) == ("stalled", 42, 3)
     assert "dropped,requests_lost" in client.get("/runs.csv").text.splitlines()[0]

@@ -4,6 +4,7 @@ sort key, both directions, nulls last, ties by insertion, paged by offset; on SQ
 from __future__ import annotations
 
 import random
+import time
 import uuid
 
 import orjson
@@ -15,14 +16,17 @@ from draftscope.ingest import BatchWriter
 from tests.fixtures.store import make_batch, run_record
 
 
+T0 = float(int(time.time()) - 3600)  # whole seconds: ties stay ties
+
+
 def _requests(n: int) -> list[dict]:
     rng, rows = random.Random(7), []
     for i in range(n):
         verify = rng.choice([None, 0, *range(1, 6)])
         rows.append({"rid": f"r{i:03d}", "sampled": True, "prompt_len": rng.randrange(3),
                      "output_len": None if verify is None else rng.randrange(12),
-                     "started_at": rng.choice([None, 100.0 + rng.randrange(5)]),
-                     "finished_at": 200.0 + rng.randrange(5), "spec_verify_ct": verify,
+                     "started_at": rng.choice([None, T0 + 100.0 + rng.randrange(5)]),
+                     "finished_at": T0 + 200.0 + rng.randrange(5), "spec_verify_ct": verify,
                      "finish_reason": rng.choice([None, "stop", "length"])})
     return rows
 

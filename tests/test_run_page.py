@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+import time
 import uuid
 
 import pytest
@@ -69,9 +70,9 @@ def realistic_batch(run_id: str) -> dict:
                   {"rid": "req-ok", "prompt_len": 8, "output_len": 4, "spec_verify_ct": 2,
                    "traced_verify_ct": 2}],
         steps=steps, samples=samples, findings=FINDINGS,
-        health=[{"at": 1.0, "drops": {"queue_full": 0}, "errors": {}, "heartbeats": {"verify": 1},
+        health=[{"at": time.time() - 2, "drops": {"queue_full": 0}, "errors": {}, "heartbeats": {"verify": 1},
                  "disabled_probes": []},
-                {"at": 2.0, "drops": {"queue_full": 3}, "errors": {"draft_input": 1},
+                {"at": time.time() - 1, "drops": {"queue_full": 3}, "errors": {"draft_input": 1},
                  "heartbeats": {"verify": 14}, "disabled_probes": ["draft_logits"]}])
 
 
@@ -317,7 +318,7 @@ def kimi_batch(run_id: str) -> dict:
             "speculative_algorithm": "EAGLE3", "load_format": "dummy",
             "speculative_draft_load_format": "safetensors"}),
         steps=steps, samples=samples,
-        health=[{"at": 2.0, "drops": {"summary_ring_full": 108, "draft_tap_full": 3}, "errors": {},
+        health=[{"at": time.time(), "drops": {"summary_ring_full": 108, "draft_tap_full": 3}, "errors": {},
                  "heartbeats": {}, "disabled_probes": []}])
 
 
