@@ -14,16 +14,33 @@ import plotly.io as pio
 
 GREEN, RED, BLUE, GREY = "#2e7d32", "#c62828", "#1565c0", "#b0b7c3"
 SERIES = ("#1565c0", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#558b2f", "#4e342e", "#37474f")
-RUN_COLOURS = ("#1565c0", "#ef6c00")  # compare: run A, run B
+# Compare: run A in cool colours, solid, filled circles; run B in warm ones, dashed, open diamonds (drawn
+# larger, so a B point on top of A's still shows A's inside it). No colour is shared by the two runs.
+RUN_COLOURS = ("#1565c0", "#ef6c00")
+RUN_SERIES = (("#1565c0", "#00838f", "#6a1b9a", "#2e7d32", "#37474f"),
+              ("#ef6c00", "#ad1457", "#8d6e63", "#c0a000", "#d84315"))
+RUN_LINES = ({"dash": "solid", "width": 2}, {"dash": "dash", "width": 2})
+RUN_MARKERS = ({"symbol": "circle", "size": 6}, {"symbol": "diamond-open", "size": 11, "line": {"width": 2}})
 
 
 def _layout(x: dict[str, Any], y: dict[str, Any], height: int = 260, **kw: Any) -> dict[str, Any]:
+    """A chart's layout: the top margin holds the toolbar (shown on hover) and the legend sits above
+    the plot, clear of the x-axis title whatever its number of rows."""
     axis = {"gridcolor": "#eceff1", "zeroline": False, "automargin": True}
-    return {"height": height, "margin": {"l": 52, "r": 12, "t": 10, "b": 40},
+    return {"height": height, "margin": {"l": 52, "r": 12, "t": 30, "b": 40},
             "font": {"family": "system-ui, sans-serif", "size": 12},
             "paper_bgcolor": "white", "plot_bgcolor": "white",
             "xaxis": {**axis, **x}, "yaxis": {**axis, **y},
-            "legend": {"orientation": "h", "y": -0.3}, **kw}
+            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}, **kw}
+
+
+def _run_style(i: int, runs: int, colour: str | None = None) -> dict[str, Any]:
+    """Line and marker of run ``i``'s series (of ``runs``): one run plain; two told apart by colour,
+    dash and marker."""
+    colour = colour or (RUN_COLOURS[i % 2] if runs > 1 else BLUE)
+    if runs == 1:
+        return {"line": {"color": colour}, "marker": {"color": colour, "size": 6}}
+    return {"line": {**RUN_LINES[i % 2], "color": colour}, "marker": {**RUN_MARKERS[i % 2], "color": colour}}
 
 
 def _title(text: str) -> dict[str, Any]:
@@ -36,9 +53,12 @@ def _json(data: list[dict[str, Any]], layout: dict[str, Any]) -> str | None:
 
 def per_position(runs: list[tuple[str, dict[str, Any]]]) -> str | None:
     """Acceptance rate per draft position, one bar series per (label, summary)."""
-    data = []
+    data, notes = [], []
     for i, (label, summary) in enumerate(runs):
         rows = (summary.get("acceptance") or {}).get("per_position") or []
+        proposed, accepted = sum(r["proposed"] or 0 for r in rows), sum(r["accepted"] or 0 for r in rows)
+        if proposed and not accepted:  # bars of height 0: say so, or the chart reads as empty
+            notes.append(f"{label + ': ' if len(runs) > 1 else ''}0 of {proposed:,} drafts accepted")
         if rows:
             data.append({"type": "bar", "name": label, "x": [r["position"] for r in rows],
                          "y": [r["rate"] for r in rows],
@@ -46,9 +66,11 @@ def per_position(runs: list[tuple[str, dict[str, Any]]]) -> str | None:
                          "customdata": [[r["accepted"], r["proposed"]] for r in rows],
                          "hovertemplate": "position %{x}: %{y:.1%} (%{customdata[0]} of "
                                           "%{customdata[1]})<extra>" + label + "</extra>"})
+    annotations = [{"text": "<br>".join(notes), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+                    "showarrow": False, "font": {"size": 13, "color": "#3b4654"}}] if notes else []
     return _json(data, _layout({"title": _title("draft position"), "dtick": 1},
                                {"title": _title("accepted"), "tickformat": ".0%", "range": [0, 1]},
-                               barmode="group", showlegend=len(runs) > 1))
+                               barmode="group", showlegend=len(runs) > 1, annotations=annotations))
 
 
 def accept_over_time(runs: list[tuple[str, dict[str, Any]]]) -> str | None:
@@ -60,7 +82,7 @@ def accept_over_time(runs: list[tuple[str, dict[str, Any]]]) -> str | None:
             t0 = bins[0]["t0"]
             data.append({"type": "scatter", "mode": "lines+markers", "name": label,
                          "x": [round(b["t0"] - t0, 3) for b in bins],
-                         "y": [b["accept_length"] for b in bins], "line": {"color": RUN_COLOURS[i % 2]},
+                         "y": [b["accept_length"] for b in bins], **_run_style(i, len(runs)),
                          "customdata": [b["steps"] for b in bins],
                          "hovertemplate": "%{x:.1f} s: %{y:.2f} over %{customdata} steps<extra>"
                                           + label + "</extra>"})
@@ -79,7 +101,7 @@ def accept_by_seq_pos(runs: list[tuple[str, dict[str, Any]]],
         if bins:
             data.append({"type": "scatter", "mode": "lines+markers", "name": label,
                          "x": [(b["lo"] + b["hi"]) / 2 for b in bins],
-                         "y": [b["accept_length"] for b in bins], "line": {"color": RUN_COLOURS[i % 2]},
+                         "y": [b["accept_length"] for b in bins], **_run_style(i, len(runs)),
                          "customdata": [[b["lo"], b["hi"], b["steps"]] for b in bins],
                          "hovertemplate": "positions %{customdata[0]}–%{customdata[1]}: %{y:.2f} "
                                           "over %{customdata[2]} steps<extra>" + label + "</extra>"})
@@ -98,7 +120,8 @@ def accept_by_seq_pos(runs: list[tuple[str, dict[str, Any]]],
 
 def norms(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | None = None) -> str | None:
     """Mean L2 norm over time of every captured aux layer and of fc's output, one line each (both
-    runs in compare, dashed for B); the training band (q01..q99) per aux layer when known."""
+    runs in compare: A's in cool colours, B's in warm ones, dashed); the training band (q01..q99) per aux
+    layer when known."""
     data = []
     for r, (label, summary) in enumerate(runs):
         series = summary.get("norms") or {}
@@ -108,10 +131,11 @@ def norms(runs: list[tuple[str, dict[str, Any]]], stats: dict[str, Any] | None =
             if not bins:
                 continue
             name = point if len(runs) == 1 else f"{label}: {point}"
+            palette = SERIES if len(runs) == 1 else RUN_SERIES[r % 2]
             data.append({"type": "scatter", "mode": "lines+markers", "name": name,
                          "x": [round(b["t0"] - t0, 3) for b in bins],
                          "y": [b["l2_mean"] for b in bins],
-                         "line": {"color": SERIES[j % len(SERIES)], "dash": "dash" if r else "solid"},
+                         **_run_style(r, len(runs), palette[j % len(palette)]),
                          "hovertemplate": "%{x:.1f} s: %{y:.4g}<extra>" + name + "</extra>"})
     bands = [{"type": "rect", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": c["q01"],
               "y1": c["q99"], "fillcolor": SERIES[j % len(SERIES)], "opacity": 0.08, "line": {"width": 0}}

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from draftscope import charts, engine_compare, queries, topk_gaps
-from draftscope.csv_export import csv_response
+from draftscope.csv_export import attachment_name, csv_response
 from draftscope.facts_view import fact_sections
 from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
@@ -35,6 +35,23 @@ STEP_CSV = ("step_index", "at", "seq_pos", "accept_len", "accept_flags", "drafte
             "bonus_token", "draft_topk", "target_topk", "tree_parents")
 SAMPLE_CSV = ("point", "phase", "step_index", "at", "width", "rows", "dtype", "shape", "l2_mean",
               "l2_max", "mean", "std", "absmax", "nan_count", "inf_count")
+
+
+RANDOM_WEIGHTS = "weights-random"  # the finding that says a model ran on random weights (findings.runtime)
+
+
+def random_weights(findings: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's weights-random finding (its message says which model and flag), or None: every page
+    that shows acceptance says it, as the run page does."""
+    return next((f for f in findings if f["rule_id"] == RANDOM_WEIGHTS), None)
+
+
+def download(response: Response, name: str, inline: bool = False) -> Response:
+    """``response`` saved as ``name`` (letters, digits, ``.``, ``_`` and ``-`` only); ``inline``: a
+    browser still shows it (a JSON twin), the name is for Save As."""
+    kind = "inline" if inline else "attachment"
+    response.headers["content-disposition"] = f'{kind}; filename="{attachment_name(name)}"'
+    return response
 
 
 class PageError(Exception):
@@ -129,22 +146,35 @@ def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
         return _page_url("/", {**params, **size, "sort": key, "desc": key != sort or not desc})
 
     page = {**params, **size, "sort": sort, "desc": desc}
+    with _conn(request) as conn:
+        findings = queries.findings_by_run(conn, [r["id"] for r in runs])
+    badges = {r["id"]: _finding_badges(findings.get(r["id"], [])) for r in runs}
     refresh = request.app.state.refresher.problem()
-    context = {"runs": runs, "sort": sort, "desc": desc, "status_filter": status, "q": q,
+    context = {"runs": runs, "badges": badges, "sort": sort, "desc": desc, "status_filter": status, "q": q,
                "severity": severity, "engine": engine, "engines": queries.ENGINES, "filtered": bool(params), "sort_url": sort_url,
                "self_url": _page_url("/", {**page, "cursor": cursor or None}),
                "next_url": _page_url("/", {**page, "cursor": after}) if after else None,
                "first_url": _page_url("/", page) if cursor else None, "total": total,
                "refresh_problem": refresh,
                "any_live": any(r["live"] for r in runs), "port": request.app.state.settings.port,
-               "columns": [(None, "Run", False), ("state", "Status", False),
+               "columns": [("started_at", "Run", False), ("state", "Status", False),
                            ("worst_severity", "Root cause", False),
                            ("mean_accept_length", "Accept length", True),
                            (None, "Per position", False), ("requests_count", "Requests", True),
-                           ("algorithm", "Algorithm", False), ("target_path", "Target", False),
-                           ("draft_path", "Draft", False), ("engine", "Engine", False)]}
+                           ("target_path", "Target", False), ("engine", "Engine", False)]}
     return templates.TemplateResponse(request, "runs.html", context,
                                       block_name="runs_table" if _htmx(request) else None)
+
+
+def _finding_badges(findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """A runs-list row's findings: the worst as its badge, random weights always in sight (acceptance
+    means nothing then), the rest counted with their rule ids for the tooltip."""
+    random = random_weights(findings)
+    worst = next((f for f in findings if f is not random), None)
+    if random and worst and worst["severity"] == "info":
+        worst = None  # an acceptance finding made info by random weights: the random badge says why
+    rest = [f["rule_id"] for f in findings if f is not random and f is not worst]
+    return {"worst": worst, "random": random, "rest": rest}
 
 
 @router.get("/runs.json")
@@ -286,7 +316,7 @@ def run_json(request: Request, run_id: str):
     with _conn(request) as conn:
         data = _run_data(request, conn, run_id)
     data.pop("feature_stats")
-    return _json(data)
+    return download(_json(data), f"run-{run_id}.json", inline=True)
 
 
 @router.get("/runs/{run_id}/spec.csv")
@@ -294,7 +324,7 @@ def run_speccsv_response(request: Request, run_id: str):
     with _conn(request) as conn:
         diff = _run_data(request, conn, run_id)["diff"]
     return csv_response((r.to_dict() for r in diff), ("key", "label", "trained", "predicted", "served",
-                                             "state", "note"), f"{run_id}-spec.csv")
+                                             "state", "note"), f"run-{run_id}-spec.csv")
 
 
 @router.get("/runs/{run_id}/findings.csv")
@@ -303,7 +333,7 @@ def run_findingscsv_response(request: Request, run_id: str):
         _require_run(conn, run_id)
         rows = queries.run_findings(conn, run_id)
     return csv_response(rows, ("severity", "rule_id", "message", "fix", "rid", "first_step", "source",
-                       "evidence"), f"{run_id}-findings.csv")
+                       "evidence"), f"run-{run_id}-findings.csv")
 
 
 @router.get("/runs/{run_id}/requests.csv")
@@ -311,7 +341,7 @@ def run_requestscsv_response(request: Request, run_id: str):
     with _conn(request) as conn:
         _require_run(conn, run_id)
         rows, _ = queries.run_requests_page(conn, run_id, limit=ALL_ROWS)
-    return csv_response(rows, REQUEST_CSV, f"{run_id}-requests.csv")
+    return csv_response(rows, REQUEST_CSV, f"run-{run_id}-requests.csv")
 
 
 @router.get("/runs/{run_id}/requests", response_class=HTMLResponse)
@@ -347,6 +377,7 @@ def run_page(request: Request, run_id: str):
                    rest=findings[1:] if findings and findings[0]["severity"] != "info" else findings,
                    charts=_figures([("run", data["summary"])], data["feature_stats"], draft_max),
                    fact_sections=fact_sections(run.get("facts")), other_runs=others,
+                   random=random_weights(findings),
                    finding_rules=sorted({f["rule_id"] for f in findings if f.get("rid")}))
     return templates.TemplateResponse(request, "run.html", context,
                                       block_name="live" if _htmx(request) else None)
@@ -453,7 +484,9 @@ def _request_data(conn, run_id: str, rid: str, step_index: int | None = None) ->
                             f"{step_index}.", ["Pick a step from the request's timeline."])
     samples = data["samples"]
     rows = _step_rows(step) if step else []
-    return {"run": run, "req": req, "steps": steps, "samples": samples, "incomplete": incomplete,
+    findings = queries.run_findings(conn, run_id)
+    root = findings[0] if findings and findings[0]["severity"] != "info" else None
+    return {"run": run, "req": req, "random": random_weights(findings), "root": root, "steps": steps, "samples": samples, "incomplete": incomplete,
             "step": step, "step_rows": rows, "step_tree": _step_tree(rows),
             "step_samples": _sample_groups([s for s in samples if s["step_index"] == step_index],
                                            expected) if step else [],
@@ -480,13 +513,15 @@ def request_page(request: Request, run_id: str, rest: str):
         exact = queries.get_request(conn, run_id, rest) is not None
         rid, kind, step_index = (rest, "page", None) if exact else _split_rid(rest)
         data = _request_data(conn, run_id, rid, step_index)
+    name = f"run-{run_id}-request-{rid}"
     if kind == "json":
-        return _json({k: data[k] for k in ("run", "req", "steps", "samples", "incomplete",
-                                           "expected_widths", "traced_accept_length")})
+        return download(_json({k: data[k] for k in ("run", "req", "steps", "samples", "incomplete",
+                                                    "expected_widths", "traced_accept_length")}),
+                        f"{name}.json", inline=True)
     if kind == "steps.csv":
-        return csv_response(data["steps"], STEP_CSV, "steps.csv")
+        return csv_response(data["steps"], STEP_CSV, f"{name}-steps.csv")
     if kind == "samples.csv":
-        return csv_response(data["samples"], SAMPLE_CSV, "samples.csv")
+        return csv_response(data["samples"], SAMPLE_CSV, f"{name}-samples.csv")
     decode = decoder(data["run"].get("target_path"))
     run_url = _run_url(run_id)
     context = {**data, "decode": decode, "timeline_figure": charts.timeline(data["steps"]),
@@ -510,7 +545,7 @@ def _compare_ids(a: str | None, b: str | None, run: list[str]) -> tuple[str | No
 def _side(request: Request, conn, run_id: str) -> dict[str, Any]:
     data = _run_data(request, conn, run_id)
     f = data["findings"]
-    return {**data, "root": f[0] if f and f[0]["severity"] != "info" else None}
+    return {**data, "root": f[0] if f and f[0]["severity"] != "info" else None, "random": random_weights(f)}
 
 
 def _compare_data(request: Request, conn, a_id: str, b_id: str) -> dict[str, Any]:
@@ -546,8 +581,8 @@ def compare_json(request: Request, a: str | None = None, b: str | None = None,
     with _conn(request) as conn:
         data = _compare_data(request, conn, a_id, b_id)
     side = ("run", "summary", "findings", "diff")
-    return _json({"a": {k: data["a"][k] for k in side}, "b": {k: data["b"][k] for k in side},
-                  "engines": data["engines"]})
+    return download(_json({"a": {k: data["a"][k] for k in side}, "b": {k: data["b"][k] for k in side},
+                           "engines": data["engines"]}), f"compare-run-{a_id}-run-{b_id}.json", inline=True)
 
 
 def error_response(request: Request, exc: PageError) -> Response:

@@ -265,6 +265,20 @@ def run_findings(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     return [redact.redact_row(dict(row), redact.FINDING_TEXT) for row in conn.execute(query).mappings()]
 
 
+def findings_by_run(conn: sa.Connection, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each listed run's findings as (severity, rule_id) rows, most severe first (the runs list's
+    badges and their tooltip): one query for a page of runs."""
+    if not run_ids:
+        return {}
+    query = (sa.select(_FINDINGS.c.run_id, _FINDINGS.c.severity, _FINDINGS.c.rule_id)
+             .where(_FINDINGS.c.run_id.in_(run_ids))
+             .order_by(_FINDINGS.c.run_id, _severity_rank(_FINDINGS.c.severity), _FINDINGS.c.id))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in conn.execute(query).mappings():
+        out.setdefault(row["run_id"], []).append({"severity": row["severity"], "rule_id": row["rule_id"]})
+    return out
+
+
 def latest_health(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
     """The newest tracer health snapshot of the run (cumulative counters), or None."""
     query = (sa.select(_HEALTH.c.at, _HEALTH.c.drops, _HEALTH.c.errors, _HEALTH.c.heartbeats,

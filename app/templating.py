@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,12 +30,48 @@ def num(value: float | None, digits: int = 3) -> str:
     return "" if value is None else f"{value:.{digits}g}"
 
 
-def shortpath(path: str | None) -> str:
-    """The last two components of a path (the full path goes in a title attribute)."""
+_HASH = re.compile(r"[0-9a-f]{12,}", re.IGNORECASE)  # a cache folder named by a content hash
+_HASH_PREFIX = re.compile(r"^[0-9a-f]{12,}[-_.]", re.IGNORECASE)
+GENERIC = {"draft", "target", "model", "models", "checkpoint", "checkpoints", "final", "latest", "main",
+           "hf", "weights"}  # folder names that do not tell one model from another
+
+
+def model_name(path: str | None) -> str:
+    """What tells a model apart in its path: its own folder's name, without the content hash a cache
+    folder carries (``…/<hash>/scenarios/<hash>-aux-off-v1`` reads ``aux-off-v1``); a generic name
+    (``draft``, ``target``) with its parent's (``kimi-models/target``); a Hugging Face cache folder
+    (``models--org--name``) and a hub id (``org/name``) as ``org/name``."""
     if not path:
         return ""
-    parts = [p for p in str(path).rstrip("/").split("/") if p]
-    return "/".join(parts[-2:]) if len(parts) > 2 else str(path)
+    text = str(path).replace("\\", "/")
+    parts = [p for p in text.split("/") if p and p != "."]
+    for part in reversed(parts):
+        if part.startswith("models--"):
+            return part[len("models--"):].replace("--", "/")
+    named = [_HASH_PREFIX.sub("", p) for p in parts if not _HASH.fullmatch(p)]
+    if not named:
+        return parts[-1] if parts else text
+    if len(parts) == 2 and len(named) == 2 and not text.startswith(("/", ".", "~")):
+        return "/".join(named)  # a hub id: org/name
+    if named[-1].lower() in GENERIC and len(named) > 1:
+        return "/".join(named[-2:])
+    return named[-1]
+
+
+def middle(text: str | None, width: int = 30) -> str:
+    """``text`` cut to ``width`` characters in its middle (its start and its end tell most apart)."""
+    text = "" if text is None else str(text)
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def position_rates(rows: list[dict] | None) -> str:
+    """A chart's numbers in words for its label: ``: position 1 40% (8 of 20), …``."""
+    parts = [f"position {r.get('position')} {r['rate']:.0%} ({r.get('accepted')} of {r.get('proposed')})"
+             for r in rows or [] if isinstance(r.get("rate"), (int, float))]
+    return (": " + ", ".join(parts)) if parts else ""
 
 
 def safe_json(text: str | None) -> Markup:
@@ -44,7 +81,8 @@ def safe_json(text: str | None) -> Markup:
 
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))  # autoescapes .html templates
-templates.env.filters.update(when=when, num=num, shortpath=shortpath, safe_json=safe_json)
+templates.env.filters.update(when=when, num=num, model_name=model_name, middle=middle,
+                             position_rates=position_rates, safe_json=safe_json)
 templates.env.globals.update(htmx_js=HTMX_JS, plotly_js=PLOTLY_JS)
 
 
