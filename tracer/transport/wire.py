@@ -14,7 +14,9 @@ A batch (``schema_version`` 1) is a JSON object::
      "health": [HealthRecord], "findings": [FindingRecord]}
 
 Times are unix seconds (float). Lists default to empty. Field meanings are in the TypedDicts below;
-fields marked ``NotRequired`` may be absent and are stored as NULL.
+fields marked ``NotRequired`` may be absent and are stored as NULL. The dashboard's ingest bounds every
+value (ids' alphabet and length, times, integers to their column, no NUL, JSON depth, the enums noted
+below): ``draftscope.wire_schema`` and docs/tracer.md, "What a tracer may send".
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ SCHEMA_VERSION = 1
 class RunRecord(TypedDict):
     """One tracer attach session (or one imported bundle)."""
 
-    engine: str  # "sglang"
+    engine: str  # "sglang" | "vllm"
     engine_version: str
     source: str  # "tracer" | "bundle"
     status: str  # "running" | "ended" | "crashed"
