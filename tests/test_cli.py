@@ -149,7 +149,8 @@ def test_serve_upgrade_starts_a_working_dashboard(sqlite_url, tmp_path) -> None:
     with start_dashboard(sqlite_url, tmp_path / "serve.log", command=main, args=["--upgrade"]) as url:
         with urllib.request.urlopen(f"{url}/healthz", timeout=10) as resp:
             health = json.load(resp)
-    assert health == {"status": "ok", "db_revision": db.head_revision(), "head_revision": db.head_revision()}
+    assert health == {"status": "ok", "db_revision": db.head_revision(), "head_revision": db.head_revision(),
+                      "problems": [], "errors": {"refresh": 0, "wal_checkpoint": 0}}
 
 
 def test_serve_names_the_address_to_open() -> None:
