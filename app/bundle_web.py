@@ -60,9 +60,9 @@ def _download(request: Request, run_id: str, requests: list[str] | None, include
     except TextUnavailable as exc:
         path.unlink(missing_ok=True)
         return HTMLResponse(f"<p>{html.escape(str(exc))}</p>", status_code=409)
-    suffix = "" if requests is None else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", requests[0])[:40]
+    named = f"run-{run_id}" + ("" if requests is None else f"-request-{requests[0]}")  # as the CSV twins
     return FileResponse(path, media_type="application/zip",
-                        filename=f"draftscope-{re.sub(r'[^A-Za-z0-9_.-]+', '_', run_id[:12])}{suffix}.zip",
+                        filename=re.sub(r"[^A-Za-z0-9_.-]+", "_", named) + "-bundle.zip",
                         background=BackgroundTask(path.unlink, missing_ok=True))
 
 

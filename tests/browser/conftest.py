@@ -54,3 +54,29 @@ def page(browser, request) -> Iterator:
     page.screenshot(path=str(SCREENSHOTS / f"{request.node.name}.png"), full_page=True)
     context.close()
     assert not errors, f"the page logged errors: {errors}"
+
+
+@pytest.fixture(scope="session")
+def demo_pages(demo_runs, demo_db) -> dict[str, str]:
+    """Every page of the demo store by name: the runs list, the compare form and two comparisons (the
+    Kimi pair; aux-off beside healthy), the import form, each run's page and its first request's page."""
+    import sqlite3
+    from urllib.parse import quote
+    pages = {"runs": "/", "compare-form": "/compare", "import": "/import",
+             "compare-kimi": f"/compare?a={demo_runs['kimi-healthy']}&b={demo_runs['kimi-aux-off']}",
+             "compare-aux-off": f"/compare?a={demo_runs['aux-off']}&b={demo_runs['healthy']}"}
+    with sqlite3.connect(demo_db) as db:
+        for name, run_id in sorted(demo_runs.items()):
+            pages[f"run:{name}"] = f"/runs/{run_id}"
+            first = db.execute("SELECT rid FROM requests WHERE run_id = ? ORDER BY started_at, rid LIMIT 1",
+                               (run_id,)).fetchone()
+            if first:  # a run that crashed at its first request has none
+                pages[f"request:{name}"] = f"/runs/{run_id}/requests/{quote(first[0], safe='')}"
+    return pages
+
+
+def wait_for_charts(page) -> None:
+    """Until every chart of the page is drawn and takes clicks: draftscope.js names the drawing an
+    image once plotly.js has finished the plot."""
+    page.wait_for_function("() => [...document.querySelectorAll('div.plot[data-figure]')]"
+                           ".every((d) => d.querySelector('svg.main-svg[role=img]'))")
