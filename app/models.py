@@ -75,6 +75,7 @@ class Request(SQLModel, table=True):
     rid: str = _str(nullable=False)
     sampled: bool | None = None
     prompt_len: int | None = None
+    prompt_key: str | None = _str()  # the same prompt, within one tracer process (tracer/engine/prompt_key.py)
     output_len: int | None = None
     started_at: float | None = None
     finished_at: float | None = None

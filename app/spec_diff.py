@@ -93,6 +93,9 @@ class _Spec:
         self.k = self.fc_in // self.hidden if self.fc_in and self.hidden and self.fc_in % self.hidden == 0 else None
         self.eagle3 = self.draft.get("architecture") in EAGLE3_DRAFT_CLASSES
         self.uses_fc = bool(self.eagle3 and self.fc_in and self.fc_in != self.embed)
+        # the engine recorded that it captures no aux layer (capture off, or an empty layer list)
+        self.nothing_captured = (self.target.get("capture_aux_hidden_states") is False
+                                 or self.target.get("layers_to_capture") == [])
 
     def expected_width(self, phase: Phase) -> int | None:
         if not phase.via_fc:
@@ -185,6 +188,11 @@ def _aux_widths(spec: _Spec, widths: dict) -> DiffRow:
         return DiffRow("aux_widths", "Width of each aux layer", trained,
                        "no aux samples", MISMATCH if spec.uses_fc else UNKNOWN)
     seen = {p: sorted({int(w) for ph in widths[p].values() for w in ph}) for p in points}
+    if spec.nothing_captured:  # the verify's hidden states are then the target's final one, not a layer's
+        final = "/".join(str(w) for ws in seen.values() for w in ws)
+        return DiffRow("aux_widths", "Width of each aux layer", trained,
+                       f"no aux layer captured (the draft gets the target's final hidden state, {final} wide)",
+                       MISMATCH if spec.uses_fc else UNKNOWN)
     served = ", ".join(f"{p[7:]}: {'/'.join(map(str, ws))}" for p, ws in seen.items())
     bad = any(ws != [spec.hidden] for ws in seen.values()) if spec.hidden else False
     return DiffRow("aux_widths", "Width of each aux layer", trained, served, MISMATCH if bad else OK)
@@ -198,8 +206,9 @@ def _concat(spec: _Spec, widths: dict) -> DiffRow:
     per = [max(int(w) for ph in widths[p].values() for w in ph) for p in aux]
     if not spec.uses_fc:
         return DiffRow("concat", label, trained, "no fc in this draft", UNKNOWN)
-    if not per:
-        return DiffRow("concat", label, trained, "nothing captured", MISMATCH)
+    if not per or spec.nothing_captured:
+        final = f": the final hidden state alone, {per[0]} wide" if per and len(per) == 1 else ""
+        return DiffRow("concat", label, trained, f"nothing captured{final}", MISMATCH)
     total = sum(per)
     served = f"{len(per)} × {per[0]} = {total}" if len(set(per)) == 1 else f"{' + '.join(map(str, per))} = {total}"
     return DiffRow("concat", label, trained, served, OK if total == spec.fc_in else MISMATCH)

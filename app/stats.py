@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope import models, topk_gaps
 from draftscope.findings import Observation
+from draftscope.findings.model import RequestAcceptance
 
 MAX_BUCKETS = 400  # per binned series and key; the pages re-bin to fewer
 NORM_POINTS = ("target.aux[", "draft.fc.out")  # prefixes whose l2_mean is binned over time
@@ -33,6 +34,7 @@ _HEALTH = models.TracerHealth.__table__
 _RUNS = models.Run.__table__
 TIME_SERIES = ("steps.time", "steps.time_seq", "norms.time")
 ORPHANS = "steps.orphan"  # a set: rids with verify steps but no request row, kept whole on each fold
+RID_SEQ = "steps.rid_seq"  # per request (key) and sequence-position bin: steps, accept_len sum
 
 
 def _insert(conn: sa.Connection):
@@ -232,6 +234,10 @@ class _Fold:
         for b, n, total in conn.execute(sa.select(seq, sa.func.count(), sa.func.sum(_STEPS.c.accept_len))
                                         .where(*where, _STEPS.c.seq_pos.is_not(None)).group_by(seq)):
             self._bin("steps.seq_pos", "", b, n, total)
+        for rid, b, n, total in conn.execute(  # per request too: decay is judged within the same requests
+                sa.select(_STEPS.c.rid, seq, sa.func.count(), sa.func.sum(_STEPS.c.accept_len))
+                .where(*where, _STEPS.c.seq_pos.is_not(None)).group_by(_STEPS.c.rid, seq)):
+            self._bin(RID_SEQ, rid, b, n, total)
         if totals[4] is not None and (s["max_seq_pos"] is None or totals[4] > s["max_seq_pos"]):
             rid, step = conn.execute(sa.select(_STEPS.c.rid, _STEPS.c.step_index)
                                      .where(*where, _STEPS.c.seq_pos == totals[4])
@@ -270,7 +276,8 @@ class _Fold:
             return False
         for series in TIME_SERIES:
             self._rebin(conn, series, old["time_bin_s"], s["time_bin_s"])
-        self._rebin(conn, "steps.seq_pos", old["seq_bin"], s["seq_bin"])
+        for series in ("steps.seq_pos", RID_SEQ):
+            self._rebin(conn, series, old["seq_bin"], s["seq_bin"])
         self._add_bins(conn, self.bins)
         if self.orphans is not None:
             conn.execute(_BINS.delete().where(_BINS.c.run_id == self.run_id, _BINS.c.series == ORPHANS))
@@ -450,6 +457,21 @@ def _acceptance_shape(conn: sa.Connection, run_id: str, stats: dict[str, Any], o
     seq = {b["bucket"]: b["total"] / b["n"] for b in bins(conn, run_id, "steps.time_seq") if b["n"]}
     obs.accept_by_time_bin = [(b["bucket"] * stats["time_bin_s"], b["n"], int(b["total"]) - b["n"],
                                seq.get(b["bucket"], 0.0)) for b in bins(conn, run_id, "steps.time")]
+    obs.accept_by_rid_seq_bin = [(b["key"], b["bucket"] * stats["seq_bin"], b["n"], int(b["total"]) - b["n"])
+                                 for b in bins(conn, run_id, RID_SEQ)]
+    obs.requests = _request_acceptance(conn, run_id)
+
+
+def _request_acceptance(conn: sa.Connection, run_id: str) -> list[RequestAcceptance]:
+    """The run's requests with verify steps (``steps.rid``) in arrival order; those without a
+    request row, or without any time, are left out (nothing says when they came)."""
+    R = _REQUESTS.c
+    rows = {rid: (at, key) for rid, at, key in conn.execute(
+        sa.select(R.rid, sa.func.coalesce(R.started_at, R.finished_at), R.prompt_key)
+        .where(R.run_id == run_id))}
+    found = [RequestAcceptance(b["key"], rows[b["key"]][0], b["n"], int(b["total"]) - b["n"], rows[b["key"]][1])
+             for b in bins(conn, run_id, "steps.rid") if b["key"] in rows and rows[b["key"]][0] is not None]
+    return sorted(found, key=lambda r: (r.at, r.rid))
 
 
 def _aux_index(point: str) -> int | None:

@@ -56,6 +56,7 @@ Text = _limited(str, pattern=r"^[^\x00]*$")  # no NUL: PostgreSQL's text cannot 
 SafeId = _limited(str, min_length=1, max_length=ID_MAX, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # A request id is the engine's (a client may choose it): any printable text, no control character.
 Rid = _limited(str, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+PromptKey = _limited(str, pattern=r"^[0-9a-f]{16}$")  # tracer/engine/prompt_key.py
 TopK = list[list[list[float | None]]]  # [position][k] = [id, prob]; prob null when not finite
 
 
@@ -88,6 +89,7 @@ class RequestRecord(_Record):
     rid: Rid
     sampled: bool | None = None
     prompt_len: Int | None = None
+    prompt_key: PromptKey | None = None
     output_len: Int | None = None
     started_at: Time | None = None
     finished_at: Time | None = None

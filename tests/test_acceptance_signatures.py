@@ -75,8 +75,9 @@ def test_decay_with_position_short_context_served_long(sglang_server):
     out = CliRunner().invoke(cli, ["doctor", str(s.draft_dir), "--target", str(s.target_dir), "--json",
                                    "--server-env", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"])
     assert [f["rule_id"] for f in json.loads(out.output)["findings"]] == ["draft-context-overridden"]
+    # eight requests a side at least: the rule compares requests (MIN_REQUESTS), not steps
     findings, obs = serve(sglang_server("short-context", env=OVERRIDE),
-                          DEMO + [(p, 48, {}) for p in LONG_PROMPTS])
+                          DEMO + DEMO + [(p, 48, {}) for p in LONG_PROMPTS * 2])
     by_rule = {f.rule_id: f for f in findings}
     decay = by_rule.get("acceptance-decays-with-position")
     assert decay is not None, report(findings, obs)
@@ -87,8 +88,10 @@ def test_decay_with_position_short_context_served_long(sglang_server):
 
 
 def test_drift_over_time_when_traffic_changes(sglang_server):
-    hot = [(p, DEMO_NEW_TOKENS, {"temperature": 1.5, "top_k": 1000}) for p in DEMO_PROMPTS * 2]
+    # the same six prompts in both thirds (the tracer's prompt keys tell them), sampled hot in the last
+    hot = [(p, DEMO_NEW_TOKENS, {"temperature": 1.5, "top_k": 1000}) for p in DEMO_PROMPTS * 3]
     findings, obs = serve(sglang_server("healthy", env={"DRAFTSCOPE_TEST_TRAFFIC": "drift"}),
-                          DEMO + DEMO + hot)
+                          DEMO * 3 + hot)
     rules = [f.rule_id for f in findings]
     assert rules == ["acceptance-drift-over-time"], report(findings, obs)
+    assert findings[0].severity == "warning" and findings[0].evidence["same_prompts"]

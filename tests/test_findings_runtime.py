@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
@@ -186,20 +187,21 @@ def test_position1_low_from_selection_alone_is_not_a_collapse():
     assert _ids(_shape(accepted_drafts=120, accept_by_position=[(300, 60), (60, 33), (33, 18)])) == []
 
 
+def _split(bins, requests=10):
+    """Per-request bins of ``accept_by_seq_bin``: every request ran through every bin, alike."""
+    return [(f"r{i}", start, n // requests, accepted // requests) for start, n, accepted in bins
+            for i in range(requests)]
+
+
 def test_decay_with_position_finds_the_knee():
+    bins = [(0, 30, 60), (64, 30, 50), (128, 30, 10), (192, 30, 0)]
     obs = _shape(facts={"algorithm": "EAGLE3", "target": {},
                         "draft": {"checkpoint_max_position_embeddings": 64, "max_position_embeddings": 2048}},
-                 accept_by_seq_bin=[(0, 30, 60), (64, 30, 55), (128, 30, 10), (192, 30, 5)])
+                 accept_by_seq_bin=bins, accept_by_rid_seq_bin=_split(bins))
     (f,) = runtime_findings(None, obs)
     assert f.rule_id == "acceptance-decays-with-position" and f.evidence["knee_seq_pos"] == 128
     assert "max_position_embeddings is 64 (SGLang overwrote it with 2048)" in f.message
-
-
-def test_drift_needs_similar_positions():
-    bins = [(0.0, 30, 60, 20.0), (1.0, 30, 40, 20.0), (2.0, 30, 10, 21.0)]
-    assert _ids(_shape(accept_by_time_bin=bins)) == ["acceptance-drift-over-time"]
-    longer = [(a, b, c, 20.0 if i == 0 else 200.0) for i, (a, b, c, _) in enumerate(bins)]
-    assert _ids(_shape(accept_by_time_bin=longer)) == []  # explained by position, not time
+    assert "in the same 10 requests" in f.message and f.evidence["p_value"] <= 0.01
 
 
 def test_zero_acceptance_with_finite_logits_and_not_with_nonfinite():
@@ -209,7 +211,13 @@ def test_zero_acceptance_with_finite_logits_and_not_with_nonfinite():
 
 def test_decay_explains_a_position1_shape():
     # Long requests past the draft's window fail at position 1 and dominate it (measured on the
-    # short-context scenario): the decay finding alone names the cause.
+    # short-context scenario, whose checkpoint says 64 positions): the decay finding alone names the cause.
+    requests = [(f"short{i}", 0, 9, 12) for i in range(9)] + [(f"long{i}", 180, 20, 0) for i in range(9)]
     obs = _shape(accepted_drafts=110, accept_by_position=[(272, 60), (60, 33), (33, 17)],
-                 accept_by_seq_bin=[(0, 89, 105), (180, 183, 5)])
+                 facts={"algorithm": "EAGLE3", "target": {}, "draft": {"checkpoint_max_position_embeddings": 64}},
+                 accept_by_seq_bin=[(0, 89, 105), (180, 183, 5)], accept_by_rid_seq_bin=requests)
     assert _ids(obs) == ["acceptance-decays-with-position"]
+    # the same shape without the checkpoint's window to explain it: other, longer prompts, not a decay
+    assert _ids(replace(obs, facts={"algorithm": "EAGLE3", "target": {}, "draft": {}})) == []
+
+

@@ -29,6 +29,18 @@ class Finding:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RequestAcceptance:
+    """One sampled request's verify steps and accepted drafts; ``at``: when it arrived (else finished),
+    ``prompt_key``: equal for the same prompt within the run (None: the tracer recorded none)."""
+
+    rid: str
+    at: float
+    steps: int
+    accepted: int
+    prompt_key: str | None = None
+
+
 @dataclass
 class Observation:
     """What the tracer saw in one run, condensed for the runtime rules.
@@ -59,6 +71,11 @@ class Observation:
     accept_by_seq_bin: list[tuple[int, int, int]] = field(default_factory=list)
     # per time bin of the run, (seconds from the first step, verify steps, accepted drafts, mean seq_pos)
     accept_by_time_bin: list[tuple[float, int, int, float]] = field(default_factory=list)
+    # per sampled request with verify steps, in arrival order: the unit the acceptance signatures
+    # compare (request-to-request variation, not step-to-step, is what a finding must beat)
+    requests: list[RequestAcceptance] = field(default_factory=list)
+    # per (request, sequence-position bin): (rid, first seq_pos of the bin, verify steps, accepted drafts)
+    accept_by_rid_seq_bin: list[tuple[str, int, int, int]] = field(default_factory=list)
     time_origin: float = 0.0  # unix time of accept_by_time_bin's 0 s
     time_bin_s: float = 1.0  # width of a time bin
     # what the tracer lost on the way to the store (its latest health): records, requests whose

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from draftscope.findings.model import Finding, Observation
+from draftscope.findings import significance
+from draftscope.findings.model import Finding, Observation, RequestAcceptance
 from draftscope.spec.convention import IN_HF, OWNER, config_readings, other_engine, spec_readings, verdicts
 from draftscope.spec.draft import ConfigIds, DraftFeatureSpec, config_fc_width, config_ids
 from draftscope.spec.feature_stats import relative_gap
@@ -90,21 +91,6 @@ def _with_gaps(finding: Finding, obs: Observation) -> Finding:
                    evidence={**finding.evidence, "lost": lost})
 
 
-def _gap_free(bins: list[tuple[float, int, int, float]], obs: Observation) -> list[tuple[float, int, int, float]]:
-    """The longest stretch (in verify steps) of consecutive time bins that no gap touches: a time
-    comparison never spans records the tracer lost."""
-    if not obs.gaps:
-        return bins
-    stretches: list[list[tuple[float, int, int, float]]] = [[]]
-    for b in bins:
-        start = obs.time_origin + b[0]
-        if any(g0 < start + obs.time_bin_s and start <= g1 for g0, g1 in obs.gaps):
-            stretches.append([])
-        else:
-            stretches[-1].append(b)
-    return max(stretches, key=lambda s: sum(b[1] for b in s))
-
-
 def _expected_with_random_weights(found: list[Finding], random: dict[str, str]) -> list[Finding]:
     """Random weights accept nothing: the acceptance findings become expected (info), the plumbing
     ones stay as they are, and ``weights-random`` says why first."""
@@ -130,8 +116,16 @@ POS1_MAX, LATER_MIN = 0.25, 0.5  # position 1 under 25% while positions 2.. keep
 # on the test bed (and every draft corruption tried there lowers the later positions as well).
 POS1_RATIO = 3.0
 DECAY_RATIO = 0.5  # acceptance past the knee at most half of before it
-DRIFT_RATIO = 0.5  # acceptance in the last third of the run at most half of the first third
-DRIFT_SEQ_SLACK = 1.5  # ... while its mean sequence position grew by less than this factor
+DRIFT_RATIO = 0.5  # acceptance in the last third of the run's requests at most half of the first third
+# Decay and drift compare requests, not steps (significance.py): each side needs MIN_REQUESTS of
+# them, and the fall must be beyond request-to-request variation at P_MAX (2,000 permutations or
+# bootstrap resamples over requests, fixed seed). On the test bed's healthy runs this keeps both
+# silent (bench/signature_false_alarms.py, docs/findings.md).
+MIN_REQUESTS = 8
+P_MAX = 0.01
+KNEE_LIMIT_SHARE = 0.5  # a knee past half the checkpoint's max_position_embeddings is the context window's
+TRAINED_MIN = 256  # drafts are trained on longer sequences (SpecForge and speculators: 2048): a knee before
+# this, far inside the checkpoint's window, is not a context window (the test bed's healthy draft: 32)
 ACCEPTANCE = SIGNATURES | {"acceptance-collapse-quality"}  # judged on acceptance alone
 
 
@@ -165,11 +159,7 @@ def _widths(spec: DraftFeatureSpec | None, obs: Observation, target: dict, draft
         found.append(_f("fc-bypassed", "error",
                         f"the draft received {embed}-wide features, {embed} instead of {expected}{parts}: "
                         f"{why}, and {embed} is its embed width, so fc is silently skipped",
-                        "enable aux capture: use_aux_hidden_state true in eagle_config and "
-                        "--speculative-config method eagle3" if engine == "vllm" else
-                        "enable aux capture: use_aux_hidden_state true in eagle_config, "
-                        "--speculative-algorithm EAGLE3, a target class with set_eagle3_layers_to_capture",
-                        ev))
+                        _capture_fix(obs.facts or {}, draft, engine), ev))
     elif captured is not None and k and len(captured) < k:
         found.append(_f("aux-count-short", "error",
                         f"the target captures {len(captured)} aux states (input of layers {captured}"
@@ -234,6 +224,25 @@ def _layers(spec: DraftFeatureSpec | None, draft: dict, target: dict, captured: 
 
 def _ids(spec: DraftFeatureSpec | None, read: ConfigIds | None) -> list[int] | None:
     return spec.aux_layer_ids if spec is not None else read.ids if read else None
+
+
+def _capture_fix(facts: dict, draft: dict, engine: str) -> str:
+    """Enable aux capture, naming first what this run has that turns it off (the draft's config, the
+    algorithm), then the other conditions."""
+    config = draft.get("config") if isinstance(draft.get("config"), dict) else {}
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    method = "--speculative-config method eagle3" if engine == "vllm" else "--speculative-algorithm EAGLE3"
+    found = []
+    if eagle.get("use_aux_hidden_state") is False:
+        found.append("set use_aux_hidden_state: true in eagle_config (this draft's config says false)")
+    if engine != "vllm" and facts.get("algorithm") not in (None, "EAGLE3"):
+        found.append(f"serve with {method} (this run used {facts.get('algorithm')})")
+    if found:
+        return "; ".join(found) + ("" if len(found) > 1 else "; that is the one condition this run misses")
+    rest = ["use_aux_hidden_state true in eagle_config", method]
+    if engine != "vllm":
+        rest.append("a target class with set_eagle3_layers_to_capture")
+    return "enable aux capture: " + ", ".join(rest)
 
 
 def _fix_all(readings: list[tuple[str, list[int]]], target: TargetSpec, engine: str,
@@ -426,7 +435,7 @@ def _signatures(obs: Observation, draft: dict, spec: DraftFeatureSpec | None,
         return found
     decay = _decay_with_position(obs, draft, spec)
     # Steps past the knee fail at position 1 and dominate it: decay explains that shape too.
-    for hit in (decay, None if decay else _position1(obs, draft, spec), _drift(obs, draft, spec)):
+    for hit in (decay, None if decay else _position1(obs, draft, spec), _drift(obs)):
         if hit:
             found.append(hit)
     return found
@@ -474,7 +483,70 @@ def _position1(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> 
 
 
 def _decay_with_position(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
-    bins, per = obs.accept_by_seq_bin, obs.drafts_per_step or 1
+    """Acceptance past a sequence-position knee at most half of before it, pooled over steps, then
+    judged over requests: within the same requests when enough of them cross the knee (like with
+    like: a request past the knee is otherwise another, longer prompt), across requests only where
+    the checkpoint's max_position_embeddings puts the knee at the end of its window. A warning needs
+    the knee to be a plausible context window: near the checkpoint's max_position_embeddings, or
+    past TRAINED_MIN positions; a fall far inside both is only info (it is not the window)."""
+    knee = _knee(obs.accept_by_seq_bin, obs.drafts_per_step or 1)
+    if knee is None:
+        return None
+    limit = draft.get("checkpoint_max_position_embeddings") or (spec.max_position_embeddings if spec else None)
+    live = draft.get("max_position_embeddings")
+    sides: dict[str, list[int]] = {}
+    for rid, start, n, accepted in obs.accept_by_rid_seq_bin:
+        side = sides.setdefault(rid, [0, 0, 0, 0])
+        i = 0 if start < knee else 2
+        side[i] += n
+        side[i + 1] += accepted
+    per = obs.drafts_per_step or 1
+    at_window = bool(limit) and knee >= KNEE_LIMIT_SHARE * limit
+    crossing = [u for u in sides.values() if u[0] and u[2]]
+    if len(crossing) >= MIN_REQUESTS and _falls(crossing, per):
+        units, within = crossing, True
+    elif at_window and _falls(list(sides.values()), per):
+        units, within = list(sides.values()), False
+    else:
+        return None
+    if sum(1 for u in units if u[0]) < MIN_REQUESTS or sum(1 for u in units if u[2]) < MIN_REQUESTS:
+        return None
+    r_b = _rate(sum(u[1] for u in units), sum(u[0] for u in units), per)
+    r_a = _rate(sum(u[3] for u in units), sum(u[2] for u in units), per)
+    ev = {"knee_seq_pos": knee, "accept_rate_before": round(r_b, 3), "accept_rate_after": round(r_a, 3),
+          "steps_before": sum(u[0] for u in units), "steps_after": sum(u[2] for u in units),
+          "requests": len(units), "within_requests": within, "p_value": round(significance.drop_p(units), 4),
+          "checkpoint_max_position_embeddings": limit, "live_max_position_embeddings": live}
+    who = (f"in the same {len(units)} requests, which ran on both sides of it" if within else
+           f"across {len(units)} requests (those past it are other, longer prompts, not the same ones "
+           "run further)")
+    fell = f"{r_b:.0%} of drafts accepted before position {knee}, {r_a:.0%} beyond it, {who}"
+    if not at_window and knee < TRAINED_MIN:
+        inside = f"the checkpoint's max_position_embeddings of {limit}" if limit else "any draft's training length"
+        return _f("acceptance-decays-with-position", "info",
+                  f"acceptance falls with sequence position ({fell}), but position {knee} is far inside "
+                  f"{inside}, so this is not the draft's context window: the text the requests go on to "
+                  "generate is less like the draft's training data",
+                  "nothing to change for the context window; compare the served traffic with the "
+                  "draft's training data if acceptance matters here", ev)
+    if at_window:
+        why = f"; the checkpoint's max_position_embeddings is {limit}" + \
+            (f" (SGLang overwrote it with {live})" if live and live != limit else "")
+    elif limit:
+        why = (f", well inside the checkpoint's max_position_embeddings of {limit}: the draft was "
+               "likely trained on shorter sequences than its config allows")
+    else:
+        why = ""
+    return _f("acceptance-decays-with-position", "warning",
+              f"acceptance falls with sequence position: {fell}{why}: the draft's context window is "
+              "shorter than the traffic's (SpecForge #271, speculators #684)",
+              "use a draft trained on sequences as long as the served ones (or cap --context-length "
+              "where acceptance holds)", ev)
+
+
+def _knee(bins: list[tuple[int, int, int]], per: int) -> int | None:
+    """The sequence position past which pooled acceptance falls the most, to at most DECAY_RATIO of
+    before it (SIGNATURE_MIN steps each side), or None."""
     steps, accepted = sum(b[1] for b in bins), sum(b[2] for b in bins)
     best, n_b, a_b = None, 0, 0
     for i in range(1, len(bins)):  # every split point, with running sums on each side
@@ -483,51 +555,70 @@ def _decay_with_position(obs: Observation, draft: dict, spec: DraftFeatureSpec |
         if n_b < SIGNATURE_MIN or n_a < SIGNATURE_MIN:
             continue
         r_b, r_a = _rate(a_b, n_b, per), _rate(a_a, n_a, per)
-        if r_a <= DECAY_RATIO * r_b and (best is None or r_b - r_a > best[1] - best[2]):
-            best = (bins[i][0], r_b, r_a, n_b, n_a)
-    if best is None:
-        return None
-    knee, r_b, r_a, n_b, n_a = best
-    limit = draft.get("checkpoint_max_position_embeddings") or (spec.max_position_embeddings if spec else None)
-    live = draft.get("max_position_embeddings")
-    why = (f"; the checkpoint's max_position_embeddings is {limit}"
-           + (f" (SGLang overwrote it with {live})" if live and limit and live != limit else "")
-           if limit else "")
-    return _f("acceptance-decays-with-position", "warning",
-              f"acceptance falls with sequence position: {r_b:.0%} of drafts accepted before position "
-              f"{knee}, {r_a:.0%} beyond it{why}: the draft's context window is shorter than the "
-              "traffic's (SpecForge #271, speculators #684)",
-              "use a draft trained on sequences as long as the served ones (or cap --context-length "
-              "where acceptance holds)",
-              {"knee_seq_pos": knee, "accept_rate_before": round(r_b, 3), "accept_rate_after": round(r_a, 3),
-               "steps_before": n_b, "steps_after": n_a, "checkpoint_max_position_embeddings": limit,
-               "live_max_position_embeddings": live})
+        if r_a <= DECAY_RATIO * r_b and (best is None or r_b - r_a > best[1]):
+            best = (bins[i][0], r_b - r_a)
+    return None if best is None else best[0]
 
 
-def _drift(obs: Observation, draft: dict, spec: DraftFeatureSpec | None) -> Finding | None:
-    bins, per = _gap_free(obs.accept_by_time_bin, obs), obs.drafts_per_step or 1
-    if len(bins) < 3:
+def _falls(units: list[list[int]], per: int) -> bool:
+    """Pooled over ``units`` [(steps, accepted) before, after], acceptance after is at most
+    DECAY_RATIO of before, on SIGNATURE_MIN steps each side, beyond request-to-request variation."""
+    n_b, n_a = sum(u[0] for u in units), sum(u[2] for u in units)
+    if n_b < SIGNATURE_MIN or n_a < SIGNATURE_MIN:
+        return False
+    r_b, r_a = _rate(sum(u[1] for u in units), n_b, per), _rate(sum(u[3] for u in units), n_a, per)
+    return r_a <= DECAY_RATIO * r_b and significance.drop_p(units) <= P_MAX
+
+
+def _drift(obs: Observation) -> Finding | None:
+    """Acceptance of the last third of the run's requests at most half of the first third's, beyond
+    request-to-request variation, never across a gap. Like with like: where the tracer recorded
+    prompt keys, only prompts sent in both thirds are compared (the labels permuted within each
+    prompt), so traffic that changes kind along the run is not a drift; without keys the finding
+    is only info and says that it could not tell."""
+    reqs = _gap_free(obs.requests, obs.gaps)
+    third = len(reqs) // 3
+    early, late = reqs[:third], reqs[len(reqs) - third:]
+    keyed = bool(reqs) and all(r.prompt_key for r in reqs)
+    if keyed:
+        shared = {r.prompt_key for r in early} & {r.prompt_key for r in late}
+        early = [r for r in early if r.prompt_key in shared]
+        late = [r for r in late if r.prompt_key in shared]
+    per = obs.drafts_per_step or 1
+    n_e, n_l = sum(r.steps for r in early), sum(r.steps for r in late)
+    if min(len(early), len(late)) < MIN_REQUESTS or min(n_e, n_l) < SIGNATURE_MIN:
         return None
-    span = bins[-1][0] - bins[0][0]
-    early = [b for b in bins if b[0] - bins[0][0] < span / 3]
-    late = [b for b in bins if b[0] - bins[0][0] >= 2 * span / 3]
-    n_e, n_l = sum(b[1] for b in early), sum(b[1] for b in late)
-    if n_e < SIGNATURE_MIN or n_l < SIGNATURE_MIN:
+    r_e, r_l = _rate(sum(r.accepted for r in early), n_e, per), _rate(sum(r.accepted for r in late), n_l, per)
+    if r_l > DRIFT_RATIO * r_e:
         return None
-    r_e, r_l = _rate(sum(b[2] for b in early), n_e, per), _rate(sum(b[2] for b in late), n_l, per)
-    pos_e = sum(b[3] * b[1] for b in early) / n_e
-    pos_l = sum(b[3] * b[1] for b in late) / n_l
-    if r_l > DRIFT_RATIO * r_e or pos_l > DRIFT_SEQ_SLACK * max(pos_e, 1):
+    p = significance.fall_p([(r.steps, r.accepted, r.prompt_key or "") for r in early],
+                            [(r.steps, r.accepted, r.prompt_key or "") for r in late])
+    if p > P_MAX:
         return None
-    return _f("acceptance-drift-over-time", "warning",
-              f"acceptance drifted from {r_e:.0%} of drafts in the first third of the run to {r_l:.0%} "
-              f"in the last, at similar sequence positions (mean {pos_e:.0f} then {pos_l:.0f}): "
-              "something changed while serving (a stale cache, traffic unlike the draft's training "
-              "data, a reloaded model)",
+    if keyed:
+        severity, what = "warning", (f"for the same {len(shared)} prompts sent in both: something changed "
+                                     "while serving (a stale cache, a reloaded model, other sampling)")
+    else:
+        severity, what = "info", ("but the tracer recorded no prompt keys for this run, so these may be "
+                                  "other prompts: traffic that changes kind along the run looks the same")
+    return _f("acceptance-drift-over-time", severity,
+              f"acceptance drifted from {r_e:.0%} of drafts in the first third of the run's requests "
+              f"({len(early)}) to {r_l:.0%} in the last ({len(late)}), {what}",
               "compare the late requests with the early ones (prompts, template, sampling) and "
               "restart to see whether acceptance recovers",
               {"accept_rate_first_third": round(r_e, 3), "accept_rate_last_third": round(r_l, 3),
-               "mean_seq_pos_first_third": round(pos_e, 1), "mean_seq_pos_last_third": round(pos_l, 1),
-               "run_span_s": round(span, 1),
-               **({"judged_between": [obs.time_origin + bins[0][0],
-                                      obs.time_origin + bins[-1][0] + obs.time_bin_s]} if obs.gaps else {})})
+               "requests_first_third": len(early), "requests_last_third": len(late),
+               "same_prompts": keyed, "p_value": round(p, 4),
+               **({"judged_between": [reqs[0].at, reqs[-1].at]} if obs.gaps else {})})
+
+
+def _gap_free(reqs: list[RequestAcceptance], gaps: list[list[float]]) -> list[RequestAcceptance]:
+    """The longest stretch (in requests) of consecutive requests that no lost-record window falls
+    between: a comparison over time never spans records the tracer lost."""
+    stretches: list[list[RequestAcceptance]] = [[]]
+    for r in reqs:
+        last = stretches[-1][-1] if stretches[-1] else None
+        if last is not None and any(g0 <= r.at and last.at <= g1 for g0, g1 in gaps):
+            stretches.append([])
+        stretches[-1].append(r)
+    return max(stretches, key=len)

@@ -99,7 +99,10 @@ def _both(fmt: str, ids: list[int] | None, layers: int) -> list[tuple[str, list[
 
 
 def hidden_states(physical: list[int]) -> str:
-    """``[19, 39, 59]`` (outputs of layers) -> ``"hidden_states[20, 40, 60]"`` (HF indices)."""
+    """``[19, 39, 59]`` (outputs of layers) -> ``"hidden_states[20, 40, 60]"`` (HF indices); ``[]``
+    -> "no aux hidden states" (nothing captured)."""
+    if not physical:
+        return "no aux hidden states"
     return "hidden_states[" + ", ".join(str(j + 1) for j in physical) + "]"
 
 
@@ -117,6 +120,9 @@ def verdicts(readings: list[tuple[str, list[int] | None]], captured: list[int],
         elif physical == captured:
             parts.append(f"under {OWNER[conv]} convention these ids mean {hidden_states(physical)}, "
                          f"which {path} feeds: they match")
+        elif not captured:
+            parts.append(f"under {OWNER[conv]} convention these ids mean {hidden_states(physical)} "
+                         f"and {path} captures none of them")
         else:
             parts.append(f"under {OWNER[conv]} convention these ids mean {hidden_states(physical)} "
                          f"and {path} feeds {fed}: {offset(physical, captured)}")
@@ -140,6 +146,6 @@ def other_engine(ids: list[int] | None, engine: str, num_layers: int | None) -> 
         return ""
     fed = [i + 1 for i in ids if 0 <= i + 1 < num_layers]
     lost = [i for i in ids if not 0 <= i + 1 < num_layers]
-    return (f"; SGLang {VERSIONS['sglang']} reads the same ids one layer deeper (hidden_states{fed} on a "
-            "Llama-family target" + (f", and never captures id {lost}'s hidden_states"
-                                     f"{[i + 1 for i in lost]}" if lost else "") + ")")
+    deeper = f"hidden_states{fed} on a Llama-family target" if fed else "on a Llama-family target"
+    return (f"; SGLang {VERSIONS['sglang']} reads the same ids one layer deeper ({deeper}"
+            + (f", and never captures id {lost}'s hidden_states{[i + 1 for i in lost]}" if lost else "") + ")")

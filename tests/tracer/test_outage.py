@@ -105,15 +105,15 @@ def test_a_disk_full_to_the_end_says_the_status_was_lost(tiny_disk, caplog):
                                      "OperationalError: database or disk is full")
 
 
-def _requests(prefix: str, t0: float, accept_len: int, big: bool = False) -> dict:
-    """Ten finished requests of ten verify steps each, one step a second from ``t0``, every step
+def _requests(prefix: str, t0: float, accept_len: int, big: bool = False, count: int = 10) -> dict:
+    """``count`` finished requests of ten verify steps each, one step a second from ``t0``, every step
     accepting ``accept_len - 1`` of its 3 drafts (``big``: 2000 drafted tokens, a store that must grow)."""
     steps = [step_record(f"{prefix}{r}", i, at=t0 + 10 * r + i, seq_pos=100 + i, accept_len=accept_len,
                          accept_flags=[p < accept_len - 1 for p in range(3)],
                          **({"drafted_tokens": list(range(2000))} if big else {}))
-             for r in range(10) for i in range(10)]
+             for r in range(count) for i in range(10)]
     requests = [{"rid": f"{prefix}{r}", "sampled": True, "spec_verify_ct": 10, "traced_verify_ct": 10,
-                 "finished_at": t0 + 10 * r + 10} for r in range(10)]
+                 "finished_at": t0 + 10 * r + 10} for r in range(count)]
     return {"requests": requests, "steps": steps}
 
 
@@ -134,13 +134,14 @@ def test_a_full_disk_leaves_a_run_that_names_its_lost_requests_and_judges_no_dri
     store_db.upgrade(url)
     run_id, health, t0 = uuid.uuid4().hex, Health(), 1_000_000.0
     writer = Writer(SqliteSink(str(path)), health, lambda: dict(RUN), run_id=run_id, flush_interval_s=0.05)
-    writer.submit(lambda: _requests("before-", t0, accept_len=4))
-    until(lambda: _steps(path, "before-9") == 10, "the requests before the full disk are stored")
+    # twelve requests a side: enough for the drift rule to compare thirds of the run's requests
+    writer.submit(lambda: _requests("before-", t0 - 30, accept_len=4, count=12))
+    until(lambda: _steps(path, "before-11") == 10, "the requests before the full disk are stored")
     filler = fill(tiny_disk)
     writer.submit(lambda: _requests("lost-", t0 + 100, accept_len=4, big=True))
     until(lambda: health.requests_lost, "the full disk swallowed a batch")
     os.remove(filler)
-    writer.submit(lambda: _requests("after-", t0 + 200, accept_len=1))
+    writer.submit(lambda: _requests("after-", t0 + 200, accept_len=1, count=12))
     writer.close(5.0, "ended")
 
     engine = store_db.make_engine(url)

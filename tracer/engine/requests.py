@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from draftscope_tracer.engine.prompt_key import prompt_key
 from draftscope_tracer.engine.sampling import step_sampled
 
 Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed drafts]
@@ -88,7 +89,8 @@ def finished_record(req, sampled: bool, traced: Optional[List[int]], started_at:
     ct = int(getattr(req, "spec_verify_ct", 0))
     accepted = int(getattr(req, "spec_num_correct_drafts", 0))
     info = {"rid": req.rid, "sampled": sampled,
-            "prompt_len": len(req.origin_input_ids), "output_len": len(req.output_ids),
+            "prompt_len": len(req.origin_input_ids), "prompt_key": prompt_key(req.origin_input_ids),
+            "output_len": len(req.output_ids),
             "started_at": started_at, "finished_at": time.time() if now is None else now,
             "finish_reason": _finish_reason(req), "spec_verify_ct": ct, "spec_accepted_drafts": accepted,
             "spec_proposed_drafts": ct * (num_draft_tokens - 1) if num_draft_tokens else None}

@@ -30,6 +30,7 @@ import torch
 from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.device.host_reduce import host_rows
 from draftscope_tracer.engine import vllm_facts
+from draftscope_tracer.engine.prompt_key import prompt_key
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
 from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from draftscope_tracer.health import Health
@@ -308,7 +309,8 @@ class VLLMTracer:
         rid = request.request_id
         counted = self.counted.pop(rid, [0, 0, 0])
         self.first_seen.pop(rid, None)
-        record = {"rid": rid, "prompt_len": request.num_prompt_tokens, "output_len": request.num_output_tokens,
+        record = {"rid": rid, "prompt_len": request.num_prompt_tokens,
+                  "prompt_key": prompt_key(request.prompt_token_ids or []), "output_len": request.num_output_tokens,
                   "started_at": getattr(request, "arrival_time", None), "finished_at": time.time(),
                   "finish_reason": _finish_reason(request),
                   "spec_verify_ct": counted[0], "spec_accepted_drafts": counted[1], "spec_proposed_drafts": counted[2]}

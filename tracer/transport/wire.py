@@ -60,6 +60,7 @@ class RequestRecord(TypedDict):
     rid: str
     sampled: NotRequired[bool]
     prompt_len: NotRequired[int]
+    prompt_key: NotRequired[str]  # keyed hash of the prompt's token ids: equal for the same prompt within one tracer process (engine/prompt_key.py)
     output_len: NotRequired[int]
     started_at: NotRequired[float]
     finished_at: NotRequired[float]

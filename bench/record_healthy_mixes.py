@@ -1,0 +1,60 @@
+"""Record the healthy prompt mixes of bench/signature_false_alarms.py on the real CPU SGLang server:
+the test bed's trained draft as built (scenario `healthy`), every request sampled, prompts of three
+kinds (the demo's story openings, the tokenizer corpus' sentences, long joins of the demo prompts)
+sent kind after kind, each prompt three times, so the prompts change kind along the run.
+
+Two mixes: `healthy-mix-greedy` (temperature 0) and `healthy-mix-sampled` (temperature 0.8, the
+same prompt accepting differently from one request to the next). Tensor samples and top-k lists
+are left out of the written file (the signatures read verify steps and requests only), which keeps
+each under ~300 KiB. ~3-6 minutes per mix on two shared cores.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from testbed import scenarios
+from testbed.server import start_server
+from testbed.texts import DEMO_PROMPTS, TOKENIZER_CORPUS
+
+KINDS = {
+    "story": DEMO_PROMPTS,
+    "corpus": TOKENIZER_CORPUS[:5],
+    "long": [" ".join(DEMO_PROMPTS[i:] + DEMO_PROMPTS[:i]) * 3 for i in range(3)],
+}
+REPEATS, NEW_TOKENS = 3, 24
+MIXES = {"healthy-mix-greedy": {}, "healthy-mix-sampled": {"temperature": 0.8}}
+TRACER_ENV = {"DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_TOPK": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+
+
+def record(name: str, sampling: dict, out: Path, logs: Path) -> Path:
+    prepared = scenarios.prepare("healthy")
+    raw = logs / f"{name}.raw.jsonl"
+    server = start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args, logs / f"{name}.log",
+                          env={**TRACER_ENV, "DRAFTSCOPE_FILE": str(raw)})
+    try:
+        for prompts in KINDS.values():
+            for _ in range(REPEATS):
+                for prompt in prompts:
+                    server.generate(prompt, NEW_TOKENS, **sampling)
+    finally:
+        server.stop()
+    trace = out / f"{name}.jsonl"
+    with trace.open("wb") as f:
+        for line in raw.read_bytes().splitlines():
+            batch = orjson.loads(line)
+            batch["samples"] = []
+            batch["steps"] = [{k: v for k, v in s.items() if k not in ("draft_topk", "target_topk")}
+                              for s in batch.get("steps", [])]
+            f.write(orjson.dumps(batch) + b"\n")
+    return trace
+
+
+def record_all(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="healthy-mixes-"))
+    for name, sampling in MIXES.items():
+        print(record(name, sampling, out, logs), flush=True)
