@@ -110,6 +110,8 @@ def _twins(url: str, run_id: str) -> tuple[dict, dict]:
     state = run["run"].pop("state")  # the run's state in this store: an imported run reads "imported"
     assert (state == "imported") == (imported is not None), state
     run["summary"].pop("updated_at")
+    summary = run.pop("summary_state")  # this store's bookkeeping: the batches as they arrived here
+    assert not summary["behind"], summary
     run["findings"] = sorted(({k: v for k, v in f.items() if k not in ("id", "at")}
                               for f in run["findings"]), key=json.dumps)
     return _rounded(run), _rounded(requests)
