@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,6 +16,7 @@ from draftscope.findings import Finding, runtime_findings, static_findings
 from draftscope.spec import SpecError, TargetSpec, engines, read_draft, read_target
 from draftscope.spec.draft import DraftFeatureSpec
 from draftscope.spec.target import check_target_matches
+from draftscope.spec_block import model_dir
 from draftscope.stats import fold_run_stats, observation, update_run_stats
 from draftscope_tracer.redact import redact_server_args
 
@@ -131,9 +131,9 @@ def _static(run: Mapping[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec
     """Static findings from the recorded draft and target directories when they are readable
     here, else from the feature spec an imported bundle carried."""
     facts = run["facts"] or {}
-    draft_path = (facts.get("draft") or {}).get("path") or run["draft_path"]
-    target_path = (facts.get("target") or {}).get("path") or run["target_path"]
-    if draft_path and target_path and Path(draft_path).is_dir():
+    draft_path = model_dir((facts.get("draft") or {}).get("path") or run["draft_path"])
+    target_path = model_dir((facts.get("target") or {}).get("path") or run["target_path"])
+    if draft_path and target_path:
         try:
             target = read_target(target_path)
             spec = read_draft(draft_path, target_layers=target.num_layers)

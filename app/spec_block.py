@@ -4,6 +4,7 @@ directories when they are readable from the dashboard host; cached per checkpoin
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,20 @@ from draftscope.spec import DraftFeatureSpec, SpecError, TargetSpec, engines, re
 from draftscope.spec.describe import SpecRow, describe_spec
 from draftscope.spec.target import check_target_matches
 from draftscope_tracer.redact import redact_server_args
+
+
+MODELS_ROOT = "DRAFTSCOPE_MODELS_ROOT"
+
+
+def model_dir(path: str | None) -> str | None:
+    """The local folder of a recorded model path: an absolute path as it is; a path the tracer recorded
+    relative to its models root (draftscope_tracer.model_paths) under this host's ``DRAFTSCOPE_MODELS_ROOT``;
+    None when it is not a folder here (then the checkpoint is not read)."""
+    if not path:
+        return None
+    root = os.environ.get(MODELS_ROOT)
+    local = Path(path) if Path(path).is_absolute() else Path(root) / path if root else None
+    return str(local) if local is not None and local.is_dir() else None
 
 
 def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpec] | None = None
@@ -28,7 +43,8 @@ def static_spec(run: dict[str, Any], imported: tuple[DraftFeatureSpec, TargetSpe
     # As the findings see the server: its arguments and the override variables it started with.
     env = facts.get("sglang_env") if isinstance(facts.get("sglang_env"), dict) else {}
     served = json.dumps([engines.engine_of(facts), args, env], sort_keys=True, default=str)
-    if draft and target and Path(draft).is_dir():
+    draft, target = model_dir(draft), model_dir(target)
+    if draft and target:
         return _read(draft, target, run.get("draft_config_hash"), run.get("target_config_hash"),
                      served)
     if imported is None:

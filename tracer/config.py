@@ -15,6 +15,8 @@ OPTIONS: Dict[str, str] = {
     "DRAFTSCOPE_URL": "dashboard base URL; traces are POSTed to {URL}/api/v1/batches",
     "DRAFTSCOPE_DB": "SQLite file migrated by `draftscope db upgrade`; traces are written into it",
     "DRAFTSCOPE_FILE": "JSON-lines file; each batch is appended as one line (`draftscope import FILE`)",
+    "DRAFTSCOPE_MODELS_ROOT": "folder the model paths are recorded relative to (e.g. target, drafts/v2): no machine "
+                              "path in the run record; unset: paths as the server holds them",
     "DRAFTSCOPE_DISABLE": "1 turns the tracer off even when a sink is set",
     "DRAFTSCOPE_SAMPLE_RATE": "fraction of requests sampled in detail, e.g. 1/16 (default) or 0.25 or 1",
     "DRAFTSCOPE_STEP_STRIDE": "record every n-th verify step of a sampled request (default 1)",
@@ -55,6 +57,7 @@ class TracerConfig:
     reduce: str = "auto"
     fault: frozenset = frozenset()
     sync_debug: bool = False
+    models_root: Optional[str] = None  # recorded only as set or not (redact.TRACER_CONFIG_FIELDS)
 
     @property
     def enabled(self) -> bool:
@@ -96,6 +99,7 @@ class TracerConfig:
             reduce=_choice(env, "DRAFTSCOPE_REDUCE", REDUCE_MODES),
             fault=frozenset(p.strip() for p in env.get("DRAFTSCOPE_FAULT", "").split(",") if p.strip()),
             sync_debug=env.get("DRAFTSCOPE_SYNC_DEBUG", "").strip() in ("1", "true", "yes"),
+            models_root=env.get("DRAFTSCOPE_MODELS_ROOT") or None,
         )
 
 

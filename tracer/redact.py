@@ -219,6 +219,7 @@ TRACER_CONFIG_FIELDS: Dict[str, Callable[[Any], Any]] = {
     "topk": _number, "ingest_token": _flag, "flush_interval_s": _number, "max_queue_items": _number,
     "max_batch_items": _number, "health_interval_s": _number, "probe_failure_limit": _number,
     "reduce": _text, "fault": _names, "sync_debug": _flag,
+    "models_root": _flag,  # whether model paths are relative to a models root, never the root itself
 }
 
 

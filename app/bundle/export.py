@@ -27,6 +27,7 @@ from draftscope.bundle.readme import readme_text
 from draftscope.redact import scrub
 from draftscope.bundle.text import load_tokenizer, text_line
 from draftscope.spec import SpecError, read_draft, read_target
+from draftscope.spec_block import model_dir
 from draftscope_tracer.transport import wire
 
 Progress = Callable[[int], None]  # called with the number of records just written
@@ -241,11 +242,14 @@ def _environment(run: dict[str, Any]) -> dict[str, Any]:
 def _feature_spec(run: dict[str, Any], keep_paths: bool) -> dict[str, Any]:
     """The draft's feature spec and the target's shape, read from the recorded directories."""
     facts = run.get("facts") or {}
-    draft_dir = (facts.get("draft") or {}).get("path") or run.get("draft_path")
-    target_dir = (facts.get("target") or {}).get("path") or run.get("target_path")
+    draft_rec = (facts.get("draft") or {}).get("path") or run.get("draft_path")
+    target_rec = (facts.get("target") or {}).get("path") or run.get("target_path")
+    draft_dir, target_dir = model_dir(draft_rec), model_dir(target_rec)  # a folder on this host, else None
     try:
+        if not draft_rec or not target_rec:
+            raise SpecError(Path(draft_rec or target_rec or "."), "was not recorded by the tracer")
         if not draft_dir or not target_dir:
-            raise SpecError(Path(draft_dir or target_dir or "."), "was not recorded by the tracer")
+            raise SpecError(Path(target_rec if draft_dir else draft_rec), "is not a folder on this host")
         target = read_target(target_dir)
         draft = read_draft(draft_dir, target_layers=target.num_layers).to_dict()
     except (SpecError, OSError, ValueError) as exc:

@@ -50,7 +50,8 @@ class Bed:
         if spec.tracer:
             trace = self.work / "traces" / f"{self.slug(spec.name)}.jsonl"
             trace.unlink(missing_ok=True)  # a restart on a new port starts a fresh trace
-            env.update(spec.tracer, DRAFTSCOPE_FILE=str(trace), DRAFTSCOPE_FLUSH_INTERVAL_S="0.2")
+            env.update(spec.tracer, DRAFTSCOPE_FILE=str(trace), DRAFTSCOPE_FLUSH_INTERVAL_S="0.2",
+                       DRAFTSCOPE_MODELS_ROOT=str(self.work))  # paths recorded as kimi-models/..., traces/...
             paths.insert(1, self.tracer_site)
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         log = self.work / "logs" / f"{self.slug(spec.name)}.log"

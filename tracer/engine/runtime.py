@@ -32,6 +32,7 @@ from draftscope_tracer.engine import facts as facts_mod
 from draftscope_tracer.device.capture import Capture, device_plan
 from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.health import Health
+from draftscope_tracer.model_paths import relative_to_root
 from draftscope_tracer.redact import scrub
 from draftscope_tracer.engine.probes import TensorProbes
 from draftscope_tracer.transport.relay import Relay
@@ -151,7 +152,8 @@ class Tracer:
         sink = open_sink(self.config, self.health.drop)
         if sink is None:
             return
-        run = scrub({**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()})
+        run = relative_to_root(scrub({**self.run, **run_fields, "facts": facts, "status": "crashed",
+                                      "ended_at": time.time()}), self.config.models_root)
         try:
             sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
                        "run_id": self.run_id, "sent_at": time.time(), "run": run})

@@ -34,6 +34,7 @@ from draftscope_tracer.engine.prompt_key import prompt_key
 from draftscope_tracer.engine.sampling import request_sampled, step_sampled
 from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
 from draftscope_tracer.health import Health
+from draftscope_tracer.model_paths import relative_to_root
 from draftscope_tracer.redact import scrub
 from draftscope_tracer.transport import records, vllm_records, wire
 from draftscope_tracer.transport.outbox import Transport
@@ -167,7 +168,8 @@ class VLLMTracer:
         sink = open_sink(self.config, self.health.drop)
         if sink is None:
             return
-        run = scrub({**self.run, **run_fields, "facts": facts, "status": "crashed", "ended_at": time.time()})
+        run = relative_to_root(scrub({**self.run, **run_fields, "facts": facts, "status": "crashed",
+                                      "ended_at": time.time()}), self.config.models_root)
         try:
             sink.send({"schema_version": wire.SCHEMA_VERSION, "batch_id": uuid.uuid4().hex,
                        "run_id": self.run_id, "sent_at": time.time(), "run": run})

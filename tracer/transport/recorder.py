@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from draftscope_tracer.health import Health, combined
+from draftscope_tracer.model_paths import relative_to_root
 from draftscope_tracer.redact import scrub
 from draftscope_tracer.transport.sinks import open_sink
 from draftscope_tracer.transport.writer import Writer
@@ -50,7 +51,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stdin = sys.stdin.buffer
     _, config, run, run_id = read_frame(stdin)
-    run = scrub(run)  # no credential in any recorded value (server args, facts, paths)
+    # no credential in any recorded value (server args, facts, paths); model paths relative to the models root
+    run = relative_to_root(scrub(run), config.models_root)
     health = Health(config.probe_failure_limit)
     scheduler: dict = {}
     sink = open_sink(config, health.drop)
