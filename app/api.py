@@ -31,7 +31,7 @@ def as_json(data: Any) -> Response:
 @ingest_router.post("/batches", openapi_extra={"requestBody": {
     "required": True, "content": {"application/json": {"schema": batch_json_schema()}}}})
 async def post_batch(request: Request) -> Response:
-    """Store one tracer batch (see ``draftscope_tracer/wire.py``); all of it or nothing."""
+    """Store one tracer batch (see ``draftscope_tracer/transport/wire.py``); all of it or nothing."""
     settings = request.app.state.settings
     if settings.ingest_token is not None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -138,14 +138,14 @@ def _parse_slow(body: bytes) -> Any:
         return msgspec.convert(pydantic_core.from_json(body, allow_inf_nan=True), FastBatch)
     except msgspec.ValidationError as exc:  # e.g. an integer beyond 64 bits
         raise IngestError(422, f"Batch does not match the wire schema: {exc}. Nothing was "
-                               "stored; fix the named field (see draftscope_tracer/wire.py).") from None
+                               "stored; fix the named field (see draftscope_tracer/transport/wire.py).") from None
 
 
 def _explain(exc: pydantic.ValidationError, body: bytes) -> IngestError:
     errors = exc.errors(include_url=False, include_input=False)
     if errors[0]["type"] == "json_invalid":
         return IngestError(400, f"Request body is not valid JSON: {errors[0]['msg']}. Nothing was "
-                                "stored; send one JSON object per batch (see draftscope_tracer/wire.py).")
+                                "stored; send one JSON object per batch (see draftscope_tracer/transport/wire.py).")
     parsed = pydantic_core.from_json(body, allow_inf_nan=True)
     if isinstance(parsed, dict) and "schema_version" in parsed \
             and parsed["schema_version"] not in SUPPORTED_SCHEMA_VERSIONS:
@@ -153,7 +153,7 @@ def _explain(exc: pydantic.ValidationError, body: bytes) -> IngestError:
     shown = "; ".join(f"{_path(e['loc'])}: {e['msg']}" for e in errors[:MAX_ERRORS_SHOWN])
     more = f" (and {len(errors) - MAX_ERRORS_SHOWN} more)" if len(errors) > MAX_ERRORS_SHOWN else ""
     return IngestError(422, f"Batch does not match the wire schema: {shown}{more}. "
-                            "Nothing was stored; fix the named fields (see draftscope_tracer/wire.py).")
+                            "Nothing was stored; fix the named fields (see draftscope_tracer/transport/wire.py).")
 
 
 def _path(loc: tuple[Any, ...]) -> str:

@@ -246,7 +246,7 @@ def _parse_run(body: bytes) -> Any:
     except (pydantic.ValidationError, msgspec.ValidationError) as exc:
         detail = _errors(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
         raise BundleError(f"{fmt.RUN} does not match the run record schema "
-                          f"(draftscope_tracer/wire.py RunRecord): {detail}.") from None
+                          f"(draftscope_tracer/transport/wire.py RunRecord): {detail}.") from None
 
 
 def _records(archive: zipfile.ZipFile, info: zipfile.ZipInfo, manifest: fmt.Manifest, table: str,
@@ -297,7 +297,7 @@ def _decode(name: str, lines: list[bytes], before: int, table: str) -> list[Any]
             records.append(msgspec.convert(pydantic_core.from_json(line, allow_inf_nan=True), struct))
         except pydantic.ValidationError as exc:
             raise BundleError(f"{name} line {number} does not match the {table} record schema "
-                              f"(draftscope_tracer/wire.py): {_errors(exc)}.") from None
+                              f"(draftscope_tracer/transport/wire.py): {_errors(exc)}.") from None
         except msgspec.ValidationError as exc:
             raise BundleError(f"{name} line {number}: {exc}.") from None
     return records

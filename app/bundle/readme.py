@@ -40,7 +40,7 @@ sha256 in `manifest.json` and stores the run whole or not at all.
 - `requests.jsonl` ({counts['requests']}), `verify_steps.jsonl` ({counts['verify_steps']}),
   `tensor_samples.jsonl` ({counts['tensor_samples']}), `tracer_health.jsonl`
   ({counts['tracer_health']}), `findings.jsonl` ({counts['findings']}): one JSON record per line,
-  fields as in draftscope's wire format (`draftscope_tracer/wire.py`)
+  fields as in draftscope's wire format (`draftscope_tracer/transport/wire.py`)
 {text}
 ## What is not inside
 
