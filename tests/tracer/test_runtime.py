@@ -6,8 +6,11 @@ import base64
 import dataclasses
 import json
 import logging
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,9 +90,19 @@ def test_every_option_is_documented():
 
 
 # -- sampling ---------------------------------------------------------------------------------------
+FRACTIONS = ("import json, sys; from draftscope_tracer.engine.sampling import request_fraction; "
+             "print(json.dumps([request_fraction(r) for r in json.loads(sys.argv[1])]))")
+
+
 def test_sampling_is_stable_and_near_the_rate():
     rids = [f"req-{i}" for i in range(4000)]
-    assert [request_fraction(r) for r in rids[:5]] == [request_fraction(r) for r in rids[:5]]
+    # Every rank decides alone: two fresh processes with different str hash seeds pick the same requests.
+    some = [*rids[:200], "", "é-ü-请求", "\ud800-lone-surrogate", "x" * 5000]
+    seen = [json.loads(subprocess.run([sys.executable, "-c", FRACTIONS, json.dumps(some)], check=True, text=True,
+                                      capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout)
+            for seed in ("1", "2")]
+    assert seen[0] == seen[1] == [request_fraction(r) for r in some]
+    assert len(set(seen[0])) == len(some) and all(0 <= f < 1 for f in seen[0])
     share = sum(request_sampled(r, 1 / 16) for r in rids) / len(rids)
     assert 0.045 < share < 0.08
     assert all(request_sampled(r, 1.0) for r in rids[:50]) and not any(request_sampled(r, 0.0) for r in rids[:50])
