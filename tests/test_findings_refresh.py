@@ -3,11 +3,14 @@ findings a bundle carried."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 import sqlalchemy as sa
 
+from draftscope import db as store_db
+from draftscope.ingest import BatchWriter
 from draftscope_tracer.transport.sqlite_sink import SqliteSink
 from tests.fixtures.store import make_batch, run_record, sample_record, settle
 
@@ -66,17 +69,24 @@ def test_the_root_cause_leads_its_severity_whatever_its_rule_id(client) -> None:
     assert page.index("<code>draft-weights-not-loaded</code>") < page.index("<code>acceptance-zero-finite-logits</code>")
 
 
-def test_batches_the_tracer_wrote_straight_into_the_store_are_diagnosed(client, store_url) -> None:
-    """No dashboard call: the tracer's SQLite sink writes the file; the dashboard's poll finds it."""
-    if not store_url.startswith("sqlite"):
-        pytest.skip("the tracer's direct sink writes SQLite files only")
+def test_batches_written_straight_into_the_store_are_diagnosed(client, store_url) -> None:
+    """No call to this dashboard: on SQLite the tracer's SQLite sink writes the file, on PostgreSQL another
+    dashboard of the fleet stores the batch (its own engine); this dashboard's poll finds it either way."""
     run_id = uuid.uuid4().hex
-    sink = SqliteSink(sa.make_url(store_url).database)
-    try:
-        sink.send(make_batch(run_id, run=run_record(facts=AUX_OFF_FACTS),
-                             samples=[sample_record(0, width=128, phase="draft_extend", shape=[4, 128])]))
-    finally:
-        sink.close()
+    batch = make_batch(run_id, run=run_record(facts=AUX_OFF_FACTS),
+                       samples=[sample_record(0, width=128, phase="draft_extend", shape=[4, 128])])
+    if store_url.startswith("sqlite"):
+        sink = SqliteSink(sa.make_url(store_url).database)
+        try:
+            sink.send(batch)
+        finally:
+            sink.close()
+    else:
+        other = store_db.make_engine(store_url)  # as a second dashboard process makes its own
+        try:
+            assert BatchWriter(other).write(json.dumps(batch).encode()).status == "stored"
+        finally:
+            other.dispose()
     settle(client)
     assert "fc-bypassed" in _rules(client, run_id)
     listed = {r["id"]: r for r in client.get("/api/v1/runs").json()}
