@@ -59,8 +59,16 @@ def test_aux_off_run_shows_the_width_mismatch_in_the_spec_diff(page, demo_dashbo
     # The decode rows take the draft's own hidden state: 128 wide is what training implies there.
     assert "mismatch" not in (page.locator("#spec-diff tr[data-key='input_draft_decode']")
                               .get_attribute("class") or "")
-    # Visible without scrolling at 1400 x 900.
-    assert prefill.bounding_box()["y"] < 900 * 1.6
+    # Visible without scrolling: the root cause and the width into fc, 384 trained against 128 served, lie
+    # wholly inside the first screen of the 1400 x 900 page.
+    concat = page.locator("#spec-diff tr[data-key='concat']")
+    assert "mismatch" in concat.get_attribute("class") and "384" in concat.locator("td.trained").inner_text()
+    assert "128" in concat.locator("td.served").inner_text()
+    height = page.viewport_size["height"]
+    assert height == 900 and page.evaluate("() => scrollY") == 0
+    for name, shown in (("root cause", page.locator("#diagnosis .rootcause")), ("concat row", concat)):
+        box = shown.bounding_box()
+        assert 0 <= box["y"] and box["y"] + box["height"] <= height, f"the {name} at {box}: below the first screen"
 
 
 def test_healthy_run_highlights_nothing(page, demo_dashboard, demo_runs):
