@@ -4,7 +4,7 @@ processes behind one port, for minutes; every batch is stored once, even across 
 1. Starts a throwaway PostgreSQL (Debian's binaries, as the tests do), two ``draftscope serve``
    processes on it and, on one HTTPS port in front of them, the fleet's front door: HAProxy (Debian's
    package) with compose's ``docker/haproxy.cfg`` and the self-signed certificate its entry point
-   makes (tests/fixtures/front_door.py), round robin, a dashboard failing ``/healthz`` taken out.
+   makes (testbed/front_door.py), round robin, a dashboard failing ``/healthz`` taken out.
 2. Starts --tracers processes, each one SGLang server's tracer: its own run, and every
    --flush-s a batch of the requests it finished (``page_bench``'s generator: --steps-per-request
    verify steps with 2 tensor samples each) handed to ``draftscope_tracer``'s ``HttpSink`` (the
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from page_bench import request_batch, run_record  # noqa: E402
 from testbed.server import free_port, wait_for_port  # noqa: E402
-from tests.fixtures.front_door import front_door  # noqa: E402
+from testbed.front_door import front_door  # noqa: E402
 
 AUX_OFF = {"capture_aux_hidden_states": False}  # half the tracers: a run with a finding to compute
 POSTED = re.compile(r' dashboards/(\S+) \S+ (\d{3}) .*"POST /api/v1/batches ')  # an HAProxy httplog line
@@ -184,7 +184,7 @@ def main() -> None:
     if args.tracer is not None:
         tracer(args.port, args.tracer, args, args.out)
         return
-    from tests.fixtures.store import create_database, postgres_cluster
+    from testbed.postgres import create_database, postgres_cluster
 
     from draftscope import db
 

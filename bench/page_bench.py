@@ -395,7 +395,7 @@ def main() -> None:
     if args.postgres and (args.store or args.keep):
         parser.error("--postgres runs on a throwaway server: no --store or --keep")
     if args.postgres:
-        from tests.fixtures.store import create_database, postgres_cluster
+        from testbed.postgres import create_database, postgres_cluster
 
         with postgres_cluster(shared_buffers="1GB") as base:
             bench(args, create_database(base, "pages"), None)

@@ -30,8 +30,8 @@ def python_files() -> list[Path]:
             if path.is_file() and "__pycache__" not in path.parts and _is_python(path)]
 
 
-def folder_imports(source: str) -> list[str]:
-    """``line: module`` for each absolute import of a folder name in ``source``."""
+def folder_imports(source: str, folders=FOLDER_NAMES) -> list[str]:
+    """``line: module`` for each absolute import of one of ``folders`` in ``source``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -40,7 +40,7 @@ def folder_imports(source: str) -> list[str]:
             names = [node.module]
         else:
             continue
-        found += [f"{node.lineno}: {name}" for name in names if name.split(".")[0] in FOLDER_NAMES]
+        found += [f"{node.lineno}: {name}" for name in names if name.split(".")[0] in folders]
     return found
 
 
@@ -63,3 +63,13 @@ def test_folder_imports_are_found(source, found) -> None:
 def test_no_code_imports_a_folder_by_its_name() -> None:
     bad = [f"{path.relative_to(REPO)}:{hit}" for path in python_files() for hit in folder_imports(path.read_text())]
     assert not bad, f"import these as {FOLDER_NAMES}: {bad}"
+
+
+def test_only_the_tests_import_the_tests() -> None:
+    """Benchmarks, scripts and the test bed take what they share with the tests from testbed/ (its PostgreSQL
+    and front door), never from tests/, which is not theirs to depend on."""
+    bad = [f"{path.relative_to(REPO)}:{hit}" for path in python_files() if path.relative_to(REPO).parts[0] != "tests"
+           for hit in folder_imports(path.read_text(), {"tests"})]
+    assert not bad, f"import these from testbed/: {bad}"
+    assert folder_imports("def main():\n    from tests.fixtures.store import postgres_cluster", {"tests"}) == [
+        "2: tests.fixtures.store"]
