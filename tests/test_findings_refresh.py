@@ -69,7 +69,7 @@ def test_the_root_cause_leads_its_severity_whatever_its_rule_id(client) -> None:
     assert page.index("<code>draft-weights-not-loaded</code>") < page.index("<code>acceptance-zero-finite-logits</code>")
 
 
-def test_batches_written_straight_into_the_store_are_diagnosed(client, store_url) -> None:
+def test_batches_stored_without_this_dashboard_are_diagnosed(client, store_url) -> None:
     """No call to this dashboard: on SQLite the tracer's SQLite sink writes the file, on PostgreSQL another
     dashboard of the fleet stores the batch (its own engine); this dashboard's poll finds it either way."""
     run_id = uuid.uuid4().hex

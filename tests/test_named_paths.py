@@ -20,6 +20,7 @@ PATH = re.compile(rf"(?<![\w./~-])(?:{'|'.join(TOP)})/[^\s`'\"(),;:]*")
 MODULE = re.compile(r"(?<![\w./~-])draftscope(?:_tracer)?(?:\.[A-Za-z_]\w*)+")
 FILE_SUFFIXES = {"js", "css", "db", "json", "jsonl", "zip", "md", "log", "toml", "txt", "yml", "yaml", "csv"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+SECTION = re.compile(r'((?:docs/[\w-]+|README)\.md)[,:]? "([^"]+)"')  # docs/tracer.md, "What a tracer may send"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -48,11 +49,21 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def headings(page: Path) -> list:
+    """The titles of a Markdown page's headings (lines in code blocks left out)."""
+    titles, code = [], False
+    for line in page.read_text().splitlines():
+        code ^= line.startswith("```")
+        if line.startswith("#") and not code:
+            titles.append(line.lstrip("#").strip())
+    return titles
+
+
 def lands(path: Path, anchor: str = "") -> bool:
     """The file exists and, given an anchor, is Markdown with a heading of that anchor."""
     if not path.exists() or not anchor:
         return path.exists()
-    return anchor in {slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")}
+    return anchor in {slug(title) for title in headings(path)}
 
 
 def path_exists(name: str) -> bool:
@@ -103,6 +114,15 @@ def test_named_modules_exist():
     assert not missing, "modules named that are not in the packages:\n" + "\n".join(missing)
 
 
+def test_named_sections_exist():
+    """A section named by its title (``docs/dashboard.md, "Retention"``) is a heading of that page, whole or
+    before its parenthesis ("On vLLM 0.32" for "On vLLM 0.32 (`--engine vllm`)")."""
+    named = sorted({(m.group(1), m.group(2), where) for where, text in texts() for m in SECTION.finditer(text)})
+    missing = [f"{where}: {page}, {title!r}" for page, title, where in named if title not in {
+        t for heading in headings(ROOT / page) for t in (heading, re.sub(r" \(.*\)$", "", heading))}]
+    assert named and not missing, "sections named that are not headings there:\n" + "\n".join(missing)
+
+
 def test_markdown_links_land():
     """``[text](target)`` in README.md and docs/*.md: a file beside the page, with its heading for ``#x``."""
     links = [(page, m.group(1)) for page in PAGES for m in LINK.finditer(page.read_text())
@@ -124,3 +144,4 @@ def test_the_checks_see_the_names_and_catch_stale_ones():
     assert path_exists("docs/dashboard.md#who-can-read-it") and not path_exists("docs/dashboard.md#no-such-part")
     assert module_exists("draftscope_tracer.transport.wire") and not module_exists("draftscope_tracer.wire")
     assert module_exists("draftscope.wire_schema.FastBatch") and not module_exists("draftscope.wire_schema.Nope")
+    assert "Hot path" in headings(ROOT / "docs" / "tracer.md") and "CUDA" not in headings(ROOT / "docs" / "tracer.md")
