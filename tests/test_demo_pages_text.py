@@ -79,3 +79,18 @@ def test_aux_off_run_page_tells_one_story(client, demo_runs, run):
     fix = client.get(f"/runs/{demo_runs[run]}.json").json()
     bypassed = next(f for f in fix["findings"] if f["rule_id"] == "fc-bypassed")
     assert bypassed["fix"].startswith("set use_aux_hidden_state: true in eagle_config (this draft's config says false)")
+
+
+def test_the_tree_run_draws_its_tree_node_by_node(client, demo_db, demo_runs):
+    """demo/tree.jsonl: --speculative-eagle-topk 4 on the CPU bed; a request page draws the drafted tree
+    of its steps, node by node, the accepted path marked."""
+    with sqlite3.connect(demo_db) as db:
+        (rid,) = db.execute("SELECT rid FROM requests WHERE run_id = ? ORDER BY rid LIMIT 1",
+                            (demo_runs["tree"],)).fetchone()
+    verdicts = []
+    for step in range(6):  # the first request verified 6 steps
+        page = client.get(f"/runs/{demo_runs['tree']}/requests/{quote(rid, safe='')}/steps/{step}").text
+        start = page.index('id="step-tree"')
+        tree = page[start:page.index("</figure>", start)]
+        verdicts.append(re.findall(r'<li class="([a-z-]+)"><span class="node"', tree))
+    assert all(len(v) == 7 for v in verdicts) and any("accepted" in v for v in verdicts), verdicts
