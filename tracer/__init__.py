@@ -16,8 +16,8 @@ Three layers, each a sub-package, and a few plain modules under them all:
   May import only the plain modules.
 * plain modules: ``config`` (the tracer's settings), ``health`` (drops, errors, heartbeats), ``stats``
   (summaries as plain data, numpy only), ``shared`` (values sent to the recorder once), ``redact`` (what of
-  SGLang's and the tracer's own settings may be recorded: allow-lists). Import nothing of the tracer but
-  each other.
+  SGLang's and the tracer's own settings may be recorded: allow-lists), ``model_paths`` (model paths
+  recorded relative to ``DRAFTSCOPE_MODELS_ROOT``). Import nothing of the tracer but each other.
 
 ``tests/tracer/test_layers.py`` holds the tracer to these arrows.
 """

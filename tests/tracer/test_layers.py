@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 TRACER = Path(__file__).resolve().parents[2] / "tracer"
-PLAIN = {"config", "health", "stats", "shared", "redact"}
+PLAIN = {"config", "health", "stats", "shared", "redact", "model_paths"}
 MAY_IMPORT = {"engine": {"engine", "device", "transport", "plain"}, "device": {"device", "plain"},
               "transport": {"transport", "plain"}, "plain": {"plain"}}
 
