@@ -236,7 +236,7 @@ def test_sqlite_sink_refuses_a_store_an_older_draftscope_migrated(tmp_path):
     before a batch fails."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store_db.upgrade(url, revision="0004_gaps")
-    with pytest.raises(StoreNotReady, match=r"older draftscope \(it lacks verify_steps.tree_parents\).*db upgrade"):
+    with pytest.raises(StoreNotReady, match=r"older draftscope \(it lacks requests.prompt_key, verify_steps.tree_parents\).*db upgrade"):
         SqliteSink(str(tmp_path / "old.db"))
     store_db.upgrade(url)
     SqliteSink(str(tmp_path / "old.db"))
