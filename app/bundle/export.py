@@ -248,8 +248,8 @@ def _feature_spec(run: dict[str, Any], keep_paths: bool) -> dict[str, Any]:
     try:
         if not draft_rec or not target_rec:
             raise SpecError(Path(draft_rec or target_rec or "."), "was not recorded by the tracer")
-        if not draft_dir or not target_dir:
-            raise SpecError(Path(target_rec if draft_dir else draft_rec), "is not a folder on this host")
+        if not draft_dir or not target_dir:  # scrubbed before Path() folds a URL's "//" out of scrub's reach
+            raise SpecError(Path(scrub(target_rec if draft_dir else draft_rec)), "is not a folder on this host")
         target = read_target(target_dir)
         draft = read_draft(draft_dir, target_layers=target.num_layers).to_dict()
     except (SpecError, OSError, ValueError) as exc:
