@@ -3,8 +3,10 @@ the test bed's trained draft as built (scenario `healthy`), every request sample
 kinds (the demo's story openings, the tokenizer corpus' sentences, long joins of the demo prompts)
 sent kind after kind, each prompt three times, so the prompts change kind along the run.
 
-Two mixes: `healthy-mix-greedy` (temperature 0) and `healthy-mix-sampled` (temperature 0.8, the
-same prompt accepting differently from one request to the next). Tensor samples and top-k lists
+Three mixes: `healthy-mix-greedy` (temperature 0) and `healthy-mix-sampled` (temperature 0.8, the
+same prompt accepting differently from one request to the next), and `healthy-mix-heldout` (other
+prompts, 32 new tokens, temperature 0.6), recorded after the rules' thresholds were set on the first
+two: the out-of-sample check. Tensor samples and top-k lists
 are left out of the written file (the signatures read verify steps and requests only), which keeps
 each under ~300 KiB. ~3-6 minutes per mix on two shared cores.
 """
@@ -25,21 +27,30 @@ KINDS = {
     "corpus": TOKENIZER_CORPUS[:5],
     "long": [" ".join(DEMO_PROMPTS[i:] + DEMO_PROMPTS[:i]) * 3 for i in range(3)],
 }
-REPEATS, NEW_TOKENS = 3, 24
-MIXES = {"healthy-mix-greedy": {}, "healthy-mix-sampled": {"temperature": 0.8}}
+# held out: other prompts, lengths and sampling, recorded after the rules' thresholds were set
+HELD_OUT = {
+    "sentences": TOKENIZER_CORPUS[4:],
+    "fragments": ["The quick", "A cat sat", "Numbers like", "In the beginning"],
+    "longer": [" ".join(TOKENIZER_CORPUS[i:] + TOKENIZER_CORPUS[:i]) * 2 for i in range(3)],
+}
+REPEATS = 3
+# name: (prompts by kind, sampling, new tokens)
+MIXES = {"healthy-mix-greedy": (KINDS, {}, 24), "healthy-mix-sampled": (KINDS, {"temperature": 0.8}, 24),
+         "healthy-mix-heldout": (HELD_OUT, {"temperature": 0.6}, 32)}
 TRACER_ENV = {"DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_TOPK": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
 
 
-def record(name: str, sampling: dict, out: Path, logs: Path) -> Path:
+def record(name: str, out: Path, logs: Path) -> Path:
     prepared = scenarios.prepare("healthy")
     raw = logs / f"{name}.raw.jsonl"
     server = start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args, logs / f"{name}.log",
                           env={**TRACER_ENV, "DRAFTSCOPE_FILE": str(raw)})
+    kinds, sampling, new_tokens = MIXES[name]
     try:
-        for prompts in KINDS.values():
+        for prompts in kinds.values():
             for _ in range(REPEATS):
                 for prompt in prompts:
-                    server.generate(prompt, NEW_TOKENS, **sampling)
+                    server.generate(prompt, new_tokens, **sampling)
     finally:
         server.stop()
     trace = out / f"{name}.jsonl"
@@ -53,8 +64,8 @@ def record(name: str, sampling: dict, out: Path, logs: Path) -> Path:
     return trace
 
 
-def record_all(out: Path) -> None:
+def record_all(out: Path, names: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="healthy-mixes-"))
-    for name, sampling in MIXES.items():
-        print(record(name, sampling, out, logs), flush=True)
+    for name in names or MIXES:
+        print(record(name, out, logs), flush=True)

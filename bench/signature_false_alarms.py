@@ -11,7 +11,9 @@ offline in many variants, each a run of its own: as recorded; its requests re-ti
 prompts change kind along the run (sorted by kind, both ways); random orders; contiguous slices;
 slices with a lost-record gap in the middle; the same without prompt keys (a tracer that recorded
 none). Every variant goes through the real ingest, aggregates and rules (a fresh SQLite store).
-Prints one line per variant with a warning, then the rate. Deterministic (fixed seeds).
+Prints one line per variant with a warning, then the rate; then, to show the rules still see a real
+fall, how many of the recordings with a drift injected (the same prompts accepted a third as often
+late in the run) warn. Deterministic (fixed seeds).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 SIGNATURES = ("acceptance-drift-over-time", "acceptance-decays-with-position")
 TRACES = REPO / "bench" / "traces"
-DEMO_HEALTHY = [REPO / "demo" / "healthy.jsonl", REPO / "demo" / "kimi-healthy.jsonl"]
+DEMO_HEALTHY = [REPO / "demo" / n for n in ("healthy.jsonl", "kimi-healthy.jsonl", "tree.jsonl")]
 
 
 @dataclass
@@ -174,6 +176,36 @@ def variants(name: str, trace: Trace, seed: int = 0) -> list[tuple[str, Trace]]:
     return out
 
 
+def with_late_fall(trace: Trace, keep: float, seed: int) -> Trace:
+    """A true drift injected into a healthy recording: in the last third of its requests (arrival
+    order), each verify step keeps its accepted drafts with probability ``keep``, else accepts none."""
+    rng, rids = random.Random(seed), order_of(trace)
+    late = set(rids[len(rids) - len(rids) // 3:])
+
+    def fall(step):
+        if step["rid"] not in late or rng.random() < keep:
+            return step
+        flags = [False] * len(step["accept_flags"])
+        return {**step, "accept_len": 1, "accept_flags": flags}
+    return replace(trace, steps=[fall(s) for s in trace.steps])
+
+
+def detections(paths: list[Path], store: Store) -> tuple[int, int]:
+    """(injected drifts that warned, injected drifts): each recording of 24+ requests, a third of its
+    late steps' acceptance kept (a fall to a third), in its random orders' arrival order."""
+    caught = tried = 0
+    for path in paths:
+        trace = load(path)
+        if len(trace.requests) < 24:
+            continue
+        for seed in range(4):
+            t = retimed(trace, random.Random(seed).sample(order_of(trace), len(trace.requests)))
+            found = store.findings(with_late_fall(t, keep=1 / 3, seed=seed))
+            tried += 1
+            caught += any(f.rule_id == SIGNATURES[0] and f.severity == "warning" for f in found)
+    return caught, tried
+
+
 def measure(paths: list[Path]) -> int:
     work = Path(tempfile.mkdtemp(prefix="signature-bench-"))
     try:
@@ -189,25 +221,29 @@ def measure(paths: list[Path]) -> int:
                 for f in found:
                     if f.severity != "info":
                         print(f"ALARM {label}: {f.rule_id}: {f.message}")
+        caught, tried = detections(paths, store)
     finally:
         shutil.rmtree(work)
     runs = len({label for label, _ in alarms})
     said = ", ".join(f"{n} {rule}" for rule, n in sorted(infos.items())) or "none"
     print(f"{judged} healthy runs judged ({len(paths)} recordings); {runs} with a drift or decay warning "
           f"({runs / judged:.1%}); info findings (said, not warned): {said}")
+    if tried:
+        print(f"a drift injected into them (late acceptance kept a third): {caught} of {tried} warned")
     return runs
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, metavar="DIR", help="record the healthy mixes into DIR instead")
+    parser.add_argument("--mix", action="append", help="with --record: only this mix (repeatable)")
     parser.add_argument("traces", nargs="*", type=Path, help="traces to judge (default: the demo's healthy "
                         "runs and bench/traces/*.jsonl)")
     args = parser.parse_args(argv)
     if args.record:
         from bench.record_healthy_mixes import record_all
 
-        record_all(args.record)
+        record_all(args.record, args.mix)
         return 0
     measure(args.traces or [*DEMO_HEALTHY, *sorted(TRACES.glob("*.jsonl"))])
     return 0

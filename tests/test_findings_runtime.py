@@ -221,3 +221,14 @@ def test_decay_explains_a_position1_shape():
     assert _ids(replace(obs, facts={"algorithm": "EAGLE3", "target": {}, "draft": {}})) == []
 
 
+
+
+def test_a_decay_said_as_info_leaves_the_collapse_verdict():
+    # acceptance falls past position 32 in the same requests, far inside a 2048-position checkpoint: not
+    # its window (info), so it explains nothing of acceptance that collapsed overall
+    bins = [(0, 100, 30), (32, 200, 0)]
+    obs = _shape(facts={"algorithm": "EAGLE3", "target": {}, "draft": {"checkpoint_max_position_embeddings": 2048}},
+                 accepted_drafts=30, proposed_drafts=900, verify_steps=300,
+                 accept_by_seq_bin=bins, accept_by_rid_seq_bin=_split(bins))
+    found = {f.rule_id: f.severity for f in runtime_findings(None, obs)}
+    assert found == {"acceptance-collapse-quality": "warning", "acceptance-decays-with-position": "info"}

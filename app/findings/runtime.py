@@ -65,7 +65,8 @@ def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Fi
     found += _hooks(obs)
     found += _signatures(obs, draft, spec, explained=any(f.severity == "error" for f in found))
     if obs.proposed_drafts >= MIN_PROPOSED and (obs.acceptance_rate or 0) < COLLAPSE_RATE \
-            and not any(f.severity == "error" or f.rule_id in SIGNATURES for f in found):
+            and not any(f.severity == "error" or (f.rule_id in SIGNATURES and f.severity != "info")
+                        for f in found):  # a signature said as info explains nothing
         found.append(_f("acceptance-collapse-quality", "warning",
                         f"acceptance collapsed ({obs.accepted_drafts}/{obs.proposed_drafts} drafts "
                         f"accepted, {obs.acceptance_rate:.1%}) while every plumbing check passed: a "
