@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
