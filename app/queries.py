@@ -279,6 +279,14 @@ def findings_by_run(conn: sa.Connection, run_ids: list[str]) -> dict[str, list[d
     return out
 
 
+def run_facts(conn: sa.Connection, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each listed run's recorded facts (what sets runs of one draft apart: top-k, ...); one query."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(sa.select(_RUNS.c.id, _RUNS.c.facts).where(_RUNS.c.id.in_(run_ids)))
+    return {row.id: row.facts if isinstance(row.facts, dict) else {} for row in rows}
+
+
 def latest_health(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
     """The newest tracer health snapshot of the run (cumulative counters), or None."""
     query = (sa.select(_HEALTH.c.at, _HEALTH.c.drops, _HEALTH.c.errors, _HEALTH.c.heartbeats,

@@ -58,6 +58,22 @@ def model_name(path: str | None) -> str:
     return named[-1]
 
 
+def run_names(runs: list[dict], facts: dict[str, dict]) -> dict[str, str]:
+    """Run id -> its name in a list: the draft's ``model_name``; where several runs of the list share
+    that name, what sets each apart in brackets: an algorithm other than EAGLE3 and a drafted tree
+    (``draft (EAGLE)``, ``draft (tree, top-4)``); ``facts``: ``queries.run_facts`` of those runs."""
+    names = {r["id"]: model_name(r.get("draft_path")) for r in runs}
+    shared = {n for n in names.values() if n and list(names.values()).count(n) > 1}
+    for r in runs:
+        if names[r["id"]] not in shared:
+            continue
+        topk = (facts.get(r["id"]) or {}).get("spec_topk")
+        parts = [r["algorithm"]] if r.get("algorithm") and r["algorithm"] != "EAGLE3" else []
+        parts += [f"tree, top-{topk}"] if isinstance(topk, int) and topk > 1 else []
+        names[r["id"]] += f" ({', '.join(parts)})" if parts else ""
+    return names
+
+
 def middle(text: str | None, width: int = 30) -> str:
     """``text`` cut to ``width`` characters in its middle (its start and its end tell most apart)."""
     text = "" if text is None else str(text)

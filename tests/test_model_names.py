@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftscope.templating import middle, model_name
+from draftscope.templating import middle, model_name, run_names
 
 
 @pytest.mark.parametrize("path, name", [
@@ -29,3 +29,13 @@ def test_a_long_name_is_cut_in_its_middle_keeping_both_ends():
     cut = middle(text, 30)
     assert len(cut) == 30 and cut.startswith(text[:14]) and cut.endswith(text[-15:]) and "…" in cut
     assert middle("short", 30) == "short"
+
+
+def test_runs_of_one_draft_are_told_apart_by_algorithm_and_tree():
+    runs = [{"id": "a", "draft_path": "./draft", "algorithm": "EAGLE3"},
+            {"id": "b", "draft_path": "./draft", "algorithm": "EAGLE"},
+            {"id": "c", "draft_path": "./draft", "algorithm": "EAGLE3"},
+            {"id": "d", "draft_path": "/m/scenarios/aux-off-v1", "algorithm": "EAGLE3"}]
+    names = run_names(runs, {"a": {"spec_topk": 1}, "b": {"spec_topk": 1}, "c": {"spec_topk": 4},
+                             "d": {"spec_topk": 4}})  # a name no other run has keeps no brackets
+    assert names == {"a": "draft", "b": "draft (EAGLE)", "c": "draft (tree, top-4)", "d": "aux-off-v1"}
