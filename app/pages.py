@@ -17,7 +17,7 @@ from draftscope.bundle.spec import imported_spec
 from draftscope.spec_block import static_spec
 from draftscope.spec_diff import combine, expected_widths, spec_diff
 from draftscope.stats import bins as stat_bins
-from draftscope.templating import model_name, run_names, templates
+from draftscope.templating import run_names, templates
 from draftscope.tokens import decoder
 
 router = APIRouter()
@@ -148,7 +148,7 @@ def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
     page = {**params, **size, "sort": sort, "desc": desc}
     with _conn(request) as conn:
         findings = queries.findings_by_run(conn, [r["id"] for r in runs])
-        names = run_names(runs, queries.run_facts(conn, _sharing_a_name(runs)))
+        names = run_names(runs, lambda ids: queries.run_facts(conn, ids))
     badges = {r["id"]: _finding_badges(findings.get(r["id"], [])) for r in runs}
     refresh = request.app.state.refresher.problem()
     context = {"runs": runs, "names": names, "badges": badges, "sort": sort, "desc": desc, "status_filter": status, "q": q,
@@ -165,12 +165,6 @@ def runs_page(request: Request, sort: str = "started_at", desc: bool = True,
                            ("target_path", "Target", False), ("engine", "Engine", False)]}
     return templates.TemplateResponse(request, "runs.html", context,
                                       block_name="runs_table" if _htmx(request) else None)
-
-
-def _sharing_a_name(runs: list[dict[str, Any]]) -> list[str]:
-    """The ids of the runs whose draft shares its name with another run's in the list."""
-    names = [model_name(r.get("draft_path")) for r in runs]
-    return [r["id"] for r, n in zip(runs, names) if names.count(n) > 1]
 
 
 def _finding_badges(findings: list[dict[str, Any]]) -> dict[str, Any]:

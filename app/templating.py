@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -58,15 +60,16 @@ def model_name(path: str | None) -> str:
     return named[-1]
 
 
-def run_names(runs: list[dict], facts: dict[str, dict]) -> dict[str, str]:
+def run_names(runs: list[dict], facts_of: Callable[[list[str]], dict[str, dict]]) -> dict[str, str]:
     """Run id -> its name in a list: the draft's ``model_name``; where several runs of the list share
     that name, what sets each apart in brackets: an algorithm other than EAGLE3 and a drafted tree
-    (``draft (EAGLE)``, ``draft (tree, top-4)``); ``facts``: ``queries.run_facts`` of those runs."""
+    (``draft (EAGLE)``, ``draft (tree, top-4)``). ``facts_of``: the recorded facts of the runs that
+    share a name (``queries.run_facts``), asked only when some do."""
     names = {r["id"]: model_name(r.get("draft_path")) for r in runs}
-    shared = {n for n in names.values() if n and list(names.values()).count(n) > 1}
-    for r in runs:
-        if names[r["id"]] not in shared:
-            continue
+    counts = Counter(names.values())
+    shared = [r for r in runs if names[r["id"]] and counts[names[r["id"]]] > 1]
+    facts = facts_of([r["id"] for r in shared]) if shared else {}
+    for r in shared:
         topk = (facts.get(r["id"]) or {}).get("spec_topk")
         parts = [r["algorithm"]] if r.get("algorithm") and r["algorithm"] != "EAGLE3" else []
         parts += [f"tree, top-{topk}"] if isinstance(topk, int) and topk > 1 else []

@@ -36,6 +36,7 @@ def test_runs_of_one_draft_are_told_apart_by_algorithm_and_tree():
             {"id": "b", "draft_path": "./draft", "algorithm": "EAGLE"},
             {"id": "c", "draft_path": "./draft", "algorithm": "EAGLE3"},
             {"id": "d", "draft_path": "/m/scenarios/aux-off-v1", "algorithm": "EAGLE3"}]
-    names = run_names(runs, {"a": {"spec_topk": 1}, "b": {"spec_topk": 1}, "c": {"spec_topk": 4},
-                             "d": {"spec_topk": 4}})  # a name no other run has keeps no brackets
+    facts = {"a": {"spec_topk": 1}, "b": {"spec_topk": 1}, "c": {"spec_topk": 4},
+             "d": {"spec_topk": 4}}  # a name no other run has keeps no brackets
+    names = run_names(runs, lambda ids: {i: facts[i] for i in ids})
     assert names == {"a": "draft", "b": "draft (EAGLE)", "c": "draft (tree, top-4)", "d": "aux-off-v1"}
