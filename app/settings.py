@@ -9,6 +9,8 @@ from typing import Annotated
 from pydantic import field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from draftscope.units import parse_size
+
 DEFAULT_DATABASE_URL = "sqlite:///./var/draftscope.db"
 MIN_TOKEN_CHARS = 16
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # always allowed as Host, with any port
@@ -58,8 +60,6 @@ class Settings(BaseSettings):
     @field_validator("retain_max_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
-        from draftscope.retention import parse_size
-
         if value in (None, ""):
             return None
         try:

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import orjson
 
-from draftscope import db
 from draftscope.bundle.export import export_to_file
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
-from draftscope.ingest import BatchWriter
+from draftscope.store import db
+from draftscope.store.ingest import BatchWriter
 
 RECORDING = Path(__file__).resolve().parent.parent / "demo" / "healthy.jsonl"
 BATCH_RECORDS = 256

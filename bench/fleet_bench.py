@@ -122,7 +122,7 @@ def check(url: str, reports: list[dict]) -> bool:
     """Every batch stored once, rows as sent, no duplicate finding; prints what it finds."""
     import sqlalchemy as sa
 
-    from draftscope import db, models
+    from draftscope.store import db, models
 
     engine = db.make_engine(url)
     ok = True
@@ -150,8 +150,8 @@ def caught_up(url: str, run_ids: list[str], timeout_s: float) -> float:
     """Seconds until every run's aggregates counted all its batches."""
     import sqlalchemy as sa
 
-    from draftscope import db, models
-    from draftscope.stats import batch_counts
+    from draftscope.store import db, models
+    from draftscope.store.stats import batch_counts
 
     engine, start = db.make_engine(url), time.monotonic()
     try:
@@ -186,7 +186,7 @@ def main() -> None:
         return
     from testbed.postgres import create_database, postgres_cluster
 
-    from draftscope import db
+    from draftscope.store import db
 
     tmp = Path(tempfile.mkdtemp(prefix="draftscope-fleet-"))
     with postgres_cluster(max_connections="200") as base:
@@ -264,7 +264,7 @@ def proxy_report(log: Path) -> str:
 def db_runs(url: str) -> list[str]:
     import sqlalchemy as sa
 
-    from draftscope import db, models
+    from draftscope.store import db, models
 
     engine = db.make_engine(url)
     try:

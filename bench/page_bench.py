@@ -17,7 +17,10 @@
    Before that, small runs are added until the store holds --runs runs (the runs list at scale),
    and once their aggregates are folded the dashboard is restarted (on PostgreSQL after a
    ``VACUUM (ANALYZE)``, the work autovacuum does after a bulk load; ``--no-vacuum``: not): the first
-   load of each page is its first view in a freshly started process.
+   load of each page is its first view in a freshly started process. ``--drop-caches`` (root, Linux)
+   also empties the OS page cache before that restart (``sync; echo 3 > /proc/sys/vm/drop_caches``;
+   SQLite: on PostgreSQL its shared buffers stay warm): each page's first view then reads the
+   store from disk.
 5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
    paused), and the CPU time of each data-layer query behind the pages, called in this process on
    the same store (the best of 5); machine load inflates CPU time far less than wall time.
@@ -27,8 +30,10 @@
     .venv/bin/python bench/page_bench.py --keep               # 10,000 requests, 1,000,000 steps
     .venv/bin/python bench/page_bench.py --keep --requests 100000   # 10,000,000 steps (~9 GB)
     .venv/bin/python bench/page_bench.py --store DIR          # again on a kept store (no fill)
+    .venv/bin/python bench/page_bench.py --store DIR --drop-caches   # first views from a cold OS cache
     .venv/bin/python bench/page_bench.py --postgres           # the same on a throwaway PostgreSQL
     .venv/bin/python bench/page_bench.py --requests 500       # a quick look
+    .venv/bin/python bench/page_bench.py --keep --requests 100000 --copies 100   # 10M steps in ~30 min
 """
 
 from __future__ import annotations
@@ -113,8 +118,8 @@ def request_batch(run_id: str, rids: list[str], steps: int, t0: float, rng: rand
 
 
 def fill(url: str, run_id: str, args: argparse.Namespace) -> None:
-    from draftscope import db
-    from draftscope.ingest import BatchWriter
+    from draftscope.store import db
+    from draftscope.store.ingest import BatchWriter
 
     engine = db.make_engine(url)
     writer, rng = BatchWriter(engine), random.Random(0)
@@ -122,16 +127,51 @@ def fill(url: str, run_id: str, args: argparse.Namespace) -> None:
     writer.write(orjson.dumps({"schema_version": 1, "batch_id": uuid.uuid4().hex, "run_id": run_id,
                                "sent_at": time.time(), "run": run_record(t0)}))
     start, rows, per = time.perf_counter(), 0, args.requests_per_batch
-    for first in range(0, args.requests, per):
-        rids = [f"req-{i:05d}" for i in range(first, min(first + per, args.requests))]
+    filled = args.requests // args.copies  # through BatchWriter; --copies makes up the rest
+    for first in range(0, filled, per):
+        rids = [f"req-{i:05d}" for i in range(first, min(first + per, filled))]
         body = request_batch(run_id, rids, args.steps_per_request, t0, rng)
         result = writer.write(body)
         rows += sum(result.rows.values())
-        print(f"\r  stored {first + len(rids):,} / {args.requests:,} requests", end="", flush=True)
+        print(f"\r  stored {first + len(rids):,} / {filled:,} requests", end="", flush=True)
     elapsed = time.perf_counter() - start
     print(f"\nfill: {rows:,} rows in {elapsed:.0f} s = {rows / elapsed:,.0f} rows/s "
           f"(BatchWriter, {per} requests per batch)")
     engine.dispose()
+
+
+def copy_fill(path: str, run_id: str, copies: int) -> None:
+    """Copy the run's stored requests, steps and samples ``copies - 1`` times in SQL (SQLite), the
+    k-th copy's rids numbered on by k x the requests stored (``req-01000`` ...), and one
+    ``ingest_batches`` row per batch copied: a large store in minutes instead of an hour."""
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA cache_size=-262144")
+    top = {t: conn.execute(f"SELECT max(id) FROM {t}").fetchone()[0]
+           for t in ("requests", "verify_steps", "tensor_samples")}
+    per = conn.execute("SELECT count(*) FROM requests WHERE run_id = ?", (run_id,)).fetchone()[0]
+    batch_columns = [r[1] for r in conn.execute("PRAGMA table_info(ingest_batches)")]
+    batches = [dict(zip(batch_columns, row)) for row in conn.execute(
+        "SELECT * FROM ingest_batches WHERE run_id = ? AND step_rows > 0", (run_id,))]
+    start = time.perf_counter()
+    for k in range(1, copies):
+        conn.execute("BEGIN IMMEDIATE")
+        for table, last in top.items():
+            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "id"]
+            picked = ", ".join(f"printf('req-%05d', {k * per} + CAST(substr(rid, 5) AS INTEGER))"
+                               if c == "rid" else c for c in columns)
+            conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {picked} FROM {table} "
+                         f"WHERE id <= {last} AND run_id = ? ORDER BY id", (run_id,))
+        for batch in batches:
+            row = {**batch, "batch_id": uuid.uuid4().hex, "received_at": time.time()}
+            conn.execute(f"INSERT INTO ingest_batches ({', '.join(row)}) VALUES "
+                         f"({', '.join('?' * len(row))})", list(row.values()))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        print(f"\r  copied {k} / {copies - 1}", end="", flush=True)
+    conn.close()
+    print(f"\ncopies: {copies - 1} in {time.perf_counter() - start:.0f} s")
 
 
 def ingest_forever(port: int, rows_s: float) -> None:
@@ -176,9 +216,9 @@ class ServerTiming:
 def serve(url: str, port: int) -> None:
     import uvicorn
 
-    from draftscope import db
     from draftscope.settings import Settings
-    from draftscope.web import create_app
+    from draftscope.store import db
+    from draftscope.web.app import create_app
 
     db.upgrade(url)
     uvicorn.run(ServerTiming(create_app(Settings(database_url=url))), host="127.0.0.1", port=port,
@@ -272,8 +312,8 @@ def profile_queries(url: str, big: str, rid: str) -> None:
     from prometheus_client.exposition import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    from draftscope import db, queries
-    from draftscope.metrics import StoreCollector
+    from draftscope.store import db, queries
+    from draftscope.web.metrics import StoreCollector
 
     def scrape(conn) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
@@ -306,8 +346,8 @@ def profile_queries(url: str, big: str, rid: str) -> None:
 
 def add_runs(url: str, runs: int) -> None:
     """Small runs (5 requests x 10 steps each) until the store holds ``runs`` runs."""
-    from draftscope import db, models
-    from draftscope.ingest import BatchWriter
+    from draftscope.store import db, models
+    from draftscope.store.ingest import BatchWriter
 
     import sqlalchemy as sa
 
@@ -329,7 +369,7 @@ def store_bytes(url: str) -> None:
     steps and samples tables."""
     import sqlalchemy as sa
 
-    from draftscope import db, models
+    from draftscope.store import db, models
 
     engine = db.make_engine(url)
     with engine.connect() as conn:
@@ -380,6 +420,12 @@ def main() -> None:
                              "a VACUUM (ANALYZE)")
     parser.add_argument("--postgres", action="store_true",
                         help="a throwaway PostgreSQL server (Debian's binaries) instead of SQLite")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="SQLite: fill --requests / COPIES requests through BatchWriter, then copy "
+                             "them in SQL until --requests (fast; each table's pages come out more "
+                             "clustered than a live fill's)")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="empty the OS page cache (root) before the dashboard restarts: cold first views")
     parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
     parser.add_argument("--store", type=Path, help="a folder a --keep run left: measure it, no fill")
     parser.add_argument("--live-run", help=argparse.SUPPRESS)
@@ -394,6 +440,8 @@ def main() -> None:
         return
     if args.postgres and (args.store or args.keep):
         parser.error("--postgres runs on a throwaway server: no --store or --keep")
+    if args.copies > 1 and (args.postgres or args.requests % args.copies):
+        parser.error("--copies: SQLite only, and a divisor of --requests")
     if args.postgres:
         from testbed.postgres import create_database, postgres_cluster
 
@@ -427,7 +475,7 @@ def stop(process: subprocess.Popen | None) -> None:
 def biggest_run(url: str) -> str:
     import sqlalchemy as sa
 
-    from draftscope import db, models
+    from draftscope.store import db, models
 
     engine = db.make_engine(url)
     with engine.connect() as conn:
@@ -441,8 +489,8 @@ def all_folded(url: str, timeout_s: float) -> float:
     """Seconds until every run's aggregates have counted all its batches."""
     import sqlalchemy as sa
 
-    from draftscope import db, models
-    from draftscope.stats import batch_counts
+    from draftscope.store import db, models
+    from draftscope.store.stats import batch_counts
 
     engine, start = db.make_engine(url), time.perf_counter()
     try:
@@ -473,6 +521,16 @@ def vacuum_analyze(url: str) -> float:
     return time.monotonic() - started
 
 
+def drop_caches() -> None:
+    """Empty the OS page cache (Linux, root): the store's next reads come from disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        raise SystemExit(f"--drop-caches needs root on Linux ({exc}); run as root or leave it out")
+    print("OS page cache dropped: the first views below read the store from disk")
+
+
 def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
     """Fill (unless --store), add small runs, restart the dashboard, measure, profile, count bytes."""
     server = live = None
@@ -487,6 +545,8 @@ def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
             fill(url, big, args)
+            if args.copies > 1:
+                copy_fill(str(store / "pages.db"), big, args.copies)
             print(f"aggregates caught up {wait_for(conn, big, steps, 3600):.1f} s after the last batch")
         add_runs(url, args.runs)
         print(f"every run's aggregates caught up {all_folded(url, 600):.1f} s later")
@@ -494,6 +554,8 @@ def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
         if url.startswith("postgresql") and args.vacuum:
             print(f"VACUUM (ANALYZE) after the fill: {vacuum_analyze(url):.1f} s (what autovacuum does "
                   "in the background after a bulk load, here before the measurement)")
+        if args.drop_caches:
+            drop_caches()
         server, port = start_server(url)  # a cold process: no page rendered yet
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         live = subprocess.Popen([sys.executable, __file__, "--live-run", live_id, "--port", str(port),

@@ -127,16 +127,16 @@ class Store:
     """A migrated SQLite store, copied afresh for each analysis."""
 
     def __init__(self, work: Path):
-        from draftscope import db
+        from draftscope.store import db
 
         self.work, self.empty = work, work / "empty.db"
         db.upgrade(f"sqlite:///{self.empty}")
 
     def findings(self, trace: Trace) -> list:
         """The findings of ``trace`` stored as a new run, through ingest and the rules."""
-        from draftscope import db
-        from draftscope.analyze import refresh_run
-        from draftscope.ingest import BatchWriter
+        from draftscope.store import db
+        from draftscope.store.analyze import refresh_run
+        from draftscope.store.ingest import BatchWriter
 
         path = self.work / f"{uuid.uuid4().hex}.db"
         shutil.copy(self.empty, path)

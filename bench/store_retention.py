@@ -40,8 +40,9 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.page_bench import request_batch, run_record  # noqa: E402
-from draftscope import db, retention  # noqa: E402
-from draftscope.ingest import BatchWriter  # noqa: E402
+from draftscope import units  # noqa: E402
+from draftscope.store import db, retention  # noqa: E402
+from draftscope.store.ingest import BatchWriter  # noqa: E402
 from draftscope_tracer.transport import wire  # noqa: E402
 
 COPIED = ("requests", "verify_steps", "tensor_samples", "ingest_batches")
@@ -185,15 +186,15 @@ def main() -> None:
         for rate in (1, 10, 100):
             print(f"  a server at {rate} requests/s sampled 1 in 16: {rate / 16 * 86400 * per_request / 1e9:,.2f} "
                   "GB per day")
-        runs = grow(url, engine, template, retention.parse_size(args.size))
+        runs = grow(url, engine, template, units.parse_size(args.size))
         steps = StepLog()
-        logging.getLogger("draftscope.retention").addHandler(steps)
-        logging.getLogger("draftscope.retention").setLevel(logging.DEBUG)
+        logging.getLogger("draftscope.store.retention").addHandler(steps)
+        logging.getLogger("draftscope.store.retention").setLevel(logging.DEBUG)
         live = LiveWriter(engine, Path(db_path(url) + "-wal"))
         live.start()
         file_before = os.path.getsize(db_path(url))
         start, load = time.perf_counter(), [os.getloadavg()[0]]
-        report = retention.prune(engine, max_bytes=retention.parse_size(args.prune_to))
+        report = retention.prune(engine, max_bytes=units.parse_size(args.prune_to))
         pruned = time.perf_counter() - start
         during_prune = sorted(live.latencies)
         start = time.perf_counter()

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import draftscope_tracer  # noqa: E402
 import psutil  # noqa: E402
 
-from draftscope import db as store_db  # noqa: E402
+from draftscope.store import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
 from testbed.overhead import request_id  # noqa: E402
 from testbed.server import start_server  # noqa: E402

@@ -1,12 +1,12 @@
-"""Alembic environment: migrates the URL set by ``draftscope.db.alembic_config`` (batch mode on SQLite)."""
+"""Alembic environment: migrates the URL set by ``draftscope.store.db.alembic_config`` (batch mode on SQLite)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlmodel import SQLModel
 
-import draftscope.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from draftscope.db import make_engine
+import draftscope.store.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from draftscope.store.db import make_engine
 
 target_metadata = SQLModel.metadata
 

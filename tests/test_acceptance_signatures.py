@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.cli import app as cli
-from draftscope.stats import observation as run_observation
+from draftscope.cli.app import app as cli
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.store.stats import observation as run_observation
 from testbed import scenarios
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.test_scenario_findings import wait_for_run
@@ -34,12 +34,13 @@ OVERRIDE = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 ZEROED_ALLOCATIONS = {"MALLOC_PERTURB_": "255"}
 
 
-def serve(server, plan) -> tuple[list, object]:
-    """Send ``plan`` ([(prompt, new tokens, sampling)]); (findings, observation) of the run."""
+def serve(server, *phases) -> tuple[list, object]:
+    """Send each phase ((prompts, new tokens, sampling)) side by side, the phases one after the
+    other; (findings, observation) of the run."""
     before = wait_for_run(server.trace_db_url, 0, False, run_counts=(0, 1))[1]
-    for prompt, new_tokens, sampling in plan:
-        server.generate(prompt, new_tokens, **sampling)
-    run_id = wait_for_run(server.trace_db_url, before + len(plan), False)[0]
+    for prompts, new_tokens, sampling in phases:
+        server.generate_many(prompts, new_tokens, **sampling)
+    run_id = wait_for_run(server.trace_db_url, before + sum(len(p[0]) for p in phases), False)[0]
     engine = db.make_engine(server.trace_db_url)
     try:
         findings = refresh_run(engine, run_id)
@@ -57,13 +58,11 @@ def report(findings, obs) -> str:
             f"{obs.accept_by_time_bin}")
 
 
-DEMO = [(p, DEMO_NEW_TOKENS, {}) for p in DEMO_PROMPTS]
-
-
 def test_zero_acceptance_with_finite_logits_lm_head_removed(sglang_server):
     # two prompts: ~190 drafts, all rejected (20 are enough to judge), and draft.logits samples; every
     # allocation of this server is filled (MALLOC_PERTURB_), which makes each request slow
-    findings, obs = serve(sglang_server("lm-head-removed", env=ZEROED_ALLOCATIONS), DEMO[:2])
+    findings, obs = serve(sglang_server("lm-head-removed", env=ZEROED_ALLOCATIONS),
+                          (DEMO_PROMPTS[:2], DEMO_NEW_TOKENS, {}))
     rules = [(f.rule_id, f.source) for f in findings]
     assert rules[0] == ("draft-weights-not-loaded", "static"), report(findings, obs)
     assert ("acceptance-zero-finite-logits", "runtime") in rules, report(findings, obs)
@@ -77,7 +76,7 @@ def test_decay_with_position_short_context_served_long(sglang_server):
     assert [f["rule_id"] for f in json.loads(out.output)["findings"]] == ["draft-context-overridden"]
     # eight requests a side at least: the rule compares requests (MIN_REQUESTS), not steps
     findings, obs = serve(sglang_server("short-context", env=OVERRIDE),
-                          DEMO + DEMO + [(p, 48, {}) for p in LONG_PROMPTS * 2])
+                          (DEMO_PROMPTS * 2, DEMO_NEW_TOKENS, {}), (LONG_PROMPTS * 2, 48, {}))
     by_rule = {f.rule_id: f for f in findings}
     decay = by_rule.get("acceptance-decays-with-position")
     assert decay is not None, report(findings, obs)
@@ -88,10 +87,11 @@ def test_decay_with_position_short_context_served_long(sglang_server):
 
 
 def test_drift_over_time_when_traffic_changes(sglang_server):
-    # the same six prompts in both thirds (the tracer's prompt keys tell them), sampled hot in the last
-    hot = [(p, DEMO_NEW_TOKENS, {"temperature": 1.5, "top_k": 1000}) for p in DEMO_PROMPTS * 3]
+    # the same six prompts in both thirds (the tracer's prompt keys tell them), sampled hot in the last:
+    # the hot half is sent once the greedy half is answered
+    hot = (DEMO_PROMPTS * 3, DEMO_NEW_TOKENS, {"temperature": 1.5, "top_k": 1000})
     findings, obs = serve(sglang_server("healthy", env={"DRAFTSCOPE_TEST_TRAFFIC": "drift"}),
-                          DEMO * 3 + hot)
+                          (DEMO_PROMPTS * 3, DEMO_NEW_TOKENS, {}), hot)
     rules = [f.rule_id for f in findings]
     assert rules == ["acceptance-drift-over-time"], report(findings, obs)
     assert findings[0].severity == "warning" and findings[0].evidence["same_prompts"]

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from draftscope import db, wire_schema
+from draftscope.store import db, wire_schema
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 
 INGEST_TOKEN = "fuzz-ingest-token-0123456789"

@@ -19,14 +19,14 @@ import sqlalchemy as sa
 
 from fastapi.testclient import TestClient
 
-from draftscope import db, importer, queries
-from draftscope.analyze import refresh_run
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
-from draftscope.ingest import BatchWriter
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db, importer, queries
+from draftscope.store.analyze import refresh_run
+from draftscope.store.ingest import BatchWriter
+from draftscope.web.app import create_app
 from testbed import scenarios
 
 DEMO = Path(__file__).resolve().parent.parent / "demo"
@@ -98,7 +98,7 @@ def test_keep_paths_keeps_them(recorded, monkeypatch) -> None:
 def test_include_text_says_when_the_tokenizer_is_not_readable(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from draftscope.cli import app
+    from draftscope.cli.app import app
 
     trace = tmp_path / "trace.jsonl"
     text = (DEMO / "aux-off.jsonl").read_text()
@@ -116,7 +116,7 @@ def test_include_text_says_when_the_tokenizer_is_not_readable(tmp_path) -> None:
 
 
 def test_progress_bars_for_large_runs_on_a_terminal(monkeypatch) -> None:
-    from draftscope import bundle_cli
+    from draftscope.cli import bundle as bundle_cli
 
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     with bundle_cli._progress("exporting", bundle_cli.SHOW_PROGRESS_FROM) as advance:

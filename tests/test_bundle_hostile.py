@@ -20,11 +20,11 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, importer
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import BundleError, read_bundle
-from draftscope.ingest import BatchWriter
+from draftscope.store import db, importer
+from draftscope.store.ingest import BatchWriter
 
 DEMO = Path(__file__).resolve().parent.parent / "demo"
 TABLES = ("runs", "requests", "verify_steps", "tensor_samples", "tracer_health", "findings",

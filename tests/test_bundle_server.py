@@ -25,15 +25,15 @@ from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
-from draftscope import db
-from draftscope.analyze import refresh_run
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
-from draftscope.cli import app as cli
-from draftscope.ingest import BatchWriter
+from draftscope.cli.app import app as cli
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db
+from draftscope.store.analyze import refresh_run
+from draftscope.store.ingest import BatchWriter
+from draftscope.web.app import create_app
 from testbed import scenarios
 from testbed.server import start_server
 from tests.fixtures.sglang_server import PROBE_WITHOUT_GENERATION

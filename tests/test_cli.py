@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from draftscope import db
-from draftscope.cli import app
+from draftscope.cli.app import app
+from draftscope.store import db
 from testbed.server import start_dashboard
 
 runner = CliRunner()
@@ -67,7 +67,7 @@ def test_the_images_entry_point_opens_reads_only_when_published_on_loopback(sqli
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
     env |= {"DRAFTSCOPE_INGEST_TOKEN": "ingest-secret-7d41c2e9", "DRAFTSCOPE_PUBLISHED_ON": published}
     done = subprocess.run(["sh", str(REPO / "docker" / "dashboard-entrypoint"), sys.executable, "-m",
-                           "draftscope.cli", "serve", "--host", "0.0.0.0", "--db", sqlite_url],
+                           "draftscope", "serve", "--host", "0.0.0.0", "--db", sqlite_url],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     if refused:
@@ -145,7 +145,7 @@ def test_db_upgrade_then_current(sqlite_url) -> None:
 
 
 def test_serve_upgrade_starts_a_working_dashboard(sqlite_url, tmp_path) -> None:
-    main = (sys.executable, "-c", "from draftscope.main import main; main()")
+    main = (sys.executable, "-c", "from draftscope.cli.main import main; main()")
     with start_dashboard(sqlite_url, tmp_path / "serve.log", command=main, args=["--upgrade"]) as url:
         with urllib.request.urlopen(f"{url}/healthz", timeout=10) as resp:
             health = json.load(resp)
@@ -154,7 +154,7 @@ def test_serve_upgrade_starts_a_working_dashboard(sqlite_url, tmp_path) -> None:
 
 
 def test_serve_names_the_address_to_open() -> None:
-    from draftscope.cli import open_url
+    from draftscope.cli.app import open_url
     from draftscope.settings import Settings
 
     assert open_url(Settings(host="0.0.0.0", port=9001)) == "http://127.0.0.1:9001/"

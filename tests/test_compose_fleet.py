@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from draftscope.access import COOKIE
+from draftscope.web.access import COOKIE
 from tests.fixtures.compose import Docker
 from tests.fixtures.wait import until
 

@@ -12,11 +12,11 @@ import io
 
 import pytest
 
-from draftscope import db
 from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import read_bundle
-from draftscope.ingest import BatchWriter
+from draftscope.store import db
+from draftscope.store.ingest import BatchWriter
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.fixtures.store import settle
 from tests.test_scenario_findings import wait_for_run

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from draftscope.csv_export import attachment_name, cell
+from draftscope.web.csv_export import attachment_name, cell
 from tests.fixtures.store import make_batch, run_record
 
 

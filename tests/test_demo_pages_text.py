@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.web.app import create_app
 
 # Python's and JavaScript's empty values as text ("NaN / Inf" is a column's name, not a value)
 PLACEHOLDER = re.compile(r"\[\s*\]|\b(?:None|nan|undefined)\b|\bNaN\b(?! / Inf)")

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from draftscope.settings import Settings
-from draftscope.spec_block import MODELS_ROOT, model_dir, static_spec
-from draftscope.web import create_app
+from draftscope.spec.block import MODELS_ROOT, model_dir, static_spec
+from draftscope.web.app import create_app
 from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.model_paths import relative_to_root
 from tests.fixtures.demo_store import DEMO, REPO
@@ -117,6 +117,6 @@ def test_a_dashboard_reads_relative_paths_under_its_own_models_root(tmp_path, mo
 
 @pytest.fixture(autouse=True)
 def _fresh_spec_cache():
-    from draftscope import spec_block
+    from draftscope.spec import block as spec_block
 
     spec_block._read.cache_clear()

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from draftscope import doctor
-from draftscope.cli import app
+from draftscope.cli.app import app
+from draftscope.findings import doctor
 from testbed import scenarios
 from tests.spec_fixtures import kimi_pair, tiny_draft_config, tiny_target, tiny_weights, write_draft
 

@@ -4,7 +4,7 @@ reading when the config names its trainer. The real servers: tests/test_cross_en
 
 from __future__ import annotations
 
-from draftscope import engine_compare
+from draftscope.web import engine_compare
 
 CONFIG = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128, "target_hidden_size": 128,
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}
@@ -64,7 +64,7 @@ def test_a_crashed_run_reads_crashed_imported_or_not(tmp_path) -> None:
     crashed, an imported one that ended reads imported (real SQLite store, migrated)."""
     import sqlalchemy as sa
 
-    from draftscope import db, models, queries
+    from draftscope.store import db, models, queries
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     db.upgrade(url)

@@ -10,10 +10,10 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from draftscope.cli.stats import stats
 from draftscope.findings import Observation, runtime_findings
 from draftscope.spec import read_draft
 from draftscope.spec.feature_stats import STATS_FILE, config_hash
-from draftscope.stats_cli import stats
 from testbed.models import ensure_models
 
 app = typer.Typer()

@@ -7,9 +7,9 @@ import uuid
 
 from sqlmodel import Session, select
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.stats import observation
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.store.stats import observation
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
 from tests.test_findings_runtime import HEALTHY_FACTS
 

@@ -9,8 +9,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db as store_db
-from draftscope.ingest import BatchWriter
+from draftscope.store import db as store_db
+from draftscope.store.ingest import BatchWriter
 from draftscope_tracer.transport.sqlite_sink import SqliteSink
 from tests.fixtures.store import make_batch, run_record, sample_record, settle
 
@@ -96,23 +96,44 @@ def test_batches_stored_without_this_dashboard_are_diagnosed(client, store_url) 
 def test_a_busy_run_is_refreshed_at_most_once_per_debounce() -> None:
     """Driven by a clock the test sets (the refresher's thread is not started), from 5 s: a clock
     that started recently (a machine just booted) must not hold back a run never refreshed."""
-    from draftscope.refresh import RunRefresher
+    from draftscope.store.refresh import RunRefresher
 
     now = [5.0]
     engine = sa.create_engine("sqlite://")
     try:
         refresher = RunRefresher(engine, debounce_s=60, clock=lambda: now[0])
+        schedule = refresher.schedule
         refresher.notify("run-a")
-        assert refresher._due() and refresher._take(force=False) == ["run-a"]  # never refreshed: at once
+        assert schedule.due() and schedule.take(force=False) == ["run-a"]  # never refreshed: at once
         refresher.notify("run-a")
         now[0] += 59.9
         refresher.notify("run-b")
-        assert refresher._take(force=False) == ["run-b"]  # run-a waits out its debounce
-        assert not refresher._due() and refresher._wait_s() == pytest.approx(0.1)
+        assert schedule.take(force=False) == ["run-b"]  # run-a waits out its debounce
+        assert not schedule.due() and schedule.wait_s(refresher.poll_s) == pytest.approx(0.1)
         now[0] += 0.1
-        assert refresher._due() and refresher._take(force=False) == ["run-a"]  # its debounce has passed
+        assert schedule.due() and schedule.take(force=False) == ["run-a"]  # its debounce has passed
         refresher.notify("run-a")
-        assert refresher._take(force=True) == ["run-a"]  # drain() forces it
-        assert refresher._take(force=True) == [] and not refresher._due()
+        assert schedule.take(force=True) == ["run-a"]  # drain() forces it
+        assert schedule.take(force=True) == [] and not schedule.due()
     finally:
         engine.dispose()
+
+
+def test_a_failing_run_is_retried_after_a_pause_that_doubles_and_said_until_it_succeeds() -> None:
+    """The failure records and the schedule together, on a clock the test sets: 2 s, 4 s, ... up to 60 s."""
+    from draftscope.store.refresh_failures import RefreshFailures
+    from draftscope.store.refresh_schedule import RunSchedule
+
+    now = [0.0]
+    schedule, failures = RunSchedule(debounce_s=0, clock=lambda: now[0]), RefreshFailures(poll_s=1)
+    pauses = [failures.failed("run-a", OSError("disk full")) for _ in range(7)]
+    assert pauses == [2, 4, 8, 16, 32, 60, 60]
+    assert failures.of_run("run-a").attempts == 7 and "disk full" in failures.of_run("run-a").reason
+    assert "The summaries of 1 run could not be written" in failures.problem()
+    schedule.retry_after("run-a", pauses[-1])
+    assert not schedule.due() and schedule.wait_s(poll_s=100) == 60
+    now[0] += 60
+    assert schedule.take(force=False) == ["run-a"]
+    failures.refreshed("run-a")
+    schedule.refreshed("run-a")
+    assert failures.of_run("run-a") is None and failures.problem() is None

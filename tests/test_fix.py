@@ -1,4 +1,4 @@
-"""Mechanical fixes (Finding.patch, draftscope.fix): every one changes what triggered it.
+"""Mechanical fixes (Finding.patch, draftscope.findings.fix): every one changes what triggered it.
 
 Each case breaks a tiny draft the way a test-bed scenario (or a published checkpoint) does; the
 test applies every patch doctor offers to a copy and diagnoses the copy with the fixed flags.
@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 
-from draftscope.doctor import diagnose
+from draftscope.findings.doctor import diagnose
+from draftscope.findings.fix import FixError, apply_fixes
 from draftscope.findings.static import FIXABLE
-from draftscope.fix import FixError, apply_fixes
 from draftscope.spec import parse_server_args, read_draft
 from draftscope.spec.sglang import format_server_args
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft

@@ -15,7 +15,7 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from draftscope.cli import app as cli
+from draftscope.cli.app import app as cli
 from testbed import scenarios
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from testbed.server import start_server
@@ -34,7 +34,7 @@ def accept_length(answers: list[dict]) -> float:
 
 def served_accept_length(target, draft, args: list[str], log) -> float:
     with start_server(target, draft, args, log, env=NO_TRACER) as server:
-        return accept_length([server.generate(p, DEMO_NEW_TOKENS) for p in DEMO_PROMPTS])
+        return accept_length(server.generate_many(DEMO_PROMPTS, DEMO_NEW_TOKENS))  # as healthy_demo
 
 
 @pytest.fixture(scope="module")

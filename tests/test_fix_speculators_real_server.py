@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from draftscope import db
-from draftscope.analyze import refresh_run
-from draftscope.cli import app as cli
+from draftscope.cli.app import app as cli
+from draftscope.store import db
+from draftscope.store.analyze import refresh_run
 from testbed.models import ensure_models
 from testbed.server import ServerStartError, start_server
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, models
+from draftscope.store import db, models
 from draftscope_tracer.transport.http_sink import HttpSink
 from testbed.server import free_port, wait_for_port
 from tests.fixtures.front_door import front_door
@@ -99,8 +99,12 @@ def test_a_dashboard_killed_while_storing_a_batch_loses_nothing(fleet):
         with engine.connect() as conn:
             return conn.execute(sa.text(
                 "SELECT client_port FROM pg_stat_activity WHERE state <> 'idle' AND "
-                "query ILIKE 'INSERT INTO verify_steps%'")).scalar()
+                "query ILIKE 'COPY verify_steps%'")).scalar()
 
+    # The batch's verify steps wait on a lock held here, so the dashboard is caught in the middle of
+    # the batch (its claim and requests written, nothing committed) however fast it stores.
+    hold = engine.connect()
+    hold.execute(sa.text("LOCK TABLE verify_steps IN SHARE MODE"))
     # through the proxy, as in the fleet: the resend goes to the dashboard still up
     sink = HttpSink(f"https://localhost:{ports[2]}", lambda *a: drops.append(a), timeout_s=60, backoff_s=0.1)
     sender = threading.Thread(target=sink.send, args=(batch,))
@@ -108,6 +112,8 @@ def test_a_dashboard_killed_while_storing_a_batch_loses_nothing(fleet):
     port = until(storing, "a dashboard storing the batch", timeout_s=120, every_s=0.02)
     [victim] = [p for p in procs[:2] if port in {c.laddr.port for c in psutil.Process(p.pid).net_connections()}]
     os.killpg(victim.pid, signal.SIGKILL)
+    hold.rollback()
+    hold.close()
     sender.join()
     assert _stored(url, run_id)[0] == 0, "a killed dashboard's transaction never commits"
     until(lambda: not storing(), "PostgreSQL rolling the killed dashboard's transaction back")

@@ -11,10 +11,10 @@ import uuid
 import orjson
 from fastapi.testclient import TestClient
 
-from draftscope import db
-from draftscope.ingest import BatchWriter
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db
+from draftscope.store.ingest import BatchWriter
+from draftscope.web.app import create_app
 from tests.fixtures.disk import fill
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 from tests.fixtures.wait import until

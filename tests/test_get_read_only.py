@@ -17,7 +17,7 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.web.app import create_app
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 
 RID = "req-0"
@@ -88,7 +88,7 @@ def test_every_get_route_answers_from_a_read_only_store(make_client, store_url) 
 
 
 def test_the_read_only_store_refuses_writes(store_url) -> None:
-    from draftscope import db
+    from draftscope.store import db
 
     engine = db.make_engine(read_only_url(store_url))
     try:

@@ -8,8 +8,8 @@ import uuid
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from draftscope import db, importer
-from draftscope.cli import app
+from draftscope.cli.app import app
+from draftscope.store import db, importer
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 runner = CliRunner()

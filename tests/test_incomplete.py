@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from draftscope import db, queries
+from draftscope.store import db, queries
 from tests.fixtures.store import make_batch, run_record, settle, step_record
 
 
@@ -68,7 +68,7 @@ def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_
 
     import sqlalchemy as sa
 
-    from draftscope import models
+    from draftscope.store import models
 
     run_id, t0 = uuid.uuid4().hex, float(int(time.time()) - 1000)
     health = {"at": time.time(), "drops": {"sink_error": 40, "summary_ring_full": 2}, "errors": {},

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, models
+from draftscope.store import db, models
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 URL = "/api/v1/batches"

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db
+from draftscope.store import db
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 from tests.test_ingest import counts, fetch
 
@@ -181,7 +181,7 @@ def test_a_batch_cannot_rewrite_a_runs_identity(client, store_url, victim, field
 def test_a_batch_cannot_hide_or_delete_a_run(client, store_url, victim) -> None:
     """``pruning`` (the status prune and retention set before deleting) cannot come from ingest; a status
     that goes back (ended -> running) is ignored; the run stays listed and the next prune keeps it."""
-    from draftscope import retention
+    from draftscope.store import retention
 
     assert _post(client, make_batch(victim, run=run_record(status="pruning"))).status_code == 422
     assert _post(client, make_batch(victim, run=run_record(status="ended", ended_at=NOW))).status_code == 200

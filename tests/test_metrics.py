@@ -8,7 +8,7 @@ import uuid
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from draftscope import metrics
+from draftscope.web import metrics
 from tests.fixtures.store import make_batch, run_record, settle, step_record
 
 

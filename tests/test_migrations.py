@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlmodel import SQLModel
 
-from draftscope import db, models  # noqa: F401  (models registers the tables)
+from draftscope.store import db, models  # noqa: F401  (models registers the tables)
 
 
 def _tables(url: str) -> set[str]:
@@ -54,7 +54,7 @@ def test_schema_state_says_what_to_run(db_url: str) -> None:
 
 
 def test_0006_lists_the_orphans_of_runs_folded_before_it(db_url: str) -> None:
-    from draftscope import queries
+    from draftscope.store import queries
 
     db.upgrade(db_url, "0005_tree_parents")
     engine = db.make_engine(db_url)

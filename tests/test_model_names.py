@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftscope.templating import middle, model_name, run_names
+from draftscope.web.templating import middle, model_name, run_names
 
 
 @pytest.mark.parametrize("path, name", [

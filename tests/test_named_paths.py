@@ -89,8 +89,8 @@ def defines(module: Path, name: str) -> bool:
 
 
 def module_exists(dotted: str) -> bool:
-    """``draftscope_tracer.engine.plugin`` is a module or package; the last part may be a name its module
-    defines (``draftscope.wire_schema.FastBatch``)."""
+    """``draftscope_tracer.engine.sglang.plugin`` is a module or package; the last part may be a name its module
+    defines (``draftscope.store.wire_schema.FastBatch``)."""
     package = next(p for p in PACKAGES if dotted == p or dotted.startswith(p + "."))
     folder, parts = ROOT / PACKAGES[package], dotted[len(package) + 1:].split(".") if dotted != package else []
     for i, part in enumerate(parts):
@@ -137,11 +137,11 @@ def test_markdown_links_land():
 
 def test_the_checks_see_the_names_and_catch_stale_ones():
     assert {"tracer/transport/wire.py", "docs/dashboard.md#who-can-read-it"} <= {n for n, _ in named(PATH)}
-    assert {"draftscope_tracer.engine.plugin", "draftscope.migrations"} <= {n for n, _ in named(MODULE)}
+    assert {"draftscope_tracer.engine.sglang.plugin", "draftscope.migrations"} <= {n for n, _ in named(MODULE)}
     assert [m.group(0) for m in PATH.finditer("see draftscope_tracer/wire.py; /data/models, x/app/y")] == [
         "draftscope_tracer/wire.py"]
     assert path_exists("draftscope_tracer/transport/wire.py") and not path_exists("draftscope_tracer/wire.py")
     assert path_exists("docs/dashboard.md#who-can-read-it") and not path_exists("docs/dashboard.md#no-such-part")
     assert module_exists("draftscope_tracer.transport.wire") and not module_exists("draftscope_tracer.wire")
-    assert module_exists("draftscope.wire_schema.FastBatch") and not module_exists("draftscope.wire_schema.Nope")
+    assert module_exists("draftscope.store.wire_schema.FastBatch") and not module_exists("draftscope.store.wire_schema.Nope")
     assert "Hot path" in headings(ROOT / "docs" / "tracer.md") and "CUDA" not in headings(ROOT / "docs" / "tracer.md")

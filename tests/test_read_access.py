@@ -18,11 +18,11 @@ import sqlalchemy as sa
 from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 
-from draftscope import sessions
-from draftscope.access import COOKIE
-from draftscope.login_throttle import FREE_TRIES, LoginThrottle
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.web import sessions
+from draftscope.web.access import COOKIE
+from draftscope.web.app import create_app
+from draftscope.web.login_throttle import FREE_TRIES, LoginThrottle
 from tests.fixtures.store import make_batch, run_record
 from tests.test_get_read_only import _fill, _get_paths, read_only_url
 
@@ -142,7 +142,7 @@ def test_a_session_is_one_for_every_dashboard_of_the_store(make_client) -> None:
 
 
 def test_a_session_ends_when_it_expires_or_the_read_token_changes(make_client, store_url) -> None:
-    from draftscope import db
+    from draftscope.store import db
 
     client = make_client(read_token=READ)
     cookie = _log_in(client)

@@ -10,7 +10,7 @@ import zipfile
 
 import sqlalchemy as sa
 
-from draftscope import db, models
+from draftscope.store import db, models
 from tests.fixtures.store import make_batch, run_record
 
 SECRET = "ds-secret-5b7e0c93"

@@ -10,9 +10,9 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, models
-from draftscope.analyze import RUN_LOCK_CLASS, refresh_run
-from draftscope.ingest import BatchWriter
+from draftscope.store import db, models
+from draftscope.store.analyze import RUN_LOCK_CLASS, refresh_run
+from draftscope.store.ingest import BatchWriter
 from tests.fixtures.store import make_batch, run_record, sample_record
 
 pytestmark = pytest.mark.postgres

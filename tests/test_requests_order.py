@@ -11,8 +11,8 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, queries
-from draftscope.ingest import BatchWriter
+from draftscope.store import db, queries
+from draftscope.store.ingest import BatchWriter
 from tests.fixtures.store import make_batch, run_record
 
 

@@ -15,10 +15,12 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from draftscope import bundle_cli, db, models, queries, retention
+from draftscope import units
 from draftscope.bundle.export import export_to_file
-from draftscope.cli import app
-from draftscope.ingest import BatchWriter
+from draftscope.cli import bundle as bundle_cli
+from draftscope.cli.app import app
+from draftscope.store import db, models, queries, retention
+from draftscope.store.ingest import BatchWriter
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 from tests.fixtures.wait import until
 
@@ -197,7 +199,7 @@ def test_reclaim_gives_every_free_page_back_in_few_steps_and_empties_the_wal(tmp
     with engine.connect() as conn:
         free = conn.exec_driver_sql("PRAGMA freelist_count").scalar_one()
     size = os.path.getsize(tmp_path / "store.db")
-    caplog.set_level(logging.DEBUG, logger="draftscope.retention")
+    caplog.set_level(logging.DEBUG, logger="draftscope.store.retention")
     assert retention.reclaim(engine) == free > 100
     steps = [r for r in caplog.records if getattr(r, "step", ("",))[0] == "incremental_vacuum step"]
     assert 0 < len(steps) < free / 10
@@ -274,15 +276,15 @@ def test_the_dashboard_keeps_the_store_under_its_bound(store_url, make_client):
 @pytest.mark.parametrize("value,expected", [("10GB", 10**10), ("2GiB", 2 * 2**30), ("500 MB", 5 * 10**8),
                                             ("123", 123)])
 def test_sizes(value, expected):
-    assert retention.parse_size(value) == expected
+    assert units.parse_size(value) == expected
 
 
 def test_bad_sizes_and_ages_say_what_to_write():
     with pytest.raises(ValueError, match="e.g. 10GB"):
-        retention.parse_size("ten gigs")
+        units.parse_size("ten gigs")
     with pytest.raises(ValueError, match="e.g. 7d"):
-        retention.parse_age("7 days")
-    assert retention.parse_age("2w") == 14 * DAY
+        units.parse_age("7 days")
+    assert units.parse_age("2w") == 14 * DAY
 
 
 
@@ -307,10 +309,10 @@ def test_automatic_retention_logs_each_run_it_deletes(store_url, caplog):
     engine = db.make_engine(store_url)
     old, older, kept = _run(engine, days_old=40), _run(engine, days_old=50), _run(engine, days_old=1)
     retainer = retention.Retainer(engine, retention.Policy(max_age_s=30 * DAY))
-    with caplog.at_level(logging.WARNING, "draftscope.retention"):
+    with caplog.at_level(logging.WARNING, "draftscope.store.retention"):
         report = retainer.run_once()
     assert [r.id for r, _ in report.deleted] == [older, old]
-    lines = [r.getMessage() for r in caplog.records if r.name == "draftscope.retention"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "draftscope.store.retention"]
     for run, estimate in report.deleted:
         assert any(f"retention deleted run {run.id} (ended, last data" in line and f"~{estimate} bytes" in line
                    and estimate > 0 for line in lines), lines

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from draftscope import db
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db
+from draftscope.web.app import create_app
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 
 EVIL = "<script>alert(1)</script>"

@@ -1,4 +1,4 @@
-"""Run aggregates folded on arrival (draftscope.stats) and the queries the pages read them with.
+"""Run aggregates folded on arrival (draftscope.store.stats) and the queries the pages read them with.
 
 Batches go through the ingest path (BatchWriter), aggregates through refresh_run, on SQLite and
 PostgreSQL; folding in several steps must give what one fold over everything gives.
@@ -13,9 +13,9 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, models, queries
-from draftscope.analyze import refresh_run
-from draftscope.ingest import BatchWriter
+from draftscope.store import db, models, queries
+from draftscope.store.analyze import refresh_run
+from draftscope.store.ingest import BatchWriter
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
 T0 = 1_700_000_000.25  # quarter seconds: bucket edges never fall on a sample time
@@ -186,7 +186,7 @@ def test_a_second_refresh_folds_nothing_twice(engine) -> None:
         before = queries.run_summary(conn, run_id)
     writer = BatchWriter(engine)
     _send(writer, run_id, steps=_steps("r1", 5, 9, T0 + 2100))
-    from draftscope import stats
+    from draftscope.store import stats
 
     assert stats.update_run_stats(engine, run_id) and stats.update_run_stats(engine, run_id)
     with engine.connect() as conn:

@@ -13,8 +13,8 @@ from html import unescape
 import orjson
 import pytest
 
-from draftscope import db, queries
-from draftscope.ingest import BatchWriter, parse_batch
+from draftscope.store import db, queries
+from draftscope.store.ingest import BatchWriter, parse_batch
 from tests.fixtures.store import make_batch, run_record
 
 T0 = time.time() - 3600

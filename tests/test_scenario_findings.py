@@ -27,14 +27,14 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.cli import app as cli
+from draftscope.cli.app import app as cli
 from draftscope.findings import runtime_findings
 from draftscope.settings import Settings
 from draftscope.spec import read_draft, read_target
-from draftscope.stats import observation as run_observation
-from draftscope.web import create_app
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.store.stats import observation as run_observation
+from draftscope.web.app import create_app
 from testbed import scenarios
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.fixtures.store import settle
@@ -61,17 +61,10 @@ def doctor_findings(prepared) -> list[dict]:
 
 
 def serve_demo(server, crashes: bool) -> int:
-    """Send the demo prompts; returns how many were answered. A crashing scenario may fail any."""
-    answered = 0
-    for prompt in DEMO_PROMPTS:
-        try:
-            server.generate(prompt, DEMO_NEW_TOKENS)
-        except (RuntimeError, OSError):
-            if not crashes:
-                raise
-            break
-        answered += 1
-    return answered
+    """Send the demo prompts side by side; returns how many were answered. A crashing scenario may
+    fail any."""
+    answers = server.generate_many(DEMO_PROMPTS, DEMO_NEW_TOKENS, return_failures=crashes)
+    return sum(not isinstance(a, Exception) for a in answers)
 
 
 def wait_for_run(url: str, finished: int, crashes: bool, run_counts: tuple[int, ...] = (1,)) -> tuple:

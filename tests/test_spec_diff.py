@@ -10,7 +10,7 @@ import pytest
 from draftscope.findings import Observation, runtime_findings
 from draftscope.spec import expect_sglang, read_draft, read_target
 from draftscope.spec.describe import describe_spec
-from draftscope.spec_diff import DEPENDS, MISMATCH, OK, combine, spec_diff
+from draftscope.spec.diff import DEPENDS, MISMATCH, OK, combine, spec_diff
 from tests.spec_fixtures import kimi_pair, tiny_draft_config
 
 SPECFORGE_TRAINING = "target_model_path: moonshotai/Kimi-K2.5\ndraft_model_config: d.json\nttt_length: 7\n"

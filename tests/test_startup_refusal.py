@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 from typer.testing import CliRunner
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.cli import app as cli
+from draftscope.cli.app import app as cli
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.web.app import create_app
 from testbed.scenarios import prepare
 from testbed.server import ServerStartError, start_server
 

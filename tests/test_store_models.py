@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlmodel import SQLModel
 
-from draftscope import models  # noqa: F401
+from draftscope.store import models  # noqa: F401
 from draftscope_tracer.transport import wire
 
 

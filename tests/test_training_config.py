@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from draftscope.doctor import diagnose, main
+from draftscope.findings.doctor import diagnose, main
 from tests.spec_fixtures import tiny_draft_config, tiny_target, tiny_weights, write_draft
 
 SPECFORGE = ("target_model_path: testbed/target\ndraft_model_config: config.json\nttt_length: 3\n"

@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.web.app import create_app
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from tests.fixtures.store import settle
 from tests.fixtures.wait import until

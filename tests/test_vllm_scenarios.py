@@ -17,12 +17,12 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.cli import app as cli
+from draftscope.cli.app import app as cli
 from draftscope.findings import runtime_findings
 from draftscope.spec import read_draft, read_target
-from draftscope.stats import observation as run_observation
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.store.stats import observation as run_observation
 from testbed import scenarios
 from tests.test_vllm_server import read, widths
 

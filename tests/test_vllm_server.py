@@ -16,9 +16,9 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from draftscope import db, models
-from draftscope.analyze import refresh_run
-from draftscope.stats import observation as run_observation
+from draftscope.store import db, models
+from draftscope.store.analyze import refresh_run
+from draftscope.store.stats import observation as run_observation
 from draftscope_tracer.redact import VLLM_ALLOWED
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from draftscope import db
 from draftscope.settings import Settings
-from draftscope.web import create_app
+from draftscope.store import db
+from draftscope.web.app import create_app
 from tests.fixtures.store import make_batch, run_record, sample_record
 from tests.fixtures.wait import until
 

@@ -1,4 +1,4 @@
-"""``draftscope.guard`` on the real app and store: the Host allow-list (DNS rebinding), cross-site
+"""``draftscope.web.guard`` on the real app and store: the Host allow-list (DNS rebinding), cross-site
 writes refused, ingest taking JSON only, and the security headers on every answer (pages, API,
 errors, files). The same in a real browser: tests/browser/test_security.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from draftscope.guard import CSP, HostAllowList, answered_names, host_name
 from draftscope.settings import Settings
+from draftscope.web.guard import CSP, HostAllowList, answered_names, host_name
 from tests.fixtures.store import make_batch, run_record
 
 BATCHES = "/api/v1/batches"
@@ -140,7 +140,7 @@ def test_every_answer_carries_the_security_headers(make_client) -> None:
 def test_a_crash_answer_carries_the_headers_too(make_client, store_url) -> None:
     import sqlalchemy as sa
 
-    from draftscope import db
+    from draftscope.store import db
 
     client = make_client()
     client = TestClient(client.app, base_url="http://127.0.0.1", raise_server_exceptions=False)

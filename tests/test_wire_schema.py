@@ -9,17 +9,18 @@ import json
 import operator
 import time
 from types import UnionType
-from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Dict, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
 import msgspec
+import pydantic
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel, create_model
 from sqlmodel import SQLModel
 
-from draftscope import models, wire_schema  # noqa: F401  (models: the store's tables)
-from draftscope.ingest import IngestError, parse_batch
-from draftscope.wire_schema import Batch, FastBatch
+from draftscope.store import models, wire_schema  # noqa: F401  (models: the store's tables)
+from draftscope.store.ingest import IngestError, parse_batch
+from draftscope.store.wire_schema import Batch, FastBatch
 from draftscope_tracer.transport import wire
 from tests.fixtures.store import make_batch, run_record, sample_record, step_record
 
@@ -65,6 +66,26 @@ def test_nan_literals_fall_back_to_pydantic_and_are_kept() -> None:
     body = json.dumps(make_batch("run-1", samples=[sample_record(0, l2_mean=float("nan"))])).encode()
     batch = parse_batch(body)
     assert batch.samples[0].l2_mean != batch.samples[0].l2_mean  # NaN
+
+
+def test_a_plain_body_decodes_as_the_full_fast_path_does() -> None:
+    body = json.dumps(full_batch()).encode()
+    assert wire_schema.is_plain(body)
+    plain = msgspec.json.Decoder(wire_schema.PlainFastBatch).decode(body)
+    assert msgspec.to_builtins(plain) == msgspec.to_builtins(DECODE.decode(body))
+
+
+@pytest.mark.parametrize("field, value", [("rid", "a\nb"), ("rid", "a\x7fb"), ("rid", "a\x1fb"),
+                                          ("point", "p\x00"), ("dtype", "bf16\x00")])
+def test_a_control_character_or_nul_is_refused_naming_the_field(field, value) -> None:
+    """The plain decoder skips these patterns only for bodies that cannot hold such a character."""
+    batch = full_batch()
+    batch["samples"][0][field] = value
+    body = json.dumps(batch, ensure_ascii=False).encode()  # DEL raw, the others escaped
+    assert not wire_schema.is_plain(body)
+    with pytest.raises(IngestError) as error:
+        parse_batch(body)
+    assert error.value.status == 422 and f"samples[0].{field}" in error.value.message
 
 
 # --- the tracer's TypedDicts and ingest's models are one record shape -------------------------------
@@ -128,6 +149,32 @@ def test_a_batch_holds_every_record_list_the_store_has_a_table_for() -> None:
     for key in wire.RECORD_TABLES:
         assert fields[key].annotation == list[getattr(wire_schema, RECORDS[key])], key
 
+
+
+def test_a_field_the_tracer_adds_is_a_field_ingest_takes() -> None:
+    """The records are generated from the TypedDicts: a new field arrives bounded like its kind."""
+    class StepRecord(wire.StepRecord):
+        retried_at: float
+        retries: NotRequired[int]
+        reasons: NotRequired[Dict[str, int]]
+
+    model = wire_schema._record(StepRecord)
+    assert list(model.model_fields)[-3:] == ["retried_at", "retries", "reasons"]
+    step = {**step_record("a", 0), "retried_at": time.time(), "retries": 2, "reasons": {"slow": 2**40}}
+    assert model.model_validate(step).retries == 2 and model.model_validate({**step, "retries": None}).retries is None
+    for bad in ({"retried_at": 1.0}, {"retries": 2**31}, {"reasons": {"slow": 2**63}}, {"reasons": {"a\x00": 1}}):
+        with pytest.raises(pydantic.ValidationError, match=next(iter(bad))):
+            model.model_validate({**step, **bad})
+    with pytest.raises(pydantic.ValidationError, match="retried_at"):
+        model.model_validate(step_record("a", 0))
+
+
+def test_every_bound_names_a_field_of_the_wire() -> None:
+    """A bound left behind by a renamed field would bound nothing."""
+    for key in wire_schema.BOUNDS:
+        record, _, field = key.partition(".")
+        assert field in get_type_hints(getattr(wire, record)), key
+        assert get_type_hints(getattr(wire_schema, record))[field] is not None
 
 @pytest.mark.parametrize("change", [
     lambda f: f.update(seq_pos=(float | None, None)),  # another type

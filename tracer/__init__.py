@@ -1,13 +1,15 @@
 """draftscope's tracer: an SGLang plugin that samples what an EAGLE-3 draft receives (import name
-``draftscope_tracer``; SGLang loads ``engine.plugin:register`` through the ``sglang.srt.plugins`` entry point,
-vLLM ``engine.vllm_plugin:register`` through ``vllm.general_plugins``: a preview, docs/tracer.md).
+``draftscope_tracer``; SGLang loads ``engine.sglang.plugin:register`` through the ``sglang.srt.plugins`` entry
+point, vLLM ``engine.vllm.plugin:register`` through ``vllm.general_plugins``: a preview, docs/tracer.md).
 
 Three layers, each a sub-package, and a few plain modules under them all:
 
-* ``engine/``: what SGLang calls. The plugin and its hooks, the ``Tracer`` (attach, shutdown, per-request
-  accounting) and its ``TensorProbes`` (what each hook records of the sampled rows), the facts read at
-  attach; for vLLM ``vllm_plugin``, ``vllm_runtime``, ``vllm_facts`` and ``patches`` (its hooks are class
-  patches: vLLM has no hook registry). May import ``device`` and ``transport``.
+* ``engine/``: what the engines call. The engine core (the run record, the guard, the recorder started at
+  attach, start failure, close and crash, the plugins' attach and detach, the checkpoint reads) and one folder
+  per engine, its tracer built on the core: ``sglang/`` (the plugin and its hooks, the ``Tracer`` and its
+  ``TensorProbes``, the facts read at attach) and ``vllm/`` (the plugin, its class patches, the ``VLLMTracer``,
+  its requests and engine-step probes, its facts). The core may import ``transport``; an engine's folder the
+  core, ``device`` and ``transport``, never the other engine's.
 * ``device/``: what runs on the device. The capture object (summaries of sampled rows, the step tap inside
   the draft loop, the recomputed ``fc`` and draft logits) and the host copies that never wait for the GPU.
   May import only the plain modules.

@@ -3,7 +3,7 @@ names ``./target`` or ``./drafts/eagle3-v2`` rather than the recording machine's
 tells such a path from a hub id, ``org/name``). Without the
 variable paths stay as SGLang or vLLM holds them: a dashboard on the same host reads the checkpoints
 from them (static findings). A dashboard that reads the checkpoints of relative paths resolves them
-against its own ``DRAFTSCOPE_MODELS_ROOT`` (``draftscope.spec_block.model_dir``)."""
+against its own ``DRAFTSCOPE_MODELS_ROOT`` (``draftscope.spec.block.model_dir``)."""
 
 from __future__ import annotations
 

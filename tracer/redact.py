@@ -51,7 +51,7 @@ ALLOWED = frozenset({
     "disable_radix_cache", "num_continuous_decode_steps", "enable_two_batch_overlap",
     "enable_single_batch_overlap", "stream_interval", "skip_server_warmup", "log_level",
 })
-# vLLM 0.32's names for the same, read from its config objects (``engine/vllm_facts.py``; its
+# vLLM 0.32's names for the same, read from its config objects (``engine/vllm/facts.py``; its
 # ``speculative_config`` is a ``speculative_`` field)
 VLLM_ALLOWED = frozenset({
     "model", "tokenizer", "seed", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",

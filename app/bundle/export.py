@@ -20,18 +20,18 @@ from typing import IO, Any
 import orjson
 import sqlalchemy as sa
 
-from draftscope import models, retention, wire_schema
 from draftscope.bundle import format as fmt
 from draftscope.bundle.privacy import drop_secrets, private_run, shorten_paths
 from draftscope.bundle.readme import readme_text
-from draftscope.redact import scrub
 from draftscope.bundle.text import load_tokenizer, text_line
+from draftscope.redact import scrub
 from draftscope.spec import SpecError, read_draft, read_target
-from draftscope.spec_block import model_dir
+from draftscope.spec.block import model_dir
+from draftscope.store import models, retention, wire_schema
+from draftscope.store.tables import REQUESTS, RUNS
 from draftscope_tracer.transport import wire
 
 Progress = Callable[[int], None]  # called with the number of records just written
-_RUNS = models.Run.__table__
 _FETCH = 5000
 # deflate level 1: about half the export CPU of the default (6) on record JSON, for a bundle about
 # a sixth larger. Members carry zip's fixed 1980 date: the same records give the same member bytes.
@@ -63,7 +63,7 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
     ``include_text`` cannot decode here; nothing is written to the store.
     """
     with _snapshot(engine) as conn:
-        run = conn.execute(sa.select(_RUNS).where(_RUNS.c.id == run_id, _RUNS.c.status != retention.PRUNING)
+        run = conn.execute(sa.select(RUNS).where(RUNS.c.id == run_id, RUNS.c.status != retention.PRUNING)
                            ).mappings().first()
         if run is None:  # or being pruned (retention.PRUNING): gone
             raise ExportError(f"No run {run_id!r} is stored. `draftscope serve` lists the stored "
@@ -144,9 +144,8 @@ def _snapshot(engine: sa.Engine) -> sa.Connection:
 def _check_requests(conn: sa.Connection, run_id: str, requests: list[str] | None) -> None:
     if requests is None:
         return
-    R = models.Request.__table__
-    known = set(conn.execute(sa.select(R.c.rid).where(R.c.run_id == run_id,
-                                                      R.c.rid.in_(requests))).scalars())
+    known = set(conn.execute(sa.select(REQUESTS.c.rid).where(REQUESTS.c.run_id == run_id,
+                                                             REQUESTS.c.rid.in_(requests))).scalars())
     missing = [rid for rid in requests if rid not in known]
     if missing:
         raise ExportError(f"Run {run_id!r} has no request {', '.join(map(repr, missing))}. Its "

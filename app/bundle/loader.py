@@ -16,17 +16,15 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from draftscope import models
-from draftscope.analyze import analyze_in
 from draftscope.bundle import format as fmt
 from draftscope.bundle.reader import Bundle, BundleError, gc_paused
-from draftscope.ingest import BatchWriter, IngestError
-from draftscope.wire_schema import FastBatch
+from draftscope.store.analyze import analyze_in
+from draftscope.store.ingest import BatchWriter, IngestError
+from draftscope.store.tables import IMPORTS, RUNS
+from draftscope.store.wire_schema import FastBatch
 from draftscope_tracer.transport import wire
 
 RECORDS_PER_BATCH = 20_000
-_IMPORTS = models.BundleImport.__table__
-_RUNS = models.Run.__table__
 
 
 @dataclass(frozen=True)
@@ -42,8 +40,8 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
     """Store ``bundle`` as one run marked imported from ``origin``; raises BundleError."""
     counts = dict(bundle.manifest.counts)
     with writer.transaction() as conn:
-        if conn.execute(sa.select(_IMPORTS.c.sha256)
-                        .where(_IMPORTS.c.sha256 == bundle.sha256)).first() is not None:
+        if conn.execute(sa.select(IMPORTS.c.sha256)
+                        .where(IMPORTS.c.sha256 == bundle.sha256)).first() is not None:
             return ImportResult("already imported", bundle.run_id, bundle.sha256, counts)
         _refuse_known_run(conn, bundle.run_id)
         try:
@@ -56,7 +54,7 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
                         progress(sum(len(getattr(batch, k)) for k in fmt.BATCH_KEYS.values()))
         except IngestError as exc:
             raise BundleError(f"The bundle's records do not fit the store: {exc.message}") from None
-        conn.execute(_IMPORTS.insert().values(
+        conn.execute(IMPORTS.insert().values(
             sha256=bundle.sha256, run_id=bundle.run_id, origin=origin, imported_at=time.time(),
             manifest=bundle.manifest.model_dump(mode="json")))
         analyze_in(conn, bundle.run_id)  # aggregates and findings commit with the rest
@@ -64,11 +62,11 @@ def store_bundle(writer: BatchWriter, bundle: Bundle, origin: str,
 
 
 def _refuse_known_run(conn: sa.Connection, run_id: str) -> None:
-    row = conn.execute(sa.select(_RUNS.c.source).where(_RUNS.c.id == run_id)).first()
+    row = conn.execute(sa.select(RUNS.c.source).where(RUNS.c.id == run_id)).first()
     if row is None:
         return
-    came = conn.execute(sa.select(_IMPORTS.c.origin, _IMPORTS.c.sha256)
-                        .where(_IMPORTS.c.run_id == run_id)).first()
+    came = conn.execute(sa.select(IMPORTS.c.origin, IMPORTS.c.sha256)
+                        .where(IMPORTS.c.run_id == run_id)).first()
     how = (f"imported from {came.origin} (bundle sha256 {came.sha256[:12]}...)" if came
            else f"recorded here (source {row.source!r})")
     raise BundleError(f"Run {run_id} is already stored in this dashboard, {how}; this bundle "

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from draftscope.queries import safe_run
+from draftscope.store.queries import safe_run
 
 # A name is secret when one of its words (split on _ - . and case changes) is one of SECRET_WORDS,
 # or its last word is one of SECRET_LAST (``api_key``, ``hf_token``; not ``num_key_value_heads``,

@@ -24,7 +24,7 @@ import pydantic
 import pydantic_core
 
 from draftscope.bundle import format as fmt
-from draftscope.wire_schema import SUPPORTED_SCHEMA_VERSIONS, Batch, FastBatch
+from draftscope.store.wire_schema import Batch, FastBatch, SUPPORTED_SCHEMA_VERSIONS
 
 _COMPRESSIONS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 _FAST = {f.name: f.type for f in msgspec.structs.fields(FastBatch)}

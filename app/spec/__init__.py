@@ -1,7 +1,9 @@
 """The draft's training-time feature spec, the target's shape, and what the serving engine (SGLang
 0.5.23 or vLLM 0.32) will make of both.
 
-Pure functions over plain data plus header-only checkpoint readers; no weights are loaded.
+Pure functions over plain data plus header-only checkpoint readers; no weights are loaded. ``diff``
+compares two runs' specs, ``block`` gathers a run's spec for its page. Imports only the plain modules
+(and ``draftscope_tracer.redact``).
 """
 
 from draftscope.spec.draft import DraftFeatureSpec, read_draft

@@ -1,7 +1,7 @@
 """What the tracer lost: tracer_health records the records and requests it dropped on their way to
 the store, the ids of those requests and the time windows they came from.
 
-New SQLite stores are created with ``auto_vacuum=INCREMENTAL`` (``draftscope.db.make_engine``), so
+New SQLite stores are created with ``auto_vacuum=INCREMENTAL`` (``draftscope.store.db.make_engine``), so
 that ``draftscope prune`` gives space back in small steps; a store made before keeps the mode it was
 made with until ``draftscope prune --vacuum`` rewrites it once (docs/dashboard.md, "Retention").
 

@@ -3,7 +3,7 @@
 
 - ``ix_requests_run_*``: one page of a run's requests is read in index order, not sorted whole.
 - ``steps.orphan`` rows of ``run_stat_bins``, filled here from the runs' ``steps.rid`` series; the
-  refresh keeps them from then on (``draftscope.stats``).
+  refresh keeps them from then on (``draftscope.store.stats``).
 - ``ix_tensor_samples_run_point``: no query reads samples by (run_id, point) since the pages read
   folded aggregates; it cost 125 bytes per verify step (14% of the store at two samples per step).
   ``ix_tensor_samples_run_rid_step`` serves reads by run.

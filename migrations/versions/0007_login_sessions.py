@@ -1,5 +1,5 @@
 """Login sessions: one row per browser logged in with the read token, so that logout revokes it on
-every dashboard process of the store (``draftscope.sessions``).
+every dashboard process of the store (``draftscope.web.sessions``).
 
 Revision ID: 0007_login_sessions
 Revises: 0006_page_scale

@@ -1,6 +1,7 @@
 """Build the GPU test bed's kit: one ignored folder holding everything the device needs, pinned.
 
     python -m testbed.gpu.build_kit [--out DIR]     # default: .cache/gpu-kit in this checkout
+    python -m testbed.gpu.build_kit --engine vllm   # the vLLM kit (testbed/gpu/vllm_kit.py): .cache/vllm-gpu-kit
 
 The device (Python 3.12, torch, Triton, no registry) gets, under its 64 MiB per call:
 
@@ -23,71 +24,17 @@ Run it on the device with the ``run`` tool from the checkout that the tool sends
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import re
 import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from testbed.gpu.kit_files import CACHE, REPO, KitError, finish, project_wheel, source, wheels
+
 HERE = Path(__file__).resolve().parent
-CACHE = Path.home() / ".cache" / "draftscope-gpu-kit"
-LIMIT_MIB = 60  # the device takes 64 MiB per call, the checkout itself included
-PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
-             "manylinux1_x86_64"]
 SGLANG_DROP = ("multimodal_gen", "test", "benchmark")
-SRC = ("bench/", "testbed/", "tests/__init__.py", "tests/gpu/", "pyproject.toml")
-
-
-class KitError(RuntimeError):
-    """The kit cannot be built; the message says what is missing and what to do."""
-
-
-def pinned_wheels() -> list:
-    lines = (HERE / "wheels.txt").read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
-
-
-def wheels(dest: Path) -> list:
-    """The pinned cp312 wheels (pip download, cached), copied into ``dest``."""
-    cache = CACHE / "wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    reqs = pinned_wheels()
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           "3.12", "--implementation", "cp", "-d", str(cache), *[f"--platform={p}" for p in PLATFORMS], *reqs]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise KitError(f"pip download of the pinned wheels failed (testbed/gpu/wheels.txt):\n{done.stderr[-3000:]}")
-    canon = lambda s: re.sub(r"[-_.]+", "_", s).lower()  # noqa: E731
-    by_key = {(canon(w.name.split("-")[0]), w.name.split("-")[1]): w for w in cache.glob("*.whl")}
-    names = []
-    for req in reqs:
-        name, version = req.split("==")
-        found = by_key.get((canon(name), version))
-        if found is None:
-            raise KitError(f"no wheel for {req} in {cache} after pip download")
-        shutil.copy2(found, dest / found.name)
-        names.append(found.name)
-    return names
-
-
-def project_wheel(dest: Path) -> str:
-    """``draftscope-*.whl`` built from this checkout (tracer plugin + dashboard package, no dependencies)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        build = Path(tmp) / "src"
-        shutil.copytree(REPO, build, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "dist",
-                                                                    "*.egg-info", "__pycache__", "node_modules"))
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                               "-w", str(dest), str(build)], capture_output=True, text=True)
-        if done.returncode:
-            raise KitError(f"building the draftscope wheel failed:\n{done.stderr[-3000:]}")
-    return next(dest.glob("draftscope-*.whl")).name
 
 
 def sglang_tree(dest: Path) -> dict:
@@ -132,61 +79,45 @@ def models(dest: Path) -> dict:
     return {"build": json.loads((paths.target.parent / "build.json").read_text()).get("hash")}
 
 
-def source(dest: Path) -> dict:
-    """This checkout's files under ``SRC`` (tracked and untracked-not-ignored), and its commit."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
-    chosen = [f for f in files if f.startswith(SRC) and (REPO / f).is_file()]
-    for f in chosen:
-        (dest / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, dest / f)
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "files": len(chosen)}
-
-
-def size_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-
-
 def build(out: Path) -> dict:
     started = time.monotonic()
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "wheels").mkdir(parents=True)
-    manifest = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "wheels": wheels(tmp / "wheels"), "draftscope_wheel": project_wheel(tmp),
+    manifest = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": "sglang",
+                "wheels": wheels(tmp / "wheels", HERE / "wheels.txt"), "draftscope_wheel": project_wheel(tmp),
                 "sglang": sglang_tree(tmp), "models": models(tmp / "models"), "source": source(tmp / "src")}
     shutil.copytree(HERE / "cuda_standins", tmp / "standins", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(HERE / "run_device.sh", tmp / "run.sh")
-    manifest["size_mib"] = round(size_mib(tmp), 1)
-    manifest["sha256"] = {str(f.relative_to(tmp)): hashlib.sha256(f.read_bytes()).hexdigest()[:16]
-                          for f in sorted(tmp.glob("*.whl")) + sorted((tmp / "wheels").glob("*.whl"))
-                          + [tmp / "sglang.tar.xz"]}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    if manifest["size_mib"] > LIMIT_MIB:
-        raise KitError(f"the kit is {manifest['size_mib']} MiB, over {LIMIT_MIB} MiB (the device takes 64 MiB a "
-                       f"call, checkout included): drop wheels from testbed/gpu/wheels.txt or scenarios")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    manifest = finish(tmp, out, manifest, "sglang.tar.xz", "testbed/gpu/wheels.txt")
     manifest["build_s"] = round(time.monotonic() - started, 1)
     return manifest
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="Build the GPU test bed's kit (docs/testbed.md).")
-    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "gpu-kit",
-                    help="kit folder, ignored by git, inside the checkout the device tool sends (default: %(default)s)")
+    ap = argparse.ArgumentParser(description="Build a GPU test bed kit (docs/testbed.md).")
+    ap.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                    help="which engine's kit: SGLang 0.5.23 (default) or vLLM 0.32 (testbed/gpu/vllm_kit.py)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="kit folder, ignored by git, inside the checkout the device tool sends (default: "
+                         ".cache/gpu-kit, or .cache/vllm-gpu-kit with --engine vllm)")
     a = ap.parse_args()
+    out = a.out or REPO / ".cache" / ("vllm-gpu-kit" if a.engine == "vllm" else "gpu-kit")
     try:
-        m = build(a.out.resolve())
+        if a.engine == "vllm":
+            from testbed.gpu import vllm_kit
+
+            m = vllm_kit.build(out.resolve())
+            what = f"vLLM {m['vllm']['release']} tree"
+        else:
+            m = build(out.resolve())
+            what = f"SGLang {m['sglang']['version']}"
     except KitError as exc:
         print(f"build_kit: {exc}", file=sys.stderr)
         return 1
-    print(f"kit: {a.out} ({m['size_mib']} MiB, {len(m['wheels'])} wheels + {m['draftscope_wheel']}, SGLang "
-          f"{m['sglang']['version']}, source {m['source']['commit'][:10]}{' + changes' if m['source']['dirty'] else ''}, "
-          f"{m['build_s']} s)")
-    print(f"run on the device: bash {a.out.name if a.out.parent.name != '.cache' else '.cache/' + a.out.name}/run.sh "
+    print(f"kit: {out} ({m['size_mib']} MiB, {len(m['wheels'])} wheels + {m['draftscope_wheel']}, {what}, source "
+          f"{m['source']['commit'][:10]}{' + changes' if m['source']['dirty'] else ''}, {m['build_s']} s)")
+    print(f"run on the device: bash {out.name if out.parent.name != '.cache' else '.cache/' + out.name}/run.sh "
           "(carry that folder)")
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import io
+import pickle
 import threading
 import time
 from types import SimpleNamespace
@@ -26,10 +27,10 @@ from typing import Dict, Optional
 
 import torch
 
-from draftscope_tracer.engine import plugin
+from draftscope_tracer.engine.sglang import plugin
 from draftscope_tracer.config import TracerConfig
 from draftscope_tracer.transport.relay import POLL_S, _Pickler
-from draftscope_tracer.engine.runtime import Tracer
+from draftscope_tracer.engine.sglang.tracer import Tracer
 
 H, K, V, V_DRAFT, N = 7168, 3, 163_840, 32_000, 4
 
@@ -45,17 +46,18 @@ class _Mode:
         return self.decode
 
 
-class _Relay:
+class PathRelay:
     """What the tracer's ``Relay`` thread does with the queued calls, without the recorder process: every
     ``POLL_S`` it pickles what is queued in one payload with the relay's own pickler (``Shared`` values
-    once), which waits for and decodes each summary. Counts calls and keeps the first error."""
+    once), which waits for and decodes each summary. Counts calls and keeps the first error; with ``keep``
+    it keeps the payloads too, and :meth:`records` runs them as the recorder does."""
 
-    def __init__(self):
-        self.calls, self.error = 0, None
+    def __init__(self, name: str = "hooks-path-relay", keep: bool = False):
+        self.calls, self.error, self.payloads, self.keep = 0, None, [], keep
         self._queue: collections.deque = collections.deque()
         self._sent: set = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hooks-path-relay", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, call) -> bool:
@@ -68,9 +70,12 @@ class _Relay:
             jobs = [self._queue.popleft() for _ in range(len(self._queue))]
             if jobs:
                 try:
-                    pickler = _Pickler(io.BytesIO(), self._sent)
+                    out = io.BytesIO()
+                    pickler = _Pickler(out, self._sent)
                     pickler.dump(jobs)
                     self._sent |= pickler.new
+                    if self.keep:
+                        self.payloads.append(out.getvalue())
                     self.calls += len(jobs)
                 except Exception as exc:  # noqa: BLE001 - reported by drain()
                     self.error = self.error or f"{type(exc).__name__}: {exc}"
@@ -80,6 +85,20 @@ class _Relay:
     def drain(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def close(self, tracer, engine_plugin) -> dict:
+        """:meth:`drain`, then ``tracer`` detached from ``engine_plugin`` (the engine's plugin module): the
+        tracer's errors and drops, the relay's calls."""
+        self.drain()
+        if engine_plugin.PLUGIN.tracer is tracer:
+            engine_plugin.PLUGIN.tracer = None
+        h = tracer.health
+        return {"errors": dict(h.errors), "last_error": dict(h.last_error), "drops": dict(h.drops),
+                "relay_calls": self.calls, "relay_error": self.error}
+
+    def records(self) -> list:
+        """``(probe, records)`` of every call relayed, in order (after :meth:`drain`; needs ``keep``)."""
+        return [(call.probe, call()) for payload in self.payloads for call in pickle.loads(payload)]
 
 
 class _Runner:
@@ -116,7 +135,7 @@ class HooksPath:
         self.tracer = t = Tracer(TracerConfig(file="/dev/null", sample_rate=1 / sample_every,
                                               sync_debug=sync_debug), "0.5.23")
         t.recording, t.capture.target_hidden, t.num_draft_tokens = True, H, N
-        self.relay = t.transport.writer = _Relay()
+        self.relay = t.transport.writer = PathRelay()
         reqs = [SimpleNamespace(rid=f"req-{i}", is_retracted=False, finished=lambda: False) for i in range(batch)]
         t.sampled.live = {r.rid: 0 for r in reqs[::sample_every]}
         rows = batch * N
@@ -147,7 +166,7 @@ class HooksPath:
                                           next_token_logits=torch.randn(rows, V, device=dev) * 4))
         self.next_draft_input = SimpleNamespace(hidden_states=torch.randn(batch, H, **bf16))
         self.result_on_host = SimpleNamespace(accept_lens=accept.cpu(), forward_mode=_Mode())
-        plugin.TRACER = t
+        plugin.PLUGIN.tracer = t
         plugin._around_graphs(lambda worker: None, self.worker)  # the step tap, as before SGLang's capture
         t.capture.prepare(device=dev, dtype=torch.bfloat16, hidden=H, aux=K, vocab=V, draft_vocab=V_DRAFT, draft_tokens=N,
                           max_requests=batch, hot=self.worker.hot_token_id, draft_model=model)  # as attach does
@@ -200,7 +219,7 @@ class HooksPath:
         w, b = self.worker, self.batch
         clock = _Stages(stages)
         if not traced:
-            plugin.TRACER = None
+            plugin.PLUGIN.tracer = None
         try:
             plugin._around_draft(self._draft, w, b)
             clock("draft")
@@ -211,16 +230,11 @@ class HooksPath:
             plugin._around_finish(self._finish, None, b, self.result_on_host)
             clock("result processing")
         finally:
-            plugin.TRACER = self.tracer
+            plugin.PLUGIN.tracer = self.tracer
 
     def close(self) -> dict:
         """Wait for the relay to read every call; the tracer's errors and drops, the relay's calls."""
-        self.relay.drain()
-        if plugin.TRACER is self.tracer:
-            plugin.TRACER = None
-        h = self.tracer.health
-        return {"errors": dict(h.errors), "last_error": dict(h.last_error), "drops": dict(h.drops),
-                "relay_calls": self.relay.calls, "relay_error": self.relay.error}
+        return self.relay.close(self.tracer, plugin)
 
 
 class _Stages:

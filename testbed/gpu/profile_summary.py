@@ -24,7 +24,7 @@ GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 OURS = "draftscope_tracer/"
 # wrappers around SGLang's own calls: the AROUND hooks, their handles, the draft-extend watch, the step tap's
-TRANSPARENT = ("engine/plugin.py", "engine/hooks.py", "): watched", "): tapped_forward", "): counted_draft_forward")
+TRANSPARENT = ("engine/sglang/plugin.py", "engine/hooks.py", "): watched", "): tapped_forward", "): counted_draft_forward")
 
 
 def _union(intervals: list) -> list:
@@ -45,7 +45,7 @@ def _overlap(a: float, b: float, busy: list) -> float:
 def _ours(events: list) -> list:
     """The outermost draftscope frames (transparent wrappers skipped) on the threads that run the hooks (the
     scheduler's; the relay thread's waits are not the step's): (name, ts, end)."""
-    hooked = {e.get("tid") for e in events if "engine/plugin.py" in e.get("name", "") and "_around_" in e["name"]}
+    hooked = {e.get("tid") for e in events if "engine/sglang/plugin.py" in e.get("name", "") and "_around_" in e["name"]}
     by_tid = defaultdict(list)
     for e in (e for e in events if e.get("tid") in hooked):
         name = e.get("name", "")

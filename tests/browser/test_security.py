@@ -21,15 +21,30 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from testbed.server import start_dashboard
 from tests.browser.conftest import OTHER_SITE, REBOUND, REPORT_CSP_VIOLATIONS
 from tests.fixtures.demo_store import _cli
+from tests.fixtures.wait import until
 
 pytestmark = pytest.mark.browser
 
 SECURITY_HEADERS = {"x-frame-options": "DENY", "x-content-type-options": "nosniff",
                     "referrer-policy": "same-origin"}
+
+
+def _step_detail_from_a_click(page) -> bool:
+    """Hover and click the timeline's first bar; True once its step's detail is shown. Plotly answers
+    a click from the hover it last computed, which a busy machine may not have computed yet."""
+    bar = page.locator("#plot-timeline .bars path").first
+    bar.hover(force=True)
+    bar.click(force=True)
+    try:
+        page.wait_for_selector("#step-detail table.topk", timeout=5_000)
+    except PlaywrightTimeoutError:
+        return False
+    return True
 
 
 def _assert_security_headers(response, path: str) -> None:
@@ -62,9 +77,7 @@ def test_every_page_runs_under_its_csp_with_no_violation(page, demo_dashboard, d
     # Interactions that add styles and fetch fragments: a plot's hover label, a step's detail.
     page.goto(f"{demo_dashboard}/runs/{run}/requests/{rid}")
     page.wait_for_selector("#plot-timeline .main-svg")
-    page.locator("#plot-timeline .bars path").first.hover(force=True)
-    page.locator("#plot-timeline .bars path").first.click(force=True)
-    page.wait_for_selector("#step-detail table.topk")
+    until(lambda: _step_detail_from_a_click(page), "a bar's click loading its step's detail", timeout_s=120)
     for path in ("/runs/no-such-run", "/static/draftscope.js", "/healthz"):  # errors and files too
         answer = page.request.get(demo_dashboard + path)
         assert "frame-ancestors 'none'" in answer.headers["content-security-policy"], path

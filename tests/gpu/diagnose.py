@@ -11,12 +11,12 @@ def diagnose(trace: Path, draft: Path, target: Path, store: Path) -> tuple:
     observation) of ``trace`` imported into a fresh store, as the dashboard diagnoses it."""
     import sqlalchemy as sa
 
-    from draftscope import db, models
-    from draftscope.analyze import refresh_run
     from draftscope.findings import runtime_findings
-    from draftscope.importer import import_files
     from draftscope.spec import read_draft, read_target
-    from draftscope.stats import observation as run_observation
+    from draftscope.store import db, models
+    from draftscope.store.analyze import refresh_run
+    from draftscope.store.importer import import_files
+    from draftscope.store.stats import observation as run_observation
 
     url = f"sqlite:///{store}"
     db.upgrade(url)

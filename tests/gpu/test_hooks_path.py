@@ -108,11 +108,12 @@ def test_graphed_recomputes_and_direct_launches_match_eager():
     assert GatheredInts(pending, 2, 4).result() == copied.result()
 
 
-def test_kernels_write_summaries_straight_into_pinned_slots():
+def test_kernels_write_summaries_straight_into_pinned_slots(monkeypatch):
     """On the H200 the ring is pinned memory the device addresses: the Triton kernel writes each launch into its
     slot (no copy), through its JITFunction and then directly, and the bytes equal the same launches computed
     into the device buffer and copied (``direct=False``)."""
     from draftscope_tracer.device.summarize import Summarizer
+    from draftscope_tracer.device.summary_ring import Pending
 
     hidden = torch.randn(64, 3 * 7168, dtype=torch.bfloat16, device="cuda")
     logits = torch.randn(64, 163_840, device="cuda") * 4
@@ -120,9 +121,10 @@ def test_kernels_write_summaries_straight_into_pinned_slots():
     direct, copied = (Summarizer(max_rows=16, width=3 * 7168, chunk_width=7168, vocab_size=163_840, device="cuda",
                                  direct=d) for d in (True, False))
     assert direct._ring.outputs(0) is not None and copied._ring.outputs(0) is None
-    copies = []
-    copy_out = direct._ring.copy_out
-    direct._ring.copy_out = lambda *a: copies.append(a) or copy_out(*a)
+    copies = []  # the direct Summarizer's launches issued with a copy from its device buffer
+    issue = Pending.issue
+    monkeypatch.setattr(Pending, "issue", lambda p, copy_from=None: (
+        copies.append(p) if copy_from is not None and p._ring is direct._ring else None) or issue(p, copy_from))
     for _ in range(3):  # the first launch compiles through the JITFunction, the others launch directly
         got, want = direct.summarize(hidden, rows, logits), copied.summarize(hidden, rows, logits)
         assert got.__reduce__()[1][1] == want.__reduce__()[1][1]

@@ -47,9 +47,9 @@ class Handler(BaseHTTPRequestHandler):
             ev = [e for s in range(body["num_steps"]) for e in (
                 {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 1000 * s, "dur": 900},
                 {"ph": "X", "cat": "kernel", "name": "_logits_block_kernel", "ts": 1000 * s + 920, "dur": 20},
-                {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/engine/plugin.py(1): _around_verify",
+                {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/engine/sglang/plugin.py(1): _around_verify",
                  "ts": 1000 * s + 880, "dur": 90, "tid": 1},
-                {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/engine/probes.py(9): on_verify",
+                {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/engine/sglang/probes.py(9): on_verify",
                  "ts": 1000 * s + 900, "dur": 60, "tid": 1},
                 {"ph": "X", "cat": "python_function", "name": "/s/draftscope_tracer/transport/relay.py(9): _loop",
                  "ts": 1000 * s, "dur": 999, "tid": 2})]
@@ -179,6 +179,6 @@ def test_profile_phase_profiles_each_level_and_summarises_the_traces(bed, tmp_pa
     # 40 steps of 1 ms, the last one's trailing 60 us of host after the GPU's last kernel outside the span
     assert (every["steps"], every["busy_us"], every["kernels_us"]["gemm"]) == (40, 920.0, 900.0), every
     assert summary["profiles"]["every-c1-stack"]["ours"] == {  # the relay thread's frames are not the step's
-        "engine/probes.py(9): on_verify": {"host_us": 60.0, "exposed_us": 40.0}}
+        "engine/sglang/probes.py(9): on_verify": {"host_us": 60.0, "exposed_us": 40.0}}
     assert summary["deltas"]["every-c8"]["busy_us"] == 0.0 and "every-c1-stack" not in summary["deltas"]
     assert "every-c1-stack | 12 |" in profile_summary.table(summary)

@@ -31,7 +31,8 @@ def test_unknown_scenario_names_the_known_ones():
 
 
 def run_demo(server) -> list[dict]:
-    return [server.generate(p, DEMO_NEW_TOKENS) for p in DEMO_PROMPTS]
+    """The demo prompts' answers, sent side by side as ``healthy_demo``'s were."""
+    return server.generate_many(DEMO_PROMPTS, DEMO_NEW_TOKENS)
 
 
 def mean_accept(results: list[dict]) -> float:

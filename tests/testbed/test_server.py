@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 import testbed.server
-from draftscope import db
+from draftscope.store import db
 from testbed.models import ensure_models
 from testbed.server import ServerStartError, server_env, start_dashboard, start_server, venv_python
 

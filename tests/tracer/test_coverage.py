@@ -10,8 +10,8 @@ from testbed.server import REPO_ROOT, server_env, venv_python
 
 SCRIPT = r"""
 import json
-from draftscope_tracer.engine import coverage
-from draftscope_tracer.engine import plugin
+from draftscope_tracer.engine.sglang import coverage
+from draftscope_tracer.engine.sglang import plugin
 from draftscope_tracer.engine.hooks import HookHandle, register
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm

@@ -18,7 +18,7 @@ import time
 import uuid
 from contextlib import closing, contextmanager
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.http_sink import HttpSink
 from draftscope_tracer.transport.writer import Writer

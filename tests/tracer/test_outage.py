@@ -15,7 +15,7 @@ import urllib.request
 import uuid
 from contextlib import closing, contextmanager
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.http_sink import HttpSink
 from draftscope_tracer.transport.outage import Outage
@@ -124,10 +124,10 @@ def test_a_full_disk_leaves_a_run_that_names_its_lost_requests_and_judges_no_dri
     raise acceptance-drift-over-time)."""
     from dataclasses import replace
 
-    from draftscope import queries
-    from draftscope.analyze import refresh_run
     from draftscope.findings import runtime_findings
-    from draftscope.stats import observation
+    from draftscope.store import queries
+    from draftscope.store.analyze import refresh_run
+    from draftscope.store.stats import observation
 
     path = tiny_disk / "store.db"
     url = f"sqlite:///{path}"
@@ -180,7 +180,7 @@ def _stored(path, prefix: str) -> set[str]:
 def test_a_dashboard_outage_names_every_request_it_swallowed(tmp_path):
     """The dashboard is down while ten requests finish and the tracer's buffer (two batches) overflows:
     each of the ten is stored after all or named on the run page, in the API and on the runs list."""
-    from draftscope import queries
+    from draftscope.store import queries
 
     path = tmp_path / "store.db"
     store = f"sqlite:///{path}"

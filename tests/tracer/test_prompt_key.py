@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from draftscope_tracer.engine import requests
+from draftscope_tracer.engine.sglang import requests
 from draftscope_tracer.engine.prompt_key import prompt_key
 
 

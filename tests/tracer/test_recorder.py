@@ -58,6 +58,15 @@ def _relay(tmp_path, **config) -> tuple:
     return Relay(cfg, health, dict(RUN), "r1"), health, path
 
 
+def _kinds(data: bytes) -> list:
+    """What each frame of one write to the recorder carries: "jobs", or the tuple's tag."""
+    stream, kinds = io.BytesIO(data), []
+    while stream.tell() < len(data):
+        message = read_frame(stream)
+        kinds.append(message[0] if isinstance(message, tuple) else "jobs")
+    return kinds
+
+
 def test_records_are_built_in_the_recorder_from_what_crossed_the_pipe(tmp_path):
     relay, health, path = _relay(tmp_path)
     hot = Shared("hot_token_id", lambda: list(range(10, 50)))
@@ -94,16 +103,44 @@ def test_the_counters_cross_ahead_of_the_jobs_they_count(tmp_path, monkeypatch):
     health.beat("verify")
     assert relay.submit(_verify_call(0, hot))
     relay.close(10)
-    kinds = []
-    for data in sent:
-        stream = io.BytesIO(data)
-        while stream.tell() < len(data):
-            message = read_frame(stream)
-            kinds.append(message[0] if isinstance(message, tuple) else "jobs")
+    kinds = [kind for data in sent for kind in _kinds(data)]
     assert "jobs" in kinds, kinds
     first = kinds.index("jobs")
     assert first > 0 and kinds[first - 1] == "health", kinds
     assert _batches(path)[-1]["health"][-1]["heartbeats"] == {"verify": 1}
+
+
+def test_an_idle_relay_sleeps_until_the_counters_are_due(tmp_path, monkeypatch):
+    """Idle, the relay thread wakes once per health frame (the scheduler's counters, every
+    ``health_interval_s``) and for nothing else: a thread that polled would pass several times between
+    two of them."""
+    relay, _, path = _relay(tmp_path, health_interval_s=0.25)
+    writes, write = [], relay._write
+    monkeypatch.setattr(relay, "_write", lambda data, jobs: (writes.append((relay.wakeups, _kinds(data))),
+                                                             write(data, jobs))[1])
+    relay.submit(records.Call("finish", records.finished, ([{"rid": "a", "sampled": True}],)))
+
+    def after_the_job() -> list:
+        first = next((i for i, (_, kinds) in enumerate(writes) if "jobs" in kinds), None)
+        return [] if first is None else writes[first + 1:]
+
+    after = until(lambda: len(after_the_job()) >= 4 and after_the_job(), "four writes after the job's")
+    assert all(kinds == ["health"] for _, kinds in after), after
+    counts = [n for n, _ in after]
+    assert [b - a for a, b in zip(counts, counts[1:])] == [1] * (len(counts) - 1), counts
+    relay.close(10)
+    assert [r["rid"] for b in _batches(path) for r in b["requests"]] == ["a"]
+
+
+def test_a_job_wakes_the_sleeping_relay_and_recorder(tmp_path):
+    """No health record is due for an hour: the job's record reaches the sink because queueing it woke
+    the relay thread, and the recorder's writer in turn."""
+    relay, _, path = _relay(tmp_path, health_interval_s=3600)
+    until(lambda: path.exists() and b'"run":{' in path.read_bytes(), "the recorder sent the run")
+    relay.submit(records.Call("finish", records.finished, ([{"rid": "a", "sampled": True}],)))
+    until(lambda: b'"rid":"a"' in path.read_bytes(), "the finish record is stored")
+    relay.close(10)
+    assert [r["rid"] for b in _batches(path) for r in b["requests"]] == ["a"]
 
 
 def test_the_recorder_imports_no_torch():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from draftscope_tracer.engine.facts import server_args_facts
+from draftscope_tracer.engine.sglang.facts import server_args_facts
 from draftscope_tracer.redact import ALLOWED, is_allowed, redact_server_args
 
 SECRET = "ds-secret-9f2c41e7"

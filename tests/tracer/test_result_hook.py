@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import torch
 
 from draftscope_tracer.config import TracerConfig
-from draftscope_tracer.engine import plugin
-from draftscope_tracer.engine.runtime import Tracer
+from draftscope_tracer.engine.sglang import plugin
+from draftscope_tracer.engine.sglang.tracer import Tracer
 
 
 class Req:
@@ -42,7 +42,7 @@ def test_totals_are_the_sampled_requests_and_each_finish_is_reported_once(monkey
     t = Tracer(TracerConfig(file="/dev/null", sample_rate=1 / 16), "0.5.23")
     t.recording, t.num_draft_tokens = True, 4
     t.transport.writer = writer = Writer()
-    monkeypatch.setattr(plugin, "TRACER", t)
+    monkeypatch.setattr(plugin.PLUGIN, "tracer", t)
     reqs = [Req(f"r{i}") for i in range(4)]
     t.sampled.admit("r1")
     batch = SimpleNamespace(reqs=reqs, forward_mode=Decode())

@@ -18,16 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from draftscope import db as store_db
-from draftscope.ingest import BatchWriter
-from draftscope_tracer.transport import wire
-from draftscope_tracer.config import OPTIONS, ConfigError, TracerConfig
-from draftscope_tracer.health import Health
-from draftscope_tracer.transport.http_sink import HttpSink
-from draftscope_tracer.redact import public_url, redact_tracer_config
+from draftscope.store import db as store_db
+from draftscope.store.ingest import BatchWriter
+from draftscope_tracer.config import ConfigError, OPTIONS, TracerConfig
 from draftscope_tracer.engine.sampling import request_fraction, request_sampled, step_sampled
+from draftscope_tracer.health import Health
+from draftscope_tracer.redact import public_url, redact_tracer_config
+from draftscope_tracer.transport import wire
+from draftscope_tracer.transport.http_sink import HttpSink
 from draftscope_tracer.transport.sqlite_sink import SqliteSink, StoreNotReady
 from draftscope_tracer.transport.writer import Writer
+from tests.fixtures.wait import until
 
 RUN = {"engine": "sglang", "engine_version": "0.5.23", "source": "tracer", "status": "running",
        "started_at": 1.0, "facts": {"a": 1}}
@@ -152,6 +153,52 @@ def test_writer_flushes_on_interval():
         time.sleep(0.02)
     assert any(b["steps"] for b in sink.batches)
     w.close()
+
+
+def test_rows_that_keep_arriving_wait_for_their_batch():
+    """Each job queued while the writer sleeps wakes it, yet the rows it built wait: the batch goes out
+    full (``max_batch_items``) or at the end of its window, not at each wake-up."""
+    sink = ListSink()
+    w = _writer(sink, Health(), max_batch_items=4, flush_interval_s=3600)
+    until(lambda: sink.batches, "the run and the first health record went out")
+    for i in range(3):
+        assert w.submit(lambda i=i: {"steps": [{"rid": "a", "step_index": i}]})
+        until(lambda i=i: w._pending_n == i + 1, f"the writer built job {i}'s row")
+    assert not any(b["steps"] for b in sink.batches)
+    w.submit(lambda: {"steps": [{"rid": "a", "step_index": 3}]})
+    until(lambda: any(b["steps"] for b in sink.batches), "the full batch went out")
+    assert [[s["step_index"] for s in b["steps"]] for b in sink.batches if b["steps"]] == [[0, 1, 2, 3]]
+    w.close()
+
+
+class WakeupSink(ListSink):
+    """Notes, with each batch, how many passes the writer's thread had made when it sent it."""
+    writer = None
+
+    def send(self, batch):
+        super().send(batch)
+        self.batches[-1]["wakeups"] = None if self.writer is None else self.writer.wakeups
+
+
+def heartbeats(batches: list) -> list:
+    """The batches after the last one with steps that carry nothing but a health record."""
+    last = max(i for i, b in enumerate(batches) if b["steps"])
+    return [b for b in batches[last + 1:] if len(b["health"]) == 1
+            and not any(b[k] for k in wire.RECORD_TABLES if k != "health")]
+
+
+def test_an_idle_writer_sleeps_until_its_next_health_record():
+    """Idle, the writer's thread wakes once per health record (what keeps the run live on the dashboard)
+    and for nothing else: a thread that polled would pass several times between two of them."""
+    sink = WakeupSink()
+    w = sink.writer = _writer(sink, Health(), health_interval_s=0.25)
+    w.submit(lambda: {"steps": [{"rid": "a"}]})  # some work first; then nothing
+    until(lambda: any(b["steps"] for b in sink.batches) and len(heartbeats(sink.batches)) >= 4,
+          "four health records went out after the step")
+    counts = [b["wakeups"] for b in heartbeats(sink.batches)]
+    assert [b - a for a, b in zip(counts, counts[1:])] == [1] * (len(counts) - 1), counts
+    w.close()
+    assert sink.batches[-1]["run"]["status"] == "ended"
 
 
 def test_submit_never_blocks_and_counts_queue_full():

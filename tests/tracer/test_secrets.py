@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_dashboard, start_server
 from tests.fixtures.wait import ended, ended_in_file
@@ -90,7 +90,7 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
             ended(store)  # the tracer's final flush: every batch is in
         assert secret in (tmp_path / "server.log").read_text()  # the value really was on the command line
         if sink == "file":
-            from draftscope.importer import import_files
+            from draftscope.store.importer import import_files
 
             engine = store_db.make_engine(f"sqlite:///{store}")
             import_files(engine, [tmp_path / "store" / "trace.jsonl"])

@@ -13,7 +13,7 @@ import sqlite3
 import psutil
 import pytest
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from testbed.models import ensure_models
 from testbed.server import free_port, start_dashboard, start_server
 from tests.fixtures.wait import ended, until

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from testbed import scenarios
 from testbed.models import ensure_models
 from testbed.server import ServerStartError, start_server
@@ -48,7 +48,7 @@ def test_sigterm_ends_the_run_and_the_file_imports(tmp_path):
 
     db = tmp_path / "store.db"
     store_db.upgrade(f"sqlite:///{db}")
-    done = subprocess.run([sys.executable, "-m", "draftscope.cli", "import", str(trace), "--db", f"sqlite:///{db}"],
+    done = subprocess.run([sys.executable, "-m", "draftscope", "import", str(trace), "--db", f"sqlite:///{db}"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     conn = sqlite3.connect(db)

@@ -11,7 +11,7 @@ from contextlib import closing
 
 import pytest
 
-from draftscope import db as store_db
+from draftscope.store import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_server
 from tests.fixtures.wait import ended, until

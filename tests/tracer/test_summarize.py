@@ -221,7 +221,7 @@ def _triton_matches_torch() -> None:
     _assert_same(summ["triton"].summarize(hidden, rows.flip(0), logits).result(),
                  summ["torch"].summarize(hidden, rows.flip(0), logits).result())
     # publish's copy kernel (on CUDA where the ring is mapped; forced here) copies the device buffer out whole
-    summ["triton"]._copy_kernel = True
+    summ["triton"]._paths.copy_kernel = True
     summ["triton"].compute(hidden, rows, logits)
     _assert_same(summ["triton"].publish().result(), want)
     # padding rows after a launch that used them: marked -1 again, so a launch of one row reads one row

@@ -10,7 +10,7 @@ import pickle
 import torch
 
 from draftscope_tracer.device.host_reduce import host_rows
-from draftscope_tracer.engine import vllm_plugin
+from draftscope_tracer.engine.vllm import plugin as vllm_plugin
 from draftscope_tracer.transport.vllm_records import VerifyStep, verify
 
 SINKS = ("DRAFTSCOPE_URL", "DRAFTSCOPE_DB", "DRAFTSCOPE_FILE", "DRAFTSCOPE_DISABLE", vllm_plugin.RUN_ID_ENV)
@@ -25,7 +25,7 @@ def _fresh(monkeypatch):
 def test_dormant_without_a_sink(monkeypatch):
     _fresh(monkeypatch)
     vllm_plugin.register()
-    assert vllm_plugin._CONFIG is None and not vllm_plugin.HANDLES
+    assert vllm_plugin._CONFIG is None and not vllm_plugin.PLUGIN.handles
     assert vllm_plugin.RUN_ID_ENV not in os.environ
 
 
@@ -35,7 +35,7 @@ def test_never_raises_where_it_cannot_attach(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("DRAFTSCOPE_FILE", str(tmp_path / "trace.jsonl"))
     with caplog.at_level(logging.ERROR, logger="draftscope.tracer"):
         vllm_plugin.register()
-    assert "tracer not attached" in caplog.text and not vllm_plugin.HANDLES
+    assert "tracer not attached" in caplog.text and not vllm_plugin.PLUGIN.handles
     assert os.environ[vllm_plugin.RUN_ID_ENV]  # the run id its children would share
 
 

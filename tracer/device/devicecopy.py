@@ -267,6 +267,18 @@ class HostInts:
         self.release(read=True)
         return ArrayBytes, ("ints", [(data, "int64", (len(data) // 8,))], self._parts)
 
+    def ready(self) -> bool:
+        """Whether the copy has completed (``Event.query``: never waits); :meth:`result` then reads it without
+        waiting. False for a read that was dropped (``ok`` False)."""
+        if self._values is not None:
+            return True
+        if not self.ok or self._host is None:
+            return False
+        if self.event is not None and not self.event.query():
+            return False
+        self.event = None  # seen done: result() need not ask the device again
+        return True
+
     def result(self) -> list:
         if self._values is None:
             self._wait()

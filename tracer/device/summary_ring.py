@@ -1,10 +1,12 @@
 """The Summarizer's way back to the host: the result layout, a ring of (pinned) host buffers, the
 :class:`Pending` handle of each launch, and the decoding into a ``Summary``.
 
-A launch's results reach a ring slot one of two ways: a kernel writes them straight into the slot (pinned
-memory the device can address: :class:`Outputs` of the slot; no copy), or they are computed into the
-Summarizer's device buffer and one non-blocking copy moves them (the torch path, and CUDA-graph replays,
-whose kernels write one static address). Either way an event recorded after the work marks completion."""
+One launch goes launch -> ring slot -> record: it takes a free slot as its :class:`Pending` (``Ring.take``), its
+results reach the slot one of two ways: a kernel writes them straight into the slot (pinned memory the device
+can address: the slot's :class:`Outputs`; no copy), or they are computed into the Summarizer's device buffer and
+one non-blocking copy moves them (the torch path, and CUDA-graph replays, whose kernels write one static
+address); ``Pending.issue`` then records the slot's event, which marks completion. The reader (the relay, for
+the recorder's records) waits on that event only."""
 
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def mapped_address(host: torch.Tensor) -> Optional[int]:
 
 
 class Ring:
-    """``size`` host buffers (pinned on CUDA, one allocation); a launch takes a free one or is dropped
+    """``size`` host buffers (pinned on CUDA, one allocation); a launch takes a free one (``take``) or is dropped
     (``drops``). ``outputs(slot)``: where a kernel writes that slot directly, or None when kernels cannot reach
     the ring (a launch then computes into the device buffer and copies)."""
 
@@ -104,19 +106,21 @@ class Ring:
         self._busy = [False] * size
         # one completion event per slot, re-recorded by each launch that takes it (creating an event per
         # launch costs host time)
-        self._events = [torch.cuda.Event() for _ in range(size)] if device.type == "cuda" else None
+        self.events = [torch.cuda.Event() for _ in range(size)] if device.type == "cuda" else None
         self._next = 0
         self.drops = 0  # launches refused because every slot was still unread
-        self.launches = 0  # copies made (bench/gpu_hooks.py counts launches per iteration)
+        self.launches = 0  # launches issued (bench/gpu_hooks.py counts launches per iteration)
 
-    def reserve(self) -> Optional[int]:
-        n = len(self._busy)
+    def take(self, tag: Any) -> Optional["Pending"]:
+        """A free slot, as the handle of the launch about to write it (:attr:`Pending.outputs`: where a kernel
+        writes it directly); None when every slot is still unread (counted in ``drops``)."""
+        busy, n = self._busy, len(self._busy)
         for i in range(n):
             slot = (self._next + i) % n
-            if not self._busy[slot]:
-                self._busy[slot] = True
+            if not busy[slot]:
+                busy[slot] = True
                 self._next = (slot + 1) % n
-                return slot
+                return Pending(self, slot, tag)
         self.drops += 1
         return None
 
@@ -129,34 +133,39 @@ class Ring:
     def outputs(self, slot: int) -> Optional[Outputs]:
         return None if self._outputs is None else self._outputs[slot]
 
+    def buffer(self, slot: int) -> torch.Tensor:
+        return self._bufs[slot]
+
     def bytes(self, slot: int) -> bytes:
         return self._bufs[slot].numpy().tobytes()
 
-    def copy_out(self, slot: int, device_buf: torch.Tensor, tag: Any) -> "Pending":
-        """One non-blocking copy of ``device_buf`` into ``slot``, then :meth:`written`."""
-        self._bufs[slot].copy_(device_buf, non_blocking=True)
-        return self.written(slot, tag)
-
-    def written(self, slot: int, tag: Any) -> "Pending":
-        """The handle of the work just issued into ``slot``; an event marks its completion on CUDA."""
-        event = None
-        if self._events is not None:
-            event = self._events[slot]
-            record(event)
-        self.launches += 1
-        return Pending(self, slot, event, tag)
-
 
 class Pending:
-    """Handle of one launch: read it on a background thread, here (:meth:`result`) or, pickled, in the
-    recorder process (:class:`~draftscope_tracer.stats.DeviceBytes`: only the bytes are copied here)."""
+    """Handle of one launch, from its ring slot to its reader: the launch writes the slot (:attr:`outputs`, or
+    its device buffer then :meth:`issue` copies), :meth:`issue` marks the work done; a background thread reads
+    it here (:meth:`result`) or, pickled, in the recorder process (:class:`~draftscope_tracer.stats.DeviceBytes`:
+    only the bytes are copied here)."""
 
-    def __init__(self, ring: Ring, slot: int, event: Optional["torch.cuda.Event"], tag: Any):
-        self._ring, self._slot, self._event, self.tag = ring, slot, event, tag
+    def __init__(self, ring: Ring, slot: int, tag: Any):
+        self._ring, self._slot, self.tag = ring, slot, tag
+        self.outputs: Optional[Outputs] = ring.outputs(slot)  # None: kernels cannot reach the ring (copy instead)
+        self._event: Optional["torch.cuda.Event"] = None
         self._held = True
         self._summary: Optional[Summary] = None
         self._bytes: Optional[bytes] = None
         self._lock = threading.Lock()
+
+    def issue(self, copy_from: Optional[torch.Tensor] = None) -> "Pending":
+        """The launch's work is issued: ``copy_from`` (its device buffer) first copied into the slot without
+        blocking, when the launch did not write the slot itself; on CUDA an event marks completion."""
+        ring = self._ring
+        if copy_from is not None:
+            ring.buffer(self._slot).copy_(copy_from, non_blocking=True)
+        if ring.events is not None:
+            self._event = ring.events[self._slot]
+            record(self._event)
+        ring.launches += 1
+        return self
 
     def __reduce__(self):
         """Pickled (for the recorder process) as the launch's bytes: waits for the copy first."""

@@ -1,7 +1,10 @@
 """The scheduler's end of the recorder process: a thread that pickles the hooks' jobs down a pipe.
 
-The hooks queue jobs (``records`` functions over summary handles); every ``POLL_S`` the relay thread
-pickles what is queued and writes it to the recorder's stdin, with the scheduler's health counters.
+The hooks queue jobs (``records`` functions over summary handles); the first one queued wakes the relay
+thread, which lets ``POLL_S`` pass for the jobs after it, then pickles what is queued and writes it to
+the recorder's stdin, with the scheduler's health counters. While jobs keep coming it takes them every
+``POLL_S``; idle, it sleeps until the counters are due (``health_interval_s``) or a recorder is to be
+started again.
 Pickling is where a device summary is waited for and read (``summarize.Pending`` pickles as its
 decoded summary) and where CPU row copies become arrays; building the records and writing the sink
 happen in the recorder (``recorder.py``), off this process's GIL.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 import subprocess
 import sys
@@ -30,9 +34,9 @@ from draftscope_tracer.transport.writer import JobQueue, known_records
 
 log = logging.getLogger("draftscope.tracer")
 RESTART_S = 5.0
-# How often the relay pickles what is queued. Each round takes the GIL from the scheduler thread once, and
-# one pickle of several iterations' calls costs less per call (a fifth less for eight iterations than for
-# one). A device launch holds its ring slot (``summaries.RING_SIZE`` per layout) until then.
+# How long the relay lets jobs gather before it pickles them. Each round takes the GIL from the scheduler
+# thread once, and one pickle of several iterations' calls costs less per call (a fifth less for eight
+# iterations than for one). A device launch holds its ring slot (``summaries.RING_SIZE`` per layout) until then.
 POLL_S = 0.1
 
 
@@ -98,25 +102,35 @@ class Relay(JobQueue):
     def _loop(self) -> None:
         next_health = time.monotonic()
         while True:
-            stopping = self._stop.wait(POLL_S)
+            self._sleep(min(next_health, self._restart_at()))
+            if self._jobs and not self._stop.is_set():
+                self._stop.wait(POLL_S)  # the jobs of the next iterations join this round
+            stopping = self._stop.is_set()
             jobs = [self._jobs.popleft() for _ in range(len(self._jobs))]
             try:
                 next_health = self._relay(jobs, stopping, next_health)
             except Exception as exc:  # the relay thread never dies of one round
                 self.health.failed("relay", exc)
                 self.health.drop("relay_error", len(jobs), known_records(jobs))
+                next_health = max(next_health, time.monotonic() + POLL_S)  # tried again, not in a spin
             if stopping:
                 return
 
+    def _restart_at(self) -> float:
+        """When a lost recorder is to be started again (infinity while one runs, or tracing stopped)."""
+        if self._proc is not None or self.health.is_disabled("recorder"):
+            return math.inf
+        return self._next_start
+
     def _relay(self, jobs: list, stopping: bool, next_health: float) -> float:
         """Send ``jobs`` (and health, and at the end ``close``); returns when health is next due."""
+        now = time.monotonic()
         if not self._alive():
             self.health.drop("recorder_down", len(jobs), known_records(jobs))
             for job in jobs:
                 job.release()
-            return next_health
+            return next_health if now < next_health else now + self.health_interval_s
         frames = []
-        now = time.monotonic()
         if jobs or stopping or now >= next_health:
             # the counters before the jobs they count: the recorder's writer may take a health record
             # while it builds them, and one that showed the steps without their hooks' calls would read
@@ -127,7 +141,8 @@ class Relay(JobQueue):
             frames.append(frame(self._pickle(jobs)))
         if stopping:
             frames.append(frame(pickle.dumps(("close", self._final_status))))
-        self._write(b"".join(frames), jobs)
+        if frames:
+            self._write(b"".join(frames), jobs)
         if stopping:
             self._finish()
         return next_health

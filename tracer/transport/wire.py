@@ -13,10 +13,11 @@ A batch (``schema_version`` 1) is a JSON object::
      "requests": [RequestRecord], "steps": [StepRecord], "samples": [SampleRecord],
      "health": [HealthRecord], "findings": [FindingRecord]}
 
-Times are unix seconds (float). Lists default to empty. Field meanings are in the TypedDicts below;
-fields marked ``NotRequired`` may be absent and are stored as NULL. The dashboard's ingest bounds every
-value (ids' alphabet and length, times, integers to their column, no NUL, JSON depth, the enums noted
-below): ``draftscope.wire_schema`` and docs/tracer.md, "What a tracer may send".
+Times are unix seconds (float), in fields named ``at`` or ``*_at``. Lists default to empty. Field meanings
+are in the TypedDicts below (``Batch`` is the object above); fields marked ``NotRequired`` may be absent and
+are stored as NULL. The dashboard's ingest records are generated from these TypedDicts, with its bounds on
+every value (ids' alphabet and length, times, integers to their column, no NUL, JSON depth, the enums noted
+below): ``draftscope.store.wire_schema`` and docs/tracer.md, "What a tracer may send".
 """
 
 from __future__ import annotations
@@ -139,6 +140,21 @@ class FindingRecord(TypedDict):
     rid: NotRequired[Optional[str]]
     first_step: NotRequired[Optional[int]]
     at: NotRequired[float]
+
+
+class Batch(TypedDict):
+    """One flush of the tracer (``schema_version`` 1)."""
+
+    schema_version: int
+    batch_id: str  # uuid hex
+    run_id: str  # uuid hex
+    sent_at: float
+    run: NotRequired[Optional[RunRecord]]  # upsert of the run; required before any other record
+    requests: NotRequired[List[RequestRecord]]
+    steps: NotRequired[List[StepRecord]]
+    samples: NotRequired[List[SampleRecord]]
+    health: NotRequired[List[HealthRecord]]
+    findings: NotRequired[List[FindingRecord]]
 
 
 # Store tables and the columns a batch fills (besides each table's own integer primary key).

@@ -1,18 +1,21 @@
 """Bounded job queues drained by one background thread; the :class:`Writer` that turns jobs into
 batches for a sink (flush on size or interval).
 
-``submit`` never blocks and never wakes the thread: it appends to a bounded deque (a full one drops
-the job and counts it), and the thread takes everything queued every ``POLL_S``. Waking it per job
-would hand it the GIL several times per scheduler iteration. In the tracer the scheduler's queue is a
-``relay.Relay`` (pickles jobs to the recorder process) and the recorder's is a :class:`Writer` (runs
-them: callables that return records by table).
+``submit`` never blocks: it appends to a bounded deque (a full one drops the job and counts it). Only
+the first job queued while the thread sleeps wakes it (a doorbell); the jobs after it ride along
+until the thread has taken what is queued and gone back to sleep, so the scheduler does not hand the
+GIL over per job. Idle, the thread sleeps until the next health record is due: no polling. In the
+tracer the scheduler's queue is a ``relay.Relay`` (pickles jobs to the recorder process) and the
+recorder's is a :class:`Writer` (runs them: callables that return records by table).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
+import queue
 import threading
 import time
 import uuid
@@ -36,7 +39,6 @@ def known_records(jobs) -> Records:
         for key, recs in getattr(job, "known", dict)().items():
             out.setdefault(key, []).extend(recs)
     return out
-POLL_S = 0.05  # how often the writer takes the queued jobs (and looks for a close request)
 
 
 class Sink(Protocol):
@@ -46,7 +48,9 @@ class Sink(Protocol):
 
 
 class JobQueue:
-    """The producer side: a bounded deque, and closing (drain, then stop the thread ``_loop``)."""
+    """The producer side: a bounded deque, the doorbell that wakes the thread ``_loop``, and closing
+    (drain, then stop the thread). ``wakeups`` counts the thread's passes (each ``_sleep`` it returns
+    from): idle, one per health record."""
 
     def __init__(self, health: Health, max_queue_items: int, thread_name: str):
         self.health, self.max_queue_items = health, max_queue_items
@@ -54,6 +58,10 @@ class JobQueue:
         self._closed = False
         self._final_status = "ended"
         self._stop = threading.Event()
+        # a token per wake-up asked for; SimpleQueue.put is reentrant (C), so a signal handler's close may ring
+        self._bell: queue.SimpleQueue = queue.SimpleQueue()
+        self._rung = False  # a token is on its way: jobs queued meanwhile need not ring
+        self.wakeups = 0
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
 
@@ -71,8 +79,31 @@ class JobQueue:
         if len(self._jobs) >= self.max_queue_items:
             self.health.drop("queue_full", batch=known_records([job]))
             return False
-        self._jobs.append(job)  # atomic under the GIL; the writer polls
+        self._jobs.append(job)  # atomic under the GIL
+        if not self._rung:  # the first job since the thread went to sleep wakes it
+            self._rung = True
+            self._bell.put(None)
         return True
+
+    def _sleep(self, until: float) -> None:
+        """Return when a job is queued, close is asked or the monotonic clock reaches ``until``; no
+        wake-up in between. Counts the pass it starts in ``wakeups``."""
+        while True:  # tokens of rings that came while the thread was awake: spent
+            try:
+                self._bell.get_nowait()
+            except queue.Empty:
+                break
+        self._rung = False  # before looking at the deque: a job queued after this rings
+        while not (self._jobs or self._stop.is_set()):
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                self._bell.get(timeout=None if left == math.inf else left)
+                break
+            except queue.Empty:  # a timed wait may end a hair early: wait out the rest
+                continue
+        self.wakeups += 1
 
     def depth(self) -> int:
         return len(self._jobs)
@@ -87,6 +118,7 @@ class JobQueue:
         if os.getpid() != self._pid or not self._thread.is_alive():
             return
         self._stop.set()
+        self._bell.put(None)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("draftscope: %s did not finish within %.1f s; unsent records are lost",
@@ -95,7 +127,12 @@ class JobQueue:
 
 class Writer(JobQueue):
     """Owns the sink; the only thread that writes. ``snapshot(queue_depth)`` gives the health records
-    (default: ``health``'s own counters)."""
+    (default: ``health``'s own counters).
+
+    A batch goes out when ``max_batch_items`` records have built up, or ``flush_interval_s`` after its
+    first record (rows that keep arriving join it until then). A health record every
+    ``health_interval_s`` joins the batch being built, or goes out at once when it is alone: the run
+    stays live on the dashboard and a sink that buffers retries, while nothing else happens."""
 
     def __init__(self, sink: Sink, health: Health, run: Callable[[], dict], *, run_id: str,
                  max_queue_items: int = 4096, max_batch_items: int = 256,
@@ -109,6 +146,7 @@ class Writer(JobQueue):
         self.health_interval_s = health_interval_s
         self._pending: Records = {k: [] for k in wire.RECORD_TABLES}
         self._pending_n = 0
+        self._flush_at = math.inf  # flush_interval_s after the first pending record
         self._run_sent = False
         self.outage = Outage(getattr(sink, "name", "the sink"))
         if hasattr(sink, "snapshot"):  # a sink that evicts batches tells the store in a later one
@@ -116,10 +154,10 @@ class Writer(JobQueue):
         self._thread.start()
 
     def _loop(self) -> None:
-        next_flush = time.monotonic() + self.flush_interval_s
-        next_health = time.monotonic()  # the first health snapshot goes out with the first flush
+        next_health = time.monotonic()  # the run and a first health record go out at once
         while True:
-            stopping = self._stop.wait(POLL_S)
+            self._sleep(min(next_health, self._flush_at))
+            stopping = self._stop.is_set()
             self._drain()
             if stopping:
                 self._add({"health": [self._snapshot(0)]})
@@ -131,11 +169,13 @@ class Writer(JobQueue):
                 return
             now = time.monotonic()
             if now >= next_health:
+                alone = not self._pending_n
                 self._add({"health": [self._snapshot(self.depth())]})
                 next_health = now + self.health_interval_s
-            if now >= next_flush:
+                if alone:
+                    self._flush()
+            if now >= self._flush_at:
                 self._flush()
-                next_flush = time.monotonic() + self.flush_interval_s
 
     def _drain(self) -> None:
         """Run every queued job, flushing whenever a full batch has built up."""
@@ -160,6 +200,8 @@ class Writer(JobQueue):
         for key, recs in records.items():
             self._pending[key].extend(recs)
             self._pending_n += len(recs)
+        if self._pending_n and self._flush_at == math.inf:
+            self._flush_at = time.monotonic() + self.flush_interval_s
 
     def _flush(self, final: bool = False) -> None:
         if not self._pending_n and self._run_sent and not final:
@@ -174,6 +216,7 @@ class Writer(JobQueue):
         n = self._pending_n
         self._pending = {k: [] for k in wire.RECORD_TABLES}
         self._pending_n = 0
+        self._flush_at = math.inf
         try:
             self.sink.send(batch)
             self._run_sent = True

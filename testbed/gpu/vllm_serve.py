@@ -1,0 +1,309 @@
+"""The vLLM GPU kit's runner on the device: vLLM 0.32 on CUDA serving the tiny target and its EAGLE-3 draft.
+
+    python -m testbed.gpu.vllm_serve --kit KIT --work DIR [--modes graphs,eager,graphs-sync] [--no-hooks]
+                                     [--limit-s S]
+
+Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
+
+1. ``imports``: ``testbed.gpu.vllm_imports`` in a fresh process: the CUDA path's modules from the kit's
+   tree, the platform vLLM resolved, the stand-ins defined and run;
+2. ``hooks``: ``pytest -m gpu tests/gpu/test_vllm_hooks_path.py``: the tracer's vLLM hooks on CUDA tensors
+   (no vLLM) under sync-debug with GPU work queued ahead, and its negative control;
+3. one server per mode, one after the other (``graphs``: vLLM's default, Inductor compile and CUDA
+   graphs; ``eager``: ``--enforce-eager``; ``graphs-sync``: as ``graphs`` with ``DRAFTSCOPE_SYNC_DEBUG=1``,
+   every hook body under ``torch.cuda.set_sync_debug_mode("error")``: a host sync fails its probe, counted in
+   the trace's health and logged), all with custom ops off, vLLM IR's native norms and the ``TRITON_ATTN``
+   backend (``SERVER_ARGS``), async scheduling on (vLLM's CUDA default), the Model Runner V1 (where the tracer
+   hooks), the tracer loaded as vLLM's general plugin with a file sink and every request sampled. Each
+   answers the six demo prompts one by one, greedy, then is stopped with SIGTERM (the tracer flushes). Saved
+   per mode: the answers' token ids, vLLM's speculative counters from ``/metrics`` and the accept length they
+   give (1 + accepted / drafts), the stand-in ops the log names, stubs called, graph replays counted, the
+   tracer's own lines, the trace's record count and ``records`` (:func:`trace_summary`: verify steps, accepted
+   drafts per position, sample widths, the tracer's errors and drops, its totals beside vLLM's);
+4. ``graphs_equal_eager`` and ``graphs_sync_equal_eager``: the modes' token ids compared prompt by prompt, and
+   their records compared record by record (:func:`compare_records`: requests matched by arrival order,
+   ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
+
+Nothing here asserts: the kit has not run on a GPU yet; ``results.json`` says what each mode showed.
+
+``--dry-run`` (a machine without a GPU, a Python with vLLM's dependencies, e.g. ``.venv-vllm``): the import
+check with the platform taken as one H200, then each mode's command line parsed by vLLM's own OpenAI-server
+parser into the engine configuration it would serve with (compile mode, CUDA-graph mode, custom ops,
+attention backend, IR op priority, speculative method, model runner, async scheduling); no server is
+started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.gpu import traces
+from testbed.server import HOST, free_port, log_tail
+from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
+from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, SPEC_COUNTERS, VLLMServer
+
+SERVER_ARGS = ["--dtype", "float32", "--attention-backend", "TRITON_ATTN", "--max-model-len", "1024",
+               "--max-num-seqs", "8", "--gpu-memory-utilization", "0.15", "--seed", "0", "--shutdown-timeout", "10",
+               "--compilation-config", json.dumps({"custom_ops": ["none"]}),
+               "--ir-op-priority", json.dumps({"rms_norm": ["native"], "fused_add_rms_norm": ["native"]})]
+# graphs-no-async: as graphs without async scheduling (the tracer's other timing), not run unless asked
+MODES = {"graphs": [], "eager": ["--enforce-eager"], "graphs-sync": [], "graphs-no-async": ["--no-async-scheduling"]}
+DEFAULT_MODES = "graphs,eager,graphs-sync"
+MODE_ENV = {"graphs-sync": {"DRAFTSCOPE_SYNC_DEBUG": "1"}}  # every hook body under sync-debug "error"
+ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0",  # the tracer hooks Model Runner V1's propose_draft_token_ids
+       "GPU_TESTBED_COUNT_REPLAYS": "1", "DRAFTSCOPE_SAMPLE_RATE": "1", "PYTHONUNBUFFERED": "1"}
+LOG_FACTS = {"standins_called": r"\[vllm _C stand-in\] called (\S+)",
+             "stubs_called": r"\[vllm _C stand-in\] STUB CALLED (\S+)",
+             "graph_replays": r"\[vllm-gpu-testbed\] graph replays: (\d+)",
+             "tracer": r"(draftscope: .*)",
+             "sync_errors": r"(draftscope: probe \S+ failed under DRAFTSCOPE_SYNC_DEBUG: .*)",
+             "errors": r"((?:Error|Exception)\b.*)"}
+START_TIMEOUT_S = 240
+CLOSE_TIMEOUT_S = 20  # for the recorder's last batch after SIGTERM
+ENDED = re.compile(rb'"ended_at":\s*\d')  # the run's end, in the recorder's last batch
+
+
+def command(kit: Path, port: int, mode: str) -> list:
+    models = kit / "models"
+    spec = {"method": "eagle3", "model": str(models / "draft"), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "target"),
+            "--host", HOST, "--port", str(port), "--speculative-config", json.dumps(spec), *SERVER_ARGS, *MODES[mode]]
+
+
+def log_facts(log: Path) -> dict:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    facts = {}
+    for key, pattern in LOG_FACTS.items():
+        found = re.findall(pattern, text)
+        facts[key] = max(map(int, found), default=0) if key == "graph_replays" else sorted(set(found))[:40]
+    return facts
+
+
+def serve(kit: Path, work: Path, mode: str, deadline: float) -> dict:
+    """One server of ``mode``: start, the demo prompts, counters, SIGTERM; what it showed."""
+    log, trace = work / "logs" / f"{mode}.log", work / "traces" / f"{mode}.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    port, t0 = free_port(), time.monotonic()
+    with open(log, "w") as out:
+        cmd = command(kit, port, mode)
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, **ENV, **MODE_ENV.get(mode, {}), "DRAFTSCOPE_FILE": str(trace)})
+    server = VLLMServer(process, f"http://{HOST}:{port}", log)
+    server.model = str(kit / "models" / "target")
+    result = {"mode": mode, "args": MODES[mode], "env": MODE_ENV.get(mode, {}), "trace": str(trace)}
+    try:
+        while not server.is_healthy():
+            if process.poll() is not None or time.monotonic() > min(deadline, t0 + START_TIMEOUT_S):
+                result["start_error"] = f"exit code {process.poll()}" if process.poll() is not None else "timed out"
+                return result
+            time.sleep(1)
+        result["up_s"] = round(time.monotonic() - t0, 1)
+        answers = []
+        for prompt in DEMO_PROMPTS:
+            if time.monotonic() > deadline:
+                break
+            choice = server.complete(prompt, max_tokens=DEMO_NEW_TOKENS)
+            answers.append({"prompt": prompt, "token_ids": choice.get("token_ids"), "text": choice.get("text")})
+        result["answers"] = answers
+        metrics = server.metrics()
+        counters = {name: metrics.get(name + "_total", metrics.get(name)) for name in SPEC_COUNTERS}
+        result["spec_counters"] = counters
+        drafts, accepted = counters["vllm:spec_decode_num_drafts"], counters["vllm:spec_decode_num_accepted_tokens"]
+        result["accept_length"] = round(1 + accepted / drafts, 3) if drafts else None
+    except Exception as exc:  # noqa: BLE001 - a request that fails is this run's finding
+        result["request_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        server.stop()
+        result["trace_closed"] = wait_closed(trace)
+        result["log_facts"] = log_facts(log)
+        result["trace_records"] = sum(1 for _ in open(trace)) if trace.exists() else 0
+        if result["trace_records"]:
+            result["records"] = trace_summary(trace, result.get("spec_counters"))
+        if "start_error" in result:
+            result["log_tail"] = log_tail(log, 60)
+    return result
+
+
+def wait_closed(trace: Path, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+    """Whether the tracer's recorder (its own session: it outlives the server's process group) wrote the run's end
+    (``ended_at``) into ``trace`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if trace.exists() and ENDED.search(trace.read_bytes()):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def engine_config(kit: Path, mode: str) -> dict:
+    """What vLLM makes of ``mode``'s command line: its parser, then ``create_engine_config`` (no engine)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(command(kit, 0, mode)[3:])
+    os.environ.update({k: v for k, v in ENV.items() if k.startswith("VLLM_")})
+    cfg = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    cc, spec = cfg.compilation_config, cfg.speculative_config
+    return {"compile_mode": str(cc.mode), "cudagraph_mode": str(cc.cudagraph_mode), "custom_ops": list(cc.custom_ops),
+            "attention_backend": str(cfg.attention_config.backend),
+            "ir_op_priority": {"rms_norm": cfg.kernel_config.ir_op_priority.rms_norm,
+                               "fused_add_rms_norm": cfg.kernel_config.ir_op_priority.fused_add_rms_norm},
+            "speculative": [spec.method, spec.num_speculative_tokens], "v2_model_runner": cfg.use_v2_model_runner,
+            "async_scheduling": cfg.scheduler_config.async_scheduling,
+            "fusion_passes_on": sorted(k for k, v in vars(cc.pass_config).items() if k.startswith("fuse") and v)}
+
+
+def dry_run(kit: Path, work: Path, modes: list) -> dict:
+    from testbed.gpu import vllm_imports
+
+    results = {"dry_run": True, "imports": vllm_imports.check(dry_run=True)}
+    results["engine_configs"] = {mode: engine_config(kit, mode) for mode in modes}
+    (work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def by_arrival(t: traces.Trace) -> traces.Trace:
+    """``t`` with its requests renamed ``r0``, ``r1``, ... in the order they arrived (vLLM names requests itself;
+    the demo prompts are sent one by one in the same order to every mode)."""
+    order = sorted(t.requests, key=lambda rid: (t.requests[rid].get("started_at") or 0.0, rid))
+    name = {rid: f"r{i}" for i, rid in enumerate(order)}
+    rename = lambda key: (name.get(key[0], key[0]), *key[1:])  # noqa: E731
+    return traces.Trace(run=t.run, requests={name[r]: v for r, v in t.requests.items()},
+                        steps={rename(k): v for k, v in t.steps.items()},
+                        samples={rename(k): v for k, v in t.samples.items()}, health=t.health)
+
+
+def trace_summary(path: Path, counters: dict | None = None) -> dict:
+    """What the tracer recorded of one server: requests, verify steps, accepted drafts per drafted position, the
+    widths of each sample point, the tracer's errors and drops (a sync-debug failure is an error of its probe),
+    and its totals beside vLLM's (the requests' ``spec_*`` fields, the ``/metrics`` counters when given)."""
+    t = traces.load(path)
+    flags = [s.get("accept_flags") or [] for s in t.steps.values()]
+    positions = max(map(len, flags), default=0)
+    widths: dict = {}
+    for (_, _, point, phase), samples in t.samples.items():
+        widths.setdefault(f"{point}@{phase}", set()).update(s.get("width") for s in samples)
+    sums = lambda *fields: [sum(r.get(f) or 0 for r in t.requests.values()) for f in fields]  # noqa: E731
+    traced = sums("traced_verify_ct", "traced_accepted_drafts", "traced_proposed_drafts")
+    counted = sums("spec_verify_ct", "spec_accepted_drafts", "spec_proposed_drafts")
+    out = {**t.summary(), "verify_steps": len(t.steps),
+           "accepted_per_position": [sum(1 for f in flags if len(f) > p and f[p]) for p in range(positions)],
+           "widths": {k: sorted(v, key=str) for k, v in sorted(widths.items())},
+           "totals": {"traced": traced, "vllm_requests": counted}}
+    if counters:
+        metrics = [counters.get(f"vllm:spec_decode_num_{n}") for n in ("drafts", "accepted_tokens", "draft_tokens")]
+        out["totals"]["vllm_metrics"] = metrics
+    out["totals"]["equal"] = traced == counted and out["totals"].get("vllm_metrics", traced) == traced
+    return out
+
+
+def compare_records(a: Path, b: Path) -> dict:
+    """Whether two servers' traces of the same prompts record the same: verify steps, acceptance, target and
+    draft top-k, samples (``traces.differences``, float32 tolerances), requests matched by arrival order."""
+    ta, tb = by_arrival(traces.load(a)), by_arrival(traces.load(b))
+    diffs = traces.differences(ta, tb)
+    return {"equal": not diffs and bool(ta.steps), "steps": [len(ta.steps), len(tb.steps)], "differences": diffs}
+
+
+def compare(modes: dict, other: str = "graphs") -> dict | None:
+    """``other`` against ``eager``: answers prompt by prompt, accept lengths, and the tracer's records."""
+    graphs, eager = modes.get(other, {}), modes.get("eager", {})
+    if not graphs.get("answers") or not eager.get("answers"):
+        return None
+    same = [g["token_ids"] == e["token_ids"] for g, e in zip(graphs["answers"], eager["answers"])]
+    out = {"prompts": len(same), "equal": sum(same), "accept_length": [graphs.get("accept_length"),
+                                                                       eager.get("accept_length")]}
+    if graphs.get("trace_records") and eager.get("trace_records"):
+        try:
+            out["records"] = compare_records(Path(eager["trace"]), Path(graphs["trace"]))
+        except Exception as exc:  # noqa: BLE001 - this run's finding
+            out["records"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def overview(results: dict) -> dict:
+    """What the runner prints at the end: per mode whether it served, its accept length, records, sync errors and
+    totals; the comparisons with eager (their first differences)."""
+    modes = {m: {**{k: r.get(k) for k in ("up_s", "accept_length", "trace_records", "start_error", "request_error")},
+                 "sync_errors": r.get("log_facts", {}).get("sync_errors"),
+                 "tracer_errors": (r.get("records") or {}).get("errors"),
+                 "totals": (r.get("records") or {}).get("totals")} for m, r in results["modes"].items()}
+    compared = {}
+    for key in ("graphs_equal_eager", "graphs_sync_equal_eager"):
+        c = results.get(key)
+        records = (c or {}).get("records") or {}
+        compared[key] = c and {**c, "records": {**records, "differences": records.get("differences", [])[:5]}}
+    imports = results["imports"].get("modules", {})
+    return {"imports_ok": all(r.get("ok") for r in imports.values()) or None,
+            "hooks": (results.get("hooks") or {}).get("summary"), **modes, **compared}
+
+
+def hooks_check(work: Path) -> dict:
+    """The hooks' path on CUDA under sync-debug (``tests/gpu/test_vllm_hooks_path.py``), in a fresh process."""
+    src = Path(__file__).resolve().parents[2]
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu", "-rA",
+                        "tests/gpu/test_vllm_hooks_path.py"], cwd=src, capture_output=True, text=True, timeout=300)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "logs" / "hooks.log").write_text(p.stdout + p.stderr)
+    return {"rc": p.returncode, "s": round(time.monotonic() - t0, 1),
+            "summary": p.stdout.strip().splitlines()[-1:] if p.stdout else [], "tail": (p.stdout + p.stderr)[-3000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="vLLM on CUDA from the kit: imports, then one server per mode.")
+    ap.add_argument("--kit", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--modes", default=DEFAULT_MODES, help="comma list of %(choices)s (default: %(default)s)"
+                    % {"choices": list(MODES), "default": DEFAULT_MODES})
+    ap.add_argument("--no-hooks", action="store_true", help="skip the hooks' sync-debug check on CUDA tensors")
+    ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
+                                                            "configurations only (see the module's docstring)")
+    a = ap.parse_args()
+    modes = [m for m in a.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}: choose from {list(MODES)}")
+    deadline = time.monotonic() + a.limit_s
+    a.work.mkdir(parents=True, exist_ok=True)
+    if a.dry_run:
+        r = dry_run(a.kit, a.work, modes)
+        print(json.dumps({"imports_ok": all(m["ok"] for m in r["imports"]["modules"].values()),
+                          "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"]}, indent=1))
+        return 0 if all(m["ok"] for m in r["imports"]["modules"].values()) else 1
+    results = {"kit": json.loads((a.kit / "manifest.json").read_text()), "modes": {}}
+    save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
+    imports = subprocess.run([sys.executable, "-m", "testbed.gpu.vllm_imports", "--json", str(a.work / "imports.json")],
+                             capture_output=True, text=True, timeout=300)
+    results["imports"] = (json.loads((a.work / "imports.json").read_text()) if (a.work / "imports.json").exists()
+                          else {"error": imports.stderr[-4000:]})
+    save()
+    if not a.no_hooks:
+        results["hooks"] = hooks_check(a.work)
+        print(f"[vllm_serve] hooks: rc={results['hooks']['rc']} {results['hooks']['summary']}", flush=True)
+        save()
+    for mode in modes:
+        results["modes"][mode] = serve(a.kit, a.work, mode, deadline)
+        save()
+    results["graphs_equal_eager"] = compare(results["modes"])
+    results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")
+    save()
+    print(json.dumps(overview(results), indent=1, default=str))
+    ok = all("answers" in r and "request_error" not in r for r in results["modes"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The vLLM step hooks' CUDA branch (``engine/vllm/cuda_step.py``), run on CPU tensors: its rows worked out from
+vLLM's CPU metadata, the records it queues (read back as the recorder reads them), the tracer's totals against
+vLLM's, and async scheduling's discarded step. ``tests/gpu/test_vllm_hooks_path.py`` runs the same path on CUDA
+under sync-debug."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftscope_tracer.device.devicecopy import HostInts
+from draftscope_tracer.engine.vllm import step_ids
+from draftscope_tracer.engine.vllm.step_layout import Pick, draft_input_rows, step_rows
+from testbed.gpu.vllm_hooks_path import VllmStepPath
+
+K = 3
+
+
+def test_rows_come_from_the_cpu_metadata_alone():
+    """A batch of a verify (4 rows), a prompt chunk (40 rows) and a verify: each request's first row, its drafts'
+    place in draft_token_ids, and the draft input's rows (a prompt's last rows only)."""
+    rows = step_rows(["a", "b", "c"], {"a": 4, "b": 40, "c": 4}, [3, 0, 3])
+    assert [(r.rid, r.start, r.tokens, r.drafts, r.draft_offset) for r in rows] == \
+        [("a", 0, 4, 3, 0), ("b", 4, 40, 0, 3), ("c", 44, 4, 3, 3)]
+    qsl = [0, 4, 44, 48]
+    picks = [Pick(0, "a", 5, "draft_extend"), Pick(1, "b", 0, "prefill"), Pick(2, "c", 2, "draft_extend")]
+    assert draft_input_rows(qsl, picks) == [range(0, 4), range(12, 44), range(44, 48)]
+    assert draft_input_rows(qsl, picks, prompt_rows=8) == [range(0, 4), range(36, 44), range(44, 48)]
+    assert step_rows(["a"], {"a": 7}, None)[0].drafts == 0  # a prompt-only step has no spec metadata
+
+
+def _records(path, probe):
+    return [r for p, recs in path.relay.records() if p == probe for r in recs.get("steps" if probe == "verify"
+                                                                                   else "requests", [])]
+
+
+def test_verify_records_read_the_devices_ids_not_the_schedulers_placeholders():
+    """Two steps of two requests. The scheduler's drafts are async scheduling's -1 placeholders; the records
+    carry the drafts of draft_token_ids, the sampler's kept ids, each verified token's position, the target's
+    top-k at every drafted position and, from the second step on, the draft's top-k of the step before."""
+    path = VllmStepPath(2, device="cpu", k=K)
+    path.step(sampled=[[5, 6, -1, -1], [7, 8, 9, 10]], drafts=[[5, 1, 2], [7, 8, 9]])
+    path.step(sampled=[[1, -1, -1, -1], [2, 3, -1, -1]], drafts=[[9, 9, 9], [2, 4, 4]])
+    report = path.close()
+    assert report["errors"] == {} and report["relay_error"] is None, report
+    steps = {(s["rid"], s["step_index"]): s for s in _records(path, "verify")}
+    assert sorted(steps) == [("req-0", 0), ("req-0", 1), ("req-1", 0), ("req-1", 1)]
+    got = {key: (s["drafted_tokens"], s["accept_len"], s["accept_flags"], s["bonus_token"], s["seq_pos"])
+           for key, s in steps.items()}
+    assert got == {("req-0", 0): ([5, 1, 2], 2, [True, False, False], 6, 10),
+                   ("req-1", 0): ([7, 8, 9], 4, [True, True, True], 10, 13),
+                   ("req-0", 1): ([9, 9, 9], 1, [False, False, False], 1, 14),
+                   ("req-1", 1): ([2, 4, 4], 2, [True, False, False], 3, 17)}
+    assert all(len(s["target_topk"]) == K for s in steps.values())
+    assert [("draft_topk" in steps[(r, i)]) for r in ("req-0", "req-1") for i in (0, 1)] == [False, True, False, True]
+    assert all(len(steps[(r, 1)]["draft_topk"]) == K for r in ("req-0", "req-1"))
+    # every request's totals (verify steps, accepted drafts, proposed drafts), reported at close
+    totals = {r["rid"]: (r["traced_verify_ct"], r["traced_accepted_drafts"], r["traced_proposed_drafts"])
+              for r in _records(path, "finish")}
+    assert totals == {"req-0": (2, 1, 6), "req-1": (2, 4, 6)}
+
+
+def test_totals_match_vllms_at_a_requests_end():
+    path = VllmStepPath(2, device="cpu", k=K)
+    path.step(sampled=[[5, 6, -1, -1], [7, -1, -1, -1]])
+    path.step(sampled=[[1, 2, 3, -1], [2, 3, -1, -1]])
+    path.finish("req-0", [1, 2])  # what vLLM's scheduler counted for it
+    path.finish("req-1", [0, 0])  # one accepted draft fewer than the tracer saw
+    report = path.close()
+    assert report["errors"] == {"totals_mismatch": 1}, report
+    assert "req-1: traced [2, 1, 6], vLLM [2, 0, 6]" in report["last_error"]["totals_mismatch"]
+    ends = {r["rid"]: r for r in _records(path, "finish")}
+    assert (ends["req-0"]["traced_accepted_drafts"], ends["req-0"]["spec_accepted_drafts"]) == (3, 3)
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_async_schedulings_discarded_step_is_left_out(monkeypatch, in_flight):
+    """Async scheduling: step 1 runs req-0 again after its last step (0), before the scheduler read step 0's output;
+    vLLM discards it and counts one verify step for req-0. Whether step 1's copy is still in flight when the
+    scheduler frees req-0 (its event not done: ``HostInts.ready`` False) or done (a GPU a step ahead of the host:
+    read by the drain the freeing runs), req-0's totals and records stop at step 0; req-1's go on."""
+    path = VllmStepPath(2, device="cpu", k=K)
+    held, copy, ready = set(), step_ids.copy, HostInts.ready
+    monkeypatch.setattr(HostInts, "ready", lambda self: id(self) not in held and ready(self))
+    path.step(sampled=[[5, 6, -1, -1], [7, -1, -1, -1]])
+    if in_flight:
+        monkeypatch.setattr(step_ids, "copy", lambda *a: _held(copy(*a), held))
+    path.step(sampled=[[1, 2, 3, 4], [2, 3, -1, -1]])  # step 0's ids are read here (its drain)
+    path.finish("req-0", [1])  # the scheduler read step 0's output: step 1 was issued, maybe done
+    held.clear()
+    report = path.close()
+    assert report["errors"] == {}, report  # req-0's totals equal vLLM's: the discarded step is not counted
+    steps = sorted((s["rid"], s["step_index"]) for s in _records(path, "verify"))
+    assert steps == [("req-0", 0), ("req-1", 0), ("req-1", 1)]
+    ends = {r["rid"]: r for r in _records(path, "finish")}
+    assert (ends["req-0"]["traced_verify_ct"], ends["req-1"]["traced_verify_ct"]) == (1, 2)
+
+
+def _held(copied: tuple, in_flight: set) -> tuple:
+    in_flight.add(id(copied[0]))
+    return copied
+
+
+@pytest.mark.parametrize("sample_every", [2])
+def test_unsampled_requests_are_counted_but_not_recorded(sample_every):
+    """One request in two sampled (by its id's hash): every request's totals are counted, records only for the
+    sampled ones."""
+    path = VllmStepPath(8, device="cpu", k=K, sample_every=sample_every)
+    for _ in range(2):
+        path.step()
+    report = path.close()
+    assert report["errors"] == {}, report
+    sampled = {r["rid"] for r in _records(path, "finish") if r["sampled"]}
+    assert 0 < len(sampled) < 8
+    assert {s["rid"] for s in _records(path, "verify")} == sampled
+    assert all(r["traced_verify_ct"] == 2 for r in _records(path, "finish"))
+
+
+def _vllm_config(device: str):
+    """vLLM's config as the tracer reads it at attach (what it cannot read it records as None)."""
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(method="eagle3", num_speculative_tokens=K, model="draft")
+    return SimpleNamespace(device_config=SimpleNamespace(device_type=device), speculative_config=spec,
+                           model_config=SimpleNamespace(model="target"))
+
+
+@pytest.mark.parametrize("device,traced", [("cuda", True), ("cpu", True), ("xpu", False)])
+def test_vllm_on_cuda_is_traced_and_other_devices_are_declined(monkeypatch, caplog, device, traced):
+    """The engine core's side attaches on CUDA as on a CPU (the old "not traced yet" guard is gone); a device the
+    tracer does not know gets one log line and no recorder."""
+    import logging
+
+    from draftscope_tracer.config import TracerConfig
+    from draftscope_tracer.engine.vllm.tracer import VLLMTracer
+
+    t = VLLMTracer(TracerConfig(file="/dev/null"), "0.32.0", "run")
+    monkeypatch.setattr(t.core, "start_recording", lambda: True)  # the recorder process: not started here
+    with caplog.at_level(logging.WARNING, logger="draftscope.tracer"):
+        assert t.attach(["verify"], vllm_config=_vllm_config(device)) is traced
+    assert ("is not traced" in caplog.text) is not traced
+    assert (t.core.run.get("facts", {}).get("spec_num_steps") == K) is traced
+
+
+def test_a_cuda_worker_that_fails_to_start_leaves_a_crashed_run(tmp_path):
+    from types import SimpleNamespace
+
+    from draftscope_tracer.config import TracerConfig
+    from draftscope_tracer.engine.vllm.tracer import VLLMTracer
+
+    sink = tmp_path / "trace.jsonl"
+    t = VLLMTracer(TracerConfig(file=str(sink)), "0.32.0", "run")
+    runner = SimpleNamespace(device=SimpleNamespace(type="cuda"), vllm_config=_vllm_config("cuda"))
+    t.start_failed(runner, ValueError("There is no module or parameter named 'draft_model'"))
+    [batch] = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert batch["run"]["status"] == "crashed"
+    assert batch["run"]["facts"]["start_error"]["type"] == "ValueError"

@@ -1,0 +1,108 @@
+"""Per-request accounting, on the scheduler thread: the tracer's own totals from ``accept_lens`` and
+the ``RequestRecord`` of a finished request (SGLang's counters beside the tracer's)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from draftscope_tracer.engine.prompt_key import prompt_key
+from draftscope_tracer.engine.sampling import step_sampled
+
+Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed drafts]
+# Points that describe the draft's wiring rather than each step's input are recorded at every
+# PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
+# statistics, draft.fc.out in draft_extend (its recompute is a GEMM), and draft.input in draft_extend when it
+# is the verify's target.aux rows (recorded every step).
+PERIODIC_STEPS = 8
+
+
+class Sampled:
+    """The sampled, unfinished requests and the verify steps each has seen (``live``), and which of their
+    rows a hook records: the state the tracer and its probes share on the scheduler thread.
+
+    Which rows of a batch are sampled is worked out once per iteration (the draft, verify and draft extend
+    hooks see the same ``reqs`` list): :meth:`counted_rows` (result processing) forgets it, and so does any
+    change to which requests are sampled (:meth:`admit`, :meth:`finish`)."""
+
+    def __init__(self, step_stride: int):
+        self.live: Dict[str, int] = {}
+        self.step_stride = step_stride
+        self._found: Optional[tuple] = None  # (reqs, its length, [(row, rid), ...]) of this iteration
+
+    def admit(self, rid: str) -> None:
+        self.live[rid] = 0
+        self._found = None
+
+    def finish(self, rid: str) -> bool:
+        """Forget ``rid``; whether it was sampled."""
+        self._found = None
+        return self.live.pop(rid, None) is not None
+
+    def found(self, reqs) -> List[tuple]:
+        """``(row, rid)`` of the sampled requests in ``reqs`` (one pass over the batch per iteration)."""
+        c = self._found
+        if c is not None and c[0] is reqs and c[1] == len(reqs):
+            return c[2]
+        live = self.live
+        out = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
+        self._found = (reqs, len(reqs), out)
+        return out
+
+    def counted_rows(self, reqs) -> List[tuple]:
+        """``(row, rid)`` of the sampled requests in ``reqs`` that are neither finished nor retracted: those whose
+        verify step a result counts. Starts a new iteration (result processing is an iteration's last hook)."""
+        self._found = None
+        live = self.live
+        return [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live and not (r.finished() or r.is_retracted)] \
+            if live else []
+
+    def rows_of(self, reqs, back: int = 0) -> List[tuple]:
+        """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
+        live, stride = self.live, self.step_stride
+        if stride == 1:  # the default: every step
+            return [(i, rid, live[rid] - back) for i, rid in self.found(reqs) if live[rid] >= back]
+        return [(i, rid, live[rid] - back) for i, rid in self.found(reqs)
+                if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
+
+
+def count(totals: Totals, accept_lens: Sequence[int], rows, num_draft_tokens: Optional[int]) -> None:
+    """One verify step and ``accept_len - 1`` accepted drafts for each ``(row, rid)`` live before the result."""
+    proposed = (num_draft_tokens or 1) - 1
+    for i, rid in rows:
+        t = totals.get(rid)
+        if t is None:
+            t = totals[rid] = [0, 0, 0]
+        t[0] += 1
+        t[1] += accept_lens[i] - 1
+        t[2] += proposed
+
+
+def _finish_reason(req) -> Optional[str]:
+    reason = getattr(req, "finished_reason", None)
+    try:
+        return None if reason is None else reason.to_json().get("type")
+    except Exception:
+        return None
+
+
+def finished_record(req, sampled: bool, traced: Optional[List[int]], started_at: Optional[float],
+                    num_draft_tokens: Optional[int],
+                    now: Optional[float] = None) -> Tuple[Dict[str, Any], Optional[str]]:
+    """(the ``RequestRecord`` of ``req``, a message when the tracer's totals differ from SGLang's). ``traced``:
+    the tracer's own totals, counted for sampled requests only (None: none, and no ``traced_*`` fields)."""
+    ct = int(getattr(req, "spec_verify_ct", 0))
+    accepted = int(getattr(req, "spec_num_correct_drafts", 0))
+    info = {"rid": req.rid, "sampled": sampled,
+            "prompt_len": len(req.origin_input_ids), "prompt_key": prompt_key(req.origin_input_ids),
+            "output_len": len(req.output_ids),
+            "started_at": started_at, "finished_at": time.time() if now is None else now,
+            "finish_reason": _finish_reason(req), "spec_verify_ct": ct, "spec_accepted_drafts": accepted,
+            "spec_proposed_drafts": ct * (num_draft_tokens - 1) if num_draft_tokens else None}
+    mismatch = None
+    if traced is not None:
+        info.update(traced_verify_ct=traced[0], traced_accepted_drafts=traced[1],
+                    traced_proposed_drafts=traced[2] if num_draft_tokens else None)
+        if (traced[0], traced[1]) != (ct, accepted):
+            mismatch = f"{req.rid}: traced {traced[0]} steps / {traced[1]} accepted, SGLang {ct} / {accepted}"
+    return {k: v for k, v in info.items() if v is not None}, mismatch

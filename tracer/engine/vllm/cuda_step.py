@@ -1,0 +1,106 @@
+"""The step hooks' CUDA branch (vLLM on a GPU): the same records as the CPU branch (``step.StepProbes``), with
+nothing on the hooks' path waiting for the GPU.
+
+- Rows: worked out on the host from vLLM's CPU metadata (``step_layout``), never by reading a device tensor.
+- Summaries: launched by ``cuda_summaries.CudaSummaries`` (the device layer the SGLang tracer uses), built at
+  attach for the server's widths (:meth:`CudaStep.prepare`), so no hook allocates pinned memory or compiles a
+  kernel; the draft's top-k held for each request's next verify by ``held_drafts.HeldDrafts``.
+- Token ids (the sampler's kept ids, the drafts verified, the verified token's position): one non-blocking copy
+  per step into a pinned slot, read on this thread once its event has completed; the tracer's totals are
+  counted and the verify records queued then (``verify_steps.VerifySteps``, over ``step_ids.Ledger``).
+
+Everything here runs on the model runner's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+import torch
+
+from draftscope_tracer.engine.sampling import step_sampled
+from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
+from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
+from draftscope_tracer.engine.vllm.requests import Requests
+from draftscope_tracer.engine.vllm.step_layout import Pick, Verify, step_rows
+from draftscope_tracer.engine.vllm.verify_steps import VerifySteps
+from draftscope_tracer.health import Health
+from draftscope_tracer.transport.outbox import Transport
+
+
+class CudaStep:
+    """The CUDA branch of one tracer's step hooks: which requests each step counts and records, handed to its
+    summaries, its held draft top-k and its steps whose ids are not read yet."""
+
+    def __init__(self, config, requests: Requests, transport: Transport, health: Health):
+        self.config, self.requests = config, requests
+        self.summaries = CudaSummaries(health, config.topk)
+        self.drafts = HeldDrafts(requests)
+        self.verify_steps = VerifySteps(requests, transport, health, self.summaries, self.drafts)
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
+                draft_hidden: Optional[int], num_spec: int, max_requests: int) -> dict:
+        """At attach: the summaries' pinned slots, buffers and kernels (``CudaSummaries.prepare``)."""
+        return self.summaries.prepare(device, dtype, hidden, aux, vocab, draft_hidden, num_spec, max_requests)
+
+    # -- the runner's propose_draft_token_ids ------------------------------------------------------
+    def before_propose(self, runner, a: Dict[str, Any], context) -> Optional[Any]:
+        """As ``StepProbes.before_propose``: every request's verify counted (once its ids are read), the sampled
+        verify rows summarised; the ids copied without blocking. ``context``: ``step.StepContext``."""
+        now, rate, stride = time.time(), self.config.sample_rate, self.config.step_stride
+        so, spec = a["scheduler_output"], a["spec_decode_metadata"]
+        book = self.requests
+        self.verify_steps.read()
+        done = [rid for rid in so.finished_req_ids if rid in book.first_seen]
+        if done:  # ended since the last step (reported here when the scheduler runs in another process)
+            self.verify_steps.ended(done)
+        counted, picks, verify, rows = [], [], [], []
+        for r in step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
+                           spec.num_draft_tokens if spec is not None else None):
+            book.see(r.rid, now, rate)
+            if r.drafts:
+                counted.append((r.index, r.rid, r.drafts))
+            step = book.sampled.get(r.rid)
+            if step is None:
+                continue
+            if r.drafts:
+                book.sampled[r.rid] = step + 1
+            if not step_sampled(step, stride):
+                continue
+            picks.append(Pick(r.index, r.rid, step, "draft_extend" if r.drafts else "prefill"))
+            if r.drafts:
+                verify.append(Verify(r.index, r.rid, step, list(range(len(rows), len(rows) + r.tokens)), r.start,
+                                     r.draft_offset, r.drafts, book.proposed.pop(r.rid, None)))
+                rows.extend(range(r.start, r.start + r.tokens))
+        if counted:
+            self.verify_steps.add(runner, a, counted, verify, rows, now)
+        if not picks:
+            return None
+        return context(picks, [], None, (None, 0, None), now)
+
+    # -- the drafter -------------------------------------------------------------------------------
+    def on_draft_input(self, ctx, a: Dict[str, Any]) -> None:
+        """What the draft receives, at the picks' rows (``CudaSummaries.draft_input``)."""
+        self.summaries.draft_input(ctx, a)
+
+    def on_fc(self, ctx, out: torch.Tensor) -> None:
+        """The draft's ``fc`` output at the same rows."""
+        self.summaries.fc(ctx, out)
+
+    def on_draft_logits(self, ctx, logits: torch.Tensor) -> None:
+        """The draft's top-k at one draft position (``CudaSummaries.draft_logits``)."""
+        self.summaries.draft_logits(ctx, logits)
+
+    def keep_drafts(self, ctx) -> None:
+        """The step's draft top-k held for each request's next verify (``HeldDrafts.keep``)."""
+        self.drafts.keep(ctx)
+
+    # -- ends --------------------------------------------------------------------------------------
+    def finishing(self, rid: str) -> None:
+        """The scheduler frees ``rid`` (same process): ``VerifySteps.finishing``."""
+        self.verify_steps.finishing(rid)
+
+    def close(self) -> None:
+        """Before the last totals are reported: read every step still in flight (waits: the tracer is closing)."""
+        self.verify_steps.close()

@@ -1,0 +1,103 @@
+"""The summaries the vLLM step hooks' CUDA branch launches, through the device layer the SGLang tracer uses
+(``device.summaries.Summaries``: one launch per summary into a pinned ring slot, its rows staged through a pinned
+slot): the verify rows' (the aux hidden states' chunks, the target's top-k) and the draft's (what it received,
+its ``fc`` output, its top-k per draft position). Built at attach for the server's widths (:meth:`prepare`), so
+no hook allocates pinned memory or compiles a kernel. The runner's thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from draftscope_tracer.device import devicecopy
+from draftscope_tracer.device.devicecopy import device_index
+from draftscope_tracer.device.summaries import Summaries, capacity
+from draftscope_tracer.engine.core import dtype_name
+from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, draft_input_rows
+from draftscope_tracer.health import Health
+
+PREPARED_REQUESTS = 64  # sampled requests per step the summary buffers are built for at attach (more: built late)
+
+
+class CudaSummaries:
+    """One tracer's summary launches on CUDA, and the widths they were built for."""
+
+    def __init__(self, health: Health, topk: int):
+        self.health = health
+        self.summaries = Summaries(health, topk)
+        self.hidden: Optional[int] = None  # the target's hidden size (one aux chunk)
+        self.rows_cap: Optional[int] = None  # rows per launch the prepared Summarizers take
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
+                draft_hidden: Optional[int], num_spec: int, max_requests: int) -> dict:
+        """At attach: the pinned slots, and each summary layout's buffers and compiled kernels (the verify rows
+        with and without aux, the draft's input and ``fc`` output, the draft's logits)."""
+        devicecopy.prepare(device)
+        requests = max(1, min(max_requests, PREPARED_REQUESTS))
+        rows = self.rows_cap = capacity(requests * (num_spec + 1))
+        width = aux * hidden if aux else hidden
+        layouts = [(width, hidden, vocab, rows, dtype, False) if aux else (vocab, vocab, vocab, rows, torch.float32,
+                                                                             False),
+                   (width, hidden, None, rows, dtype, False),
+                   (vocab, vocab, vocab, capacity(requests), torch.float32, False)]
+        if draft_hidden:
+            layouts.append((draft_hidden, draft_hidden, None, rows, dtype, False))
+        self.hidden = hidden
+        self.summaries.prepare(device, layouts)
+        return {"prepared_rows": rows, "layouts": len(layouts)}
+
+    def target(self, runner, a: Dict[str, Any], rows: List[int]) -> tuple:
+        """(summary, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
+        target's top-k there, its logits recomputed off the forward pass on these rows only."""
+        hidden = a["hidden_states"]
+        index = device_index(rows, hidden.device)
+        if index is None:
+            self.health.drop("host_slots_full")
+            return None, (None, 0, None)
+        logits = runner.model.compute_logits(hidden.index_select(0, index))
+        aux = a["aux_hidden_states"]
+        if not aux:
+            return (self.summaries.launch(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,
+                                          stats=False), (None, 0, None))
+        joined = torch.cat([h.index_select(0, index) for h in aux], -1)
+        H = int(aux[0].shape[-1])
+        return (self.summaries.launch(joined, range(len(rows)), chunk_width=H, logits=logits),
+                (H, len(aux), dtype_name(aux[0])))
+
+    def draft_input(self, ctx, a: Dict[str, Any]) -> None:
+        """The rows of what the draft receives for the sampled requests (``step_layout.draft_input_rows``; a
+        prompt's rows cut so that a launch fits the Summarizer built at attach). ``ctx``: ``step.StepContext``."""
+        hidden = a["target_hidden_states"]
+        qsl = a["common_attn_metadata"].query_start_loc_cpu.tolist()  # a CPU tensor
+        prompts = sum(p.phase == "prefill" for p in ctx.picks)
+        verify_rows = sum(qsl[p.index + 1] - qsl[p.index] for p in ctx.picks if p.phase != "prefill")
+        per = PREFILL_ROWS if not prompts or self.rows_cap is None else \
+            max(1, min(PREFILL_ROWS, (self.rows_cap - verify_rows) // prompts))
+        for span in draft_input_rows(qsl, ctx.picks, per):
+            ctx.groups.append(list(range(len(ctx.rows), len(ctx.rows) + len(span))))
+            ctx.rows.extend(span)
+        H = self.hidden or int(hidden.shape[-1])
+        ctx.width, ctx.dtype = int(hidden.shape[-1]), dtype_name(hidden)
+        chunk = H if ctx.width % H == 0 else ctx.width
+        ctx.p_in = self.summaries.launch(hidden, ctx.rows, chunk_width=chunk)
+
+    def fc(self, ctx, out: torch.Tensor) -> None:
+        """The draft's ``fc`` output at the draft input's rows."""
+        ctx.p_fc = self.summaries.launch(out, ctx.rows, chunk_width=int(out.shape[-1]))
+        ctx.fc_dtype = dtype_name(out)
+
+    def draft_logits(self, ctx, logits: torch.Tensor) -> None:
+        """The draft's top-k at one draft position, at the picks' rows; a position that could not be read
+        leaves the step without the draft's top-k."""
+        rows = [p.index for p in ctx.picks]
+        if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0]:
+            return
+        pending = self.summaries.launch(logits, rows, chunk_width=int(logits.shape[-1]), logits=logits, stats=False)
+        if pending is None:
+            for c in ctx.draft_topk:
+                c.release()
+            ctx.draft_topk = None
+            return
+        ctx.draft_topk.append(pending)

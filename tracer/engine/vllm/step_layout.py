@@ -1,0 +1,74 @@
+"""Which rows of one vLLM engine step belong to which request, worked out on the host from the metadata vLLM
+keeps on the CPU (the scheduler output's ``num_scheduled_tokens``, ``SpecDecodeMetadata.num_draft_tokens``, the
+attention metadata's ``query_start_loc_cpu``): the CUDA branch of the step hooks never reads a device tensor to
+find its rows.
+
+Rows: request ``i`` of ``input_batch.req_ids`` owns the target's rows ``[start_i, start_i + n_i)`` (``n_i`` its
+scheduled tokens; a verify's are the verified token, then its ``d_i`` drafts), and elements
+``[offset_i, offset_i + d_i)`` of ``draft_token_ids`` (the drafts of every request, in batch order).
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+PREFILL_ROWS = 32  # a sampled prompt's last rows summarised (as on SGLang)
+
+
+class Pick(NamedTuple):
+    """A sampled request in one engine step: its batch index, and the step it records."""
+
+    index: int
+    rid: str
+    step: int
+    phase: str  # "prefill" (no drafts verified this step) | "draft_extend" (after a verify)
+
+
+class Verify(NamedTuple):
+    """A sampled request's verify in one step, as the host knows it before the sampler's output is read."""
+
+    index: int  # its batch index (its row of sampled_token_ids)
+    rid: str
+    step: int
+    rows: List[int]  # its positions in the step's target copies (the verified token, then the drafts)
+    first_row: int  # its first row in the target's input (the verified token's)
+    draft_offset: int  # its first element of draft_token_ids
+    drafts: int
+    draft: Optional[tuple]  # the draft's top-k copies of the step before, and its row there
+
+
+class StepRows(NamedTuple):
+    """Per request of the batch: ``(batch index, rid, first row, scheduled tokens, drafts, first draft)``."""
+
+    index: int
+    rid: str
+    start: int
+    tokens: int
+    drafts: int
+    draft_offset: int
+
+
+def step_rows(req_ids: Sequence[str], num_scheduled_tokens: dict,
+              num_draft_tokens: Optional[Sequence[int]]) -> List[StepRows]:
+    """Every request of the batch with its target rows and its drafts' elements (host values only)."""
+    out, start, offset = [], 0, 0
+    for i, rid in enumerate(req_ids):
+        n = num_scheduled_tokens.get(rid, 0)
+        d = num_draft_tokens[i] if num_draft_tokens else 0
+        out.append(StepRows(i, rid, start, n, d, offset))
+        start += n
+        offset += d
+    return out
+
+
+def draft_input_rows(query_start_loc: Sequence[int], picks: Sequence[Pick],
+                     prompt_rows: int = PREFILL_ROWS) -> List[range]:
+    """Per pick, its rows of what the draft receives: a prompt's last ``prompt_rows``, a verify's every row (the
+    verified token and the drafts: vLLM's padded drafter batch keeps the rejected ones)."""
+    spans = []
+    for p in picks:
+        lo, hi = query_start_loc[p.index], query_start_loc[p.index + 1]
+        if p.phase == "prefill":
+            lo = max(lo, hi - prompt_rows)
+        spans.append(range(lo, hi))
+    return spans

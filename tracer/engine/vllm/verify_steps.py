@@ -1,0 +1,98 @@
+"""Each engine step's verifies on CUDA, from the step to its records. When the step runs: the sampler's kept ids,
+the drafts verified and the sampled verifies' positions copied without blocking into one pinned slot
+(``step_ids.copy``), the sampled verify rows summarised. Once that copy is read (``step_ids.Ledger``, usually a
+step later): every live request's verify counted in the tracer's totals, the sampled ones' records queued. A
+request's end tells the ledger which of its steps still count (async scheduling's discarded step: ``step_ids``).
+The runner's thread only.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from draftscope_tracer.engine.vllm import step_ids
+from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
+from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
+from draftscope_tracer.engine.vllm.requests import Requests
+from draftscope_tracer.engine.vllm.step_layout import Verify
+from draftscope_tracer.health import Health
+from draftscope_tracer.transport import vllm_records
+from draftscope_tracer.transport.outbox import Transport
+
+
+class VerifySteps:
+    """The steps whose ids are not read yet, and what each becomes once they are."""
+
+    def __init__(self, requests: Requests, transport: Transport, health: Health, summaries: CudaSummaries,
+                 drafts: HeldDrafts):
+        self.requests, self.transport, self.health = requests, transport, health
+        self.summaries, self.drafts = summaries, drafts
+        self.ledger = step_ids.Ledger()
+
+    def add(self, runner, a: Dict[str, Any], counted: List[Tuple[int, str, int]], verify: List[Verify],
+            rows: List[int], now: float) -> None:
+        """One step's ids copied and its sampled verify ``rows`` summarised, never waiting. ``counted``: ``(batch
+        index, rid, drafts)`` of every request that verified drafts; ``verify``: the sampled ones."""
+        sampled, spec = a["sampled_token_ids"], a["spec_decode_metadata"]
+        positions = getattr(runner, "positions", None)
+        ints, with_positions = step_ids.copy(sampled, spec.draft_token_ids, positions if isinstance(
+            positions, torch.Tensor) else None, verify)
+        if ints is None:  # this step's totals and records are lost (counted): the totals will differ
+            self.health.drop("host_slots_full", len(counted))
+            self.drafts.release(verify)
+            return
+        target, layout = self.summaries.target(runner, a, rows) if verify else (None, (None, 0, None))
+        self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), int(sampled.shape[0]),
+                                         int(spec.draft_token_ids.numel()), counted, verify, with_positions,
+                                         partial(self._resolved, counted, verify, target, layout, now)))
+
+    def _resolved(self, counted: list, verify: List[Verify], target, layout: tuple, now: float,
+                  res: step_ids.Resolved) -> None:
+        """A step's ids are read: every live request's verify counted, the sampled ones' records queued."""
+        book, ledger = self.requests, self.ledger
+        for i, rid, d in counted:
+            accepted = res.kept.get(i)
+            if accepted and ledger.keeps(rid, book.traced.get(rid, (0,))[0]):
+                book.count_traced(rid, accepted, d)
+        steps, dropped = [], []
+        for v, drafted, pos in zip(verify, res.drafted, res.positions):
+            accepted = res.kept.get(v.index)
+            if not accepted or not ledger.keeps(v.rid, v.step):
+                dropped.append(v)
+                continue
+            steps.append(vllm_records.VerifyStep(v.rid, v.step, pos, drafted, accepted, v.rows, v.draft))
+        kept = {id(c) for s in steps if s.draft is not None for c in s.draft[0]}
+        self.drafts.release(dropped, kept)  # a draft's top-k no record reads
+        if not steps:
+            if target is not None:
+                target.release()
+            return
+        copies = tuple({id(c): c for s in steps if s.draft is not None for c in s.draft[0]}.values())
+        self.transport.submit("verify", vllm_records.verify, steps, target, now, *layout, pendings=(target, *copies))
+
+    def read(self) -> None:
+        """Count and record every step whose copy has completed (never waits)."""
+        self.ledger.drain()
+
+    def ended(self, rids: List[str]) -> None:
+        """``rids`` ended since the last step (told at the next step when the scheduler runs in another process):
+        what of theirs is read from now on is left out; their totals reported."""
+        for rid in rids:
+            self.ledger.freed(rid)
+            self.drafts.forget(rid)
+        self.requests.report_traced(rids)
+
+    def finishing(self, rid: str) -> None:
+        """The scheduler frees ``rid`` (same process): the steps read by now count, up to the verify steps vLLM
+        counted for it (later ones are async scheduling's discarded steps: ``step_ids``)."""
+        self.ledger.freeing(rid, self.requests.counted.get(rid, (0,))[0])
+        self.ledger.drain()
+        self.ledger.freed(rid)
+        self.drafts.forget(rid)
+
+    def close(self) -> None:
+        """Before the last totals are reported: read every step still in flight (waits: the tracer is closing)."""
+        self.ledger.drain(wait=True)
