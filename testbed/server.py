@@ -91,6 +91,9 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60.0) -
             time.sleep(0.2)
 
 
+NO_CRASH_PAUSE = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
+
+
 def server_command(python, target_dir, draft_dir, extra_args: list[str], port: int) -> list[str]:
     """The `sglang.launch_server` command line; `extra_args` come last, so they override."""
     args = [str(python), "-m", "sglang.launch_server", "--model-path", str(target_dir),
@@ -107,6 +110,11 @@ def server_env(env: dict | None) -> dict:
     if merged.get("PYTHONPATH"):
         path.append(merged["PYTHONPATH"])
     merged.update(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", PYTHONPATH=os.pathsep.join(path))
+    # A SIGTERM to the group ends the scheduler by signal, which SGLang handles as a crash: 5 s of pause
+    # before its (GPU) crash diagnostics at every stop. Off, so a crash kills the scheduler's tree at once
+    # and the servers that crash also show the tracer's crash record needs no such pause.
+    for name in NO_CRASH_PAUSE:
+        merged.setdefault(name, "0")
     return merged
 
 

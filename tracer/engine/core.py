@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from draftscope_tracer.config import TracerConfig
-from draftscope_tracer.engine.shutdown import SHUTDOWN_DEADLINE_S, SigtermChain
+from draftscope_tracer.engine.shutdown import CRASH_DEADLINE_S, SigtermChain
 from draftscope_tracer.health import Health
 from draftscope_tracer.model_paths import relative_to_root
 from draftscope_tracer.redact import scrub
@@ -121,7 +121,7 @@ class TracerCore:
         """The engine died serving: the error counted against ``probe``, what is there flushed with status
         ``crashed``."""
         self.health.failed(probe, exc)
-        self.close("crashed", SHUTDOWN_DEADLINE_S)
+        self.close("crashed", CRASH_DEADLINE_S)
 
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
