@@ -20,7 +20,7 @@ import urllib.request
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_STANDINS = REPO_ROOT / "testbed" / "cpu_standins"
@@ -252,6 +252,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 PORT_ATTEMPTS = 3
+T = TypeVar("T")
 
 
 class PortTaken(Exception):
@@ -288,20 +289,24 @@ def start_server(
             raise FileNotFoundError(f"{name} model directory {path} does not exist")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    attempts = PORT_ATTEMPTS
-    while True:
+    return on_a_free_port(lambda port: _start(python, target_dir, draft_dir, extra_args, log_path, env, timeout,
+                                              api_key, port), log_path)
+
+
+def on_a_free_port(start: Callable[[int], T], log_path: Path) -> T:
+    """``start(port)`` on a ``free_port``; a start that raises :class:`PortTaken` (its process exited on a
+    port another one bound first) is tried again on a new port, ``PORT_ATTEMPTS`` in all. SGLang and
+    ``draftscope serve`` both bind through uvicorn, whose ``address already in use`` ``port_taken`` reads."""
+    for _ in range(PORT_ATTEMPTS):
         try:
-            return _start(python, target_dir, draft_dir, extra_args, log_path, env, timeout, api_key)
+            return start(free_port())
         except PortTaken:
-            attempts -= 1
-            if not attempts:
-                raise ServerStartError(_failure(f"the port was taken {PORT_ATTEMPTS} times in a row",
-                                                log_path)) from None
+            continue
+    raise ServerStartError(_failure(f"the port was taken {PORT_ATTEMPTS} times in a row", log_path))
 
 
 def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path: Path, env: dict | None,
-           timeout: float, api_key: str | None) -> ServerHandle:
-    port = free_port()
+           timeout: float, api_key: str | None, port: int) -> ServerHandle:
     extra_args = [*extra_args, "--api-key", api_key] if api_key else extra_args
     command = server_command(python, target_dir, draft_dir, extra_args, port)
     with open(log_path, "w") as log:
@@ -339,22 +344,20 @@ def start_dashboard(store: Path | str, log_path: Path, timeout: float = 60.0, *,
     file, or a database URL), with more ``args``; yields its URL once ``/healthz`` answers and stops
     its process group on exit. A port another process took first is retried on a new one."""
     db = str(store) if "://" in str(store) else f"sqlite:///{store}"
-    for _ in range(PORT_ATTEMPTS):
-        port = free_port()
+
+    def start(port: int) -> tuple[subprocess.Popen, str]:
         with open(log_path, "w") as log:
             process = subprocess.Popen([*command, "serve", "--db", db, "--port", str(port), *args], stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True, **popen)
         url = f"http://{HOST}:{port}"
         try:
             _wait_answers(url + "/healthz", process, log_path, timeout)
-            break
-        except PortTaken:
-            continue
         except BaseException:
             _end_group(process)
             raise
-    else:
-        raise RuntimeError(f"draftscope serve: the port was taken {PORT_ATTEMPTS} times in a row:\n{log_tail(log_path)}")
+        return process, url
+
+    process, url = on_a_free_port(start, Path(log_path))
     try:
         yield url
     finally:
@@ -371,7 +374,7 @@ def _wait_answers(url: str, process: subprocess.Popen, log_path: Path, timeout: 
         except urllib.error.HTTPError:
             return
         except OSError:
-            if process.poll() is not None and "address already in use" in log_path.read_text(errors="replace"):
+            if process.poll() is not None and port_taken(log_path):
                 raise PortTaken(url) from None
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"draftscope serve did not answer at {url}:\n{log_tail(log_path)}") from None

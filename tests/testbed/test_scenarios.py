@@ -68,11 +68,35 @@ def offline():
     return simulate
 
 
+@pytest.fixture(scope="session")
+def target_alone():
+    """The cached target in HF transformers, no draft: ``(prompt, n)`` -> its greedy next ``n`` token ids."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    paths = models.ensure_models()
+    target = LlamaForCausalLM.from_pretrained(paths.target).eval()
+    tok = AutoTokenizer.from_pretrained(paths.target)
+
+    def greedy(prompt: str, n: int) -> list[int]:
+        ids = tok.encode(prompt)
+        return train_draft.greedy_continue(target, torch.tensor([ids]), n)[0, len(ids):].tolist()
+
+    return greedy
+
+
 @sglang
 @pytest.mark.scenario("healthy")
 def test_healthy_draft_is_accepted(healthy_demo):
     assert all(r["meta_info"]["completion_tokens"] == DEMO_NEW_TOKENS for r in healthy_demo)
     assert mean_accept(healthy_demo) >= HEALTHY_FLOOR
+
+
+@sglang
+@pytest.mark.scenario("healthy")
+def test_greedy_speculation_equals_the_target_alone(healthy_demo, target_alone):
+    """EAGLE-3 is lossless: SGLang's greedy answers with the draft are the target's own greedy tokens,
+    computed without speculation by another implementation (HF transformers)."""
+    assert [r["output_ids"] for r in healthy_demo] == [target_alone(p, DEMO_NEW_TOKENS) for p in DEMO_PROMPTS]
 
 
 @sglang
