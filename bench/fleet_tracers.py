@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -86,7 +87,10 @@ def replay(url: str, token: str | None, trace: Path, index: int, rows_s: float) 
         n, rows = n + 1, rows + sum(map(len, records.values()))
         time.sleep(max(0.0, start + rows / rows_s - time.monotonic()))
     writer.close(timeout_s=60)
-    print(f"tracer {index} ({trace.name}): {n} requests, {rows} rows sent; drops {dict(health.drops)}", flush=True)
+    # one write of the whole line: the tracers share stdout, and print() writes the text and its newline
+    # apart where stdout is unbuffered (PYTHONUNBUFFERED in the image), so two lines could run together
+    sys.stdout.write(f"tracer {index} ({trace.name}): {n} requests, {rows} rows sent; drops {dict(health.drops)}\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
