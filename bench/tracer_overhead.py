@@ -212,8 +212,21 @@ def raise_priority(pid: int, nice: int) -> None:
     within a session."""
     root = psutil.Process(pid)
     for p in [root, *root.children(recursive=True)]:
+        if autogroup_nice(p.pid) is None:  # in the root group (the kernel refuses it a level) or gone
+            continue
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             Path(f"/proc/{p.pid}/autogroup").write_text(str(nice))
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice level of ``pid``'s scheduling group, or None where it has none of its own: a process in
+    the root group (never given a session of its own by ``setsid``) reads an empty file, and a kernel
+    without autogroups or a process gone has no file."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-123 nice 0"
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[-1]) if fields else None
 
 
 def stored_runs(store: Path) -> int:
@@ -409,10 +422,10 @@ def main() -> None:
     results = {b: [] for b in range(args.blocks)}  # per block, (variant, Unit) in the order run
     idle = {False: [0.0, 0.0], True: [0.0, 0.0]}  # per server kind: CPU and wall seconds while the other ran
     with contextlib.ExitStack() as stack:
-        if args.nice:  # the bench's own session too (the client), given back its level at the end
-            own = Path(f"/proc/{os.getpid()}/autogroup").read_text().split()[-1]
+        own = autogroup_nice(os.getpid())
+        if args.nice and own is not None:  # the bench's own session too (the client), given back its level
             raise_priority(os.getpid(), args.nice)
-            stack.callback(Path(f"/proc/{os.getpid()}/autogroup").write_text, own)
+            stack.callback(Path(f"/proc/{os.getpid()}/autogroup").write_text, str(own))
         if args.sink == "http":
             sink = {"DRAFTSCOPE_URL": stack.enter_context(start_dashboard(store, work / "dashboard.log"))}
         else:

@@ -118,8 +118,8 @@ def test_raise_priority_sets_the_autogroup_of_every_session_in_the_tree():
         child = int(parent.stdout.readline())
         bench.raise_priority(parent.pid, 7)
         for pid in (parent.pid, child):
-            assert open(f"/proc/{pid}/autogroup").read().split()[-1] == "7", pid
-        assert open(f"/proc/{os.getpid()}/autogroup").read().split()[-1] != "7"  # ours untouched
+            assert bench.autogroup_nice(pid) == 7, pid
+        assert bench.autogroup_nice(os.getpid()) != 7  # ours untouched (None in the root group, as on CI)
     finally:
         parent.stdin.close()
         parent.wait()
