@@ -31,7 +31,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from testbed.gpu.kit_files import CACHE, REPO, KitError, finish, project_wheel, source, wheels
+from testbed.gpu.kit_files import CACHE, REPO, KitError, finish, models, project_wheel, source, wheels
 
 HERE = Path(__file__).resolve().parent
 SGLANG_DROP = ("multimodal_gen", "test", "benchmark")
@@ -64,29 +64,16 @@ def sglang_tree(dest: Path) -> dict:
     return {"version": version, "from": str(root)}
 
 
-def models(dest: Path) -> dict:
-    """The tiny target and draft, and the edited drafts of the scenarios the runner checks."""
-    from testbed.gpu.runner import CHECKED_SCENARIOS
-    from testbed.models import ensure_models
-    from testbed.scenarios import SCENARIOS, prepare
-
-    paths = ensure_models()
-    shutil.copytree(paths.target, dest / "target")
-    shutil.copytree(paths.draft, dest / "draft")
-    for name in CHECKED_SCENARIOS:
-        if SCENARIOS[name].edit is not None:
-            shutil.copytree(prepare(name).draft_dir, dest / "scenarios" / name)
-    return {"build": json.loads((paths.target.parent / "build.json").read_text()).get("hash")}
-
-
 def build(out: Path) -> dict:
+    from testbed.gpu.runner import CHECKED_SCENARIOS
+
     started = time.monotonic()
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "wheels").mkdir(parents=True)
     manifest = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": "sglang",
                 "wheels": wheels(tmp / "wheels", HERE / "wheels.txt"), "draftscope_wheel": project_wheel(tmp),
-                "sglang": sglang_tree(tmp), "models": models(tmp / "models"), "source": source(tmp / "src")}
+                "sglang": sglang_tree(tmp), "models": models(tmp / "models", CHECKED_SCENARIOS), "source": source(tmp / "src")}
     shutil.copytree(HERE / "cuda_standins", tmp / "standins", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(HERE / "run_device.sh", tmp / "run.sh")
     manifest = finish(tmp, out, manifest, "sglang.tar.xz", "testbed/gpu/wheels.txt")

@@ -103,3 +103,18 @@ def finish(tmp: Path, out: Path, manifest: dict, tree: str, pins: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return manifest
+
+
+def models(dest: Path, scenarios: tuple) -> dict:
+    """The tiny target and its trained EAGLE-3 draft, and the edited drafts of ``scenarios``
+    (``testbed/scenarios.py``; one whose edit is a server flag has no draft of its own)."""
+    from testbed.models import ensure_models
+    from testbed.scenarios import SCENARIOS, prepare
+
+    paths = ensure_models()
+    shutil.copytree(paths.target, dest / "target")
+    shutil.copytree(paths.draft, dest / "draft")
+    for name in scenarios:
+        if SCENARIOS[name].edit is not None:
+            shutil.copytree(prepare(name).draft_dir, dest / "scenarios" / name)
+    return {"build": json.loads((paths.target.parent / "build.json").read_text()).get("hash")}

@@ -125,17 +125,9 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def models(dest: Path) -> dict:
-    """The tiny target and its trained EAGLE-3 draft."""
-    from testbed.models import ensure_models
-
-    paths = ensure_models()
-    shutil.copytree(paths.target, dest / "target")
-    shutil.copytree(paths.draft, dest / "draft")
-    return {"build": json.loads((paths.target.parent / "build.json").read_text()).get("hash")}
-
-
 def build(out: Path) -> dict:
+    from testbed.gpu.vllm_serve import SCENARIOS
+
     started = time.monotonic()
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -144,7 +136,7 @@ def build(out: Path) -> dict:
     manifest = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": "vllm",
                 "wheels": kit_files.wheels(tmp / "wheels", HERE / "vllm_wheels.txt"),
                 "draftscope_wheel": kit_files.project_wheel(tmp), "vllm": vllm_tree(wheel, tmp),
-                "models": models(tmp / "models"), "source": kit_files.source(tmp / "src")}
+                "models": kit_files.models(tmp / "models", SCENARIOS), "source": kit_files.source(tmp / "src")}
     shutil.copytree(STANDINS, tmp / "standins", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(HERE / "vllm_run_device.sh", tmp / "run.sh")
     manifest = kit_files.finish(tmp, out, manifest, "vllm.tar.xz", "testbed/gpu/vllm_wheels.txt")

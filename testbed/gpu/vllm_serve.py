@@ -56,8 +56,13 @@ SERVER_ARGS = ["--dtype", "float32", "--attention-backend", "TRITON_ATTN", "--ma
 # graphs-no-async: as graphs without async scheduling (the tracer's other timing), not run unless asked
 MODES = {"graphs": [], "eager": ["--enforce-eager"], "graphs-sync": [], "graphs-no-async": ["--no-async-scheduling"]}
 DEFAULT_MODES = "graphs,eager,graphs-sync"
+# the tiny bed's scenarios served in graphs mode after the modes (--scenarios): the seed's fc skipped, the
+# draft's weights under keys vLLM refuses, the cross-engine ids [0, 1, 2]
+SCENARIOS = ("aux-off", "weights-dropped", "ids-0-1-2")
 MODE_ENV = {"graphs-sync": {"DRAFTSCOPE_SYNC_DEBUG": "1"}}  # every hook body under sync-debug "error"
 ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0",  # the tracer hooks Model Runner V1's propose_draft_token_ids
+       # the sampler takes FlashInfer's top-k/top-p on CUDA unless told not to, and imports it unguarded
+       "VLLM_USE_FLASHINFER_SAMPLER": "0",
        "GPU_TESTBED_COUNT_REPLAYS": "1", "DRAFTSCOPE_SAMPLE_RATE": "1", "PYTHONUNBUFFERED": "1"}
 LOG_FACTS = {"standins_called": r"\[vllm _C stand-in\] called (\S+)",
              "stubs_called": r"\[vllm _C stand-in\] STUB CALLED (\S+)",
@@ -70,9 +75,10 @@ CLOSE_TIMEOUT_S = 20  # for the recorder's last batch after SIGTERM
 ENDED = re.compile(rb'"ended_at":\s*\d')  # the run's end, in the recorder's last batch
 
 
-def command(kit: Path, port: int, mode: str) -> list:
+def command(kit: Path, port: int, mode: str, scenario: str | None = None) -> list:
     models = kit / "models"
-    spec = {"method": "eagle3", "model": str(models / "draft"), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+    draft = models / "scenarios" / scenario if scenario else models / "draft"
+    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "target"),
             "--host", HOST, "--port", str(port), "--speculative-config", json.dumps(spec), *SERVER_ARGS, *MODES[mode]]
 
@@ -86,21 +92,23 @@ def log_facts(log: Path) -> dict:
     return facts
 
 
-def serve(kit: Path, work: Path, mode: str, deadline: float) -> dict:
-    """One server of ``mode``: start, the demo prompts, counters, SIGTERM; what it showed."""
-    log, trace = work / "logs" / f"{mode}.log", work / "traces" / f"{mode}.jsonl"
+def serve(kit: Path, work: Path, mode: str, deadline: float, scenario: str | None = None) -> dict:
+    """One server of ``mode`` (of ``scenario``'s draft if given): start, the demo prompts, counters, SIGTERM;
+    what it showed."""
+    name = f"{mode}-{scenario}" if scenario else mode
+    log, trace = work / "logs" / f"{name}.log", work / "traces" / f"{name}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     trace.parent.mkdir(parents=True, exist_ok=True)
     port, t0 = free_port(), time.monotonic()
     with open(log, "w") as out:
-        cmd = command(kit, port, mode)
+        cmd = command(kit, port, mode, scenario)
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, **ENV, **MODE_ENV.get(mode, {}), "DRAFTSCOPE_FILE": str(trace)})
     server = VLLMServer(process, f"http://{HOST}:{port}", log)
     server.model = str(kit / "models" / "target")
-    result = {"mode": mode, "args": MODES[mode], "env": MODE_ENV.get(mode, {}), "trace": str(trace)}
+    result = {"mode": mode, "scenario": scenario, "args": MODES[mode], "env": MODE_ENV.get(mode, {}), "trace": str(trace)}
     try:
         while not server.is_healthy():
             if process.poll() is not None or time.monotonic() > min(deadline, t0 + START_TIMEOUT_S):
@@ -233,12 +241,14 @@ def compare(modes: dict, other: str = "graphs") -> dict | None:
 
 
 def overview(results: dict) -> dict:
-    """What the runner prints at the end: per mode whether it served, its accept length, records, sync errors and
+    """What the runner prints at the end: per mode (and scenario) whether it served, its accept length, records, sync errors and
     totals; the comparisons with eager (their first differences)."""
+    served = {**results["modes"], **{f"graphs-{n}": r for n, r in results.get("scenarios", {}).items()}}
     modes = {m: {**{k: r.get(k) for k in ("up_s", "accept_length", "trace_records", "start_error", "request_error")},
                  "sync_errors": r.get("log_facts", {}).get("sync_errors"),
                  "tracer_errors": (r.get("records") or {}).get("errors"),
-                 "totals": (r.get("records") or {}).get("totals")} for m, r in results["modes"].items()}
+                 "widths": (r.get("records") or {}).get("widths") if r.get("scenario") else None,
+                 "totals": (r.get("records") or {}).get("totals")} for m, r in served.items()}
     compared = {}
     for key in ("graphs_equal_eager", "graphs_sync_equal_eager"):
         c = results.get(key)
@@ -267,6 +277,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--modes", default=DEFAULT_MODES, help="comma list of %(choices)s (default: %(default)s)"
                     % {"choices": list(MODES), "default": DEFAULT_MODES})
+    ap.add_argument("--scenarios", default="", help="comma list of the tiny bed's scenarios to serve in graphs "
+                    "mode after the modes, from %(choices)s" % {"choices": list(SCENARIOS)})
     ap.add_argument("--no-hooks", action="store_true", help="skip the hooks' sync-debug check on CUDA tensors")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
@@ -276,6 +288,9 @@ def main() -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown mode(s) {unknown}: choose from {list(MODES)}")
+    scenarios = [s for s in a.scenarios.split(",") if s]
+    if set(scenarios) - set(SCENARIOS):
+        ap.error(f"unknown scenario(s) {sorted(set(scenarios) - set(SCENARIOS))}: choose from {list(SCENARIOS)}")
     deadline = time.monotonic() + a.limit_s
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
@@ -296,6 +311,10 @@ def main() -> int:
         save()
     for mode in modes:
         results["modes"][mode] = serve(a.kit, a.work, mode, deadline)
+        save()
+    results["scenarios"] = {}
+    for name in scenarios:
+        results["scenarios"][name] = serve(a.kit, a.work, "graphs", deadline, name)
         save()
     results["graphs_equal_eager"] = compare(results["modes"])
     results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")

@@ -16,7 +16,7 @@ by ``testbed/standin_loader.py`` (the kit's source is on the servers' path).
 import os
 import sys
 
-from testbed.standin_loader import patch_after_import
+from testbed.standin_loader import count_graph_replays, patch_after_import
 
 
 def _log(msg: str) -> None:
@@ -105,14 +105,4 @@ if os.environ.get("SGLANG_GPU_TESTBED_NO_JIT") == "1":
 patch_after_import(PATCHES)
 
 if os.environ.get("SGLANG_GPU_TESTBED_COUNT_REPLAYS") == "1":
-    import torch.cuda.graphs as _graphs
-
-    _replay, _count = _graphs.CUDAGraph.replay, [0]
-
-    def replay(self, *args, **kwargs):
-        _count[0] += 1
-        if _count[0] & (_count[0] - 1) == 0:
-            _log(f"graph replays: {_count[0]}")
-        return _replay(self, *args, **kwargs)
-
-    _graphs.CUDAGraph.replay = replay
+    count_graph_replays(_log)

@@ -10,7 +10,7 @@
 import os
 import sys
 
-from testbed.standin_loader import patch_after_import
+from testbed.standin_loader import count_graph_replays, patch_after_import
 
 NO_FA = "the GPU test bed carries no flash-attention binary (testbed/gpu/vllm_overlay)"
 
@@ -29,14 +29,4 @@ def _no_flash_attention(mod):
 patch_after_import({"vllm.vllm_flash_attn": _no_flash_attention})
 
 if os.environ.get("GPU_TESTBED_COUNT_REPLAYS") == "1":
-    import torch.cuda.graphs as _graphs
-
-    _replay, _count = _graphs.CUDAGraph.replay, [0]
-
-    def replay(self, *args, **kwargs):
-        _count[0] += 1
-        if _count[0] & (_count[0] - 1) == 0:
-            _log(f"graph replays: {_count[0]}")
-        return _replay(self, *args, **kwargs)
-
-    _graphs.CUDAGraph.replay = replay
+    count_graph_replays(_log)
