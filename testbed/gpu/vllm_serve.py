@@ -1,6 +1,7 @@
 """The vLLM GPU kit's runner on the device: vLLM 0.32 on CUDA serving the tiny target and its EAGLE-3 draft.
 
     python -m testbed.gpu.vllm_serve --kit KIT --work DIR [--modes graphs,eager,graphs-sync] [--no-hooks]
+                                     [--scenarios aux-off,weights-dropped,ids-0-1-2]
                                      [--limit-s S]
 
 Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
@@ -20,6 +21,8 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
    give (1 + accepted / drafts), the stand-in ops the log names, stubs called, graph replays counted, the
    tracer's own lines, the trace's record count and ``records`` (:func:`trace_summary`: verify steps, accepted
    drafts per position, sample widths, the tracer's errors and drops, its totals beside vLLM's);
+   Then each of ``--scenarios`` (``SCENARIOS``: an edited draft of ``testbed/scenarios.py``) in ``graphs`` mode.
+   Once a mode fails to start, the servers after it are skipped (they take the same path to their start);
 4. ``graphs_equal_eager`` and ``graphs_sync_equal_eager``: the modes' token ids compared prompt by prompt, and
    their records compared record by record (:func:`compare_records`: requests matched by arrival order,
    ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
@@ -244,7 +247,8 @@ def overview(results: dict) -> dict:
     """What the runner prints at the end: per mode (and scenario) whether it served, its accept length, records, sync errors and
     totals; the comparisons with eager (their first differences)."""
     served = {**results["modes"], **{f"graphs-{n}": r for n, r in results.get("scenarios", {}).items()}}
-    modes = {m: {**{k: r.get(k) for k in ("up_s", "accept_length", "trace_records", "start_error", "request_error")},
+    modes = {m: {**{k: r.get(k) for k in ("up_s", "accept_length", "trace_records", "start_error", "request_error",
+                                          "skipped")},
                  "sync_errors": r.get("log_facts", {}).get("sync_errors"),
                  "tracer_errors": (r.get("records") or {}).get("errors"),
                  "widths": (r.get("records") or {}).get("widths") if r.get("scenario") else None,
@@ -309,12 +313,17 @@ def main() -> int:
         results["hooks"] = hooks_check(a.work)
         print(f"[vllm_serve] hooks: rc={results['hooks']['rc']} {results['hooks']['summary']}", flush=True)
         save()
-    for mode in modes:
-        results["modes"][mode] = serve(a.kit, a.work, mode, deadline)
-        save()
     results["scenarios"] = {}
-    for name in scenarios:
-        results["scenarios"][name] = serve(a.kit, a.work, "graphs", deadline, name)
+    for mode, scenario in [*((m, None) for m in modes), *(("graphs", n) for n in scenarios)]:
+        into = results["scenarios"] if scenario else results["modes"]
+        failed = [m for m, r in results["modes"].items() if "start_error" in r]
+        if failed:  # every server takes the same path to its start: the first failure is the finding
+            into[scenario or mode] = {"mode": mode, "scenario": scenario, "skipped": f"{failed[0]} did not start"}
+            continue
+        into[scenario or mode] = r = serve(a.kit, a.work, mode, deadline, scenario)
+        print(f"[vllm_serve] {mode} {scenario or ''}: up {r.get('up_s')} s, accept length {r.get('accept_length')}, "
+              f"{r.get('trace_records')} records, {r.get('start_error') or r.get('request_error') or 'served'}",
+              flush=True)
         save()
     results["graphs_equal_eager"] = compare(results["modes"])
     results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")
