@@ -237,23 +237,20 @@ class _Fold:
             s.update(max_seq_pos=totals[4], max_seq_pos_rid=rid, max_seq_pos_step=step)
 
     def _samples(self) -> None:
-        conn, where, S = self.conn, self.sample_where, SAMPLES.c
-        for point, phase, width, n in conn.execute(
-                sa.select(S.point, S.phase, S.width, sa.func.count()).where(*where)
-                .group_by(S.point, S.phase, S.width)):
-            self._bin("widths", f"{point}|{phase}", width, n)
-        normed = sa.or_(*(S.point.startswith(p) for p in NORM_POINTS))
+        """The new sample rows read once: widths per point and phase, ``l2_mean`` per norm point and time
+        bucket, non-finite counts of the draft's logits (``_add_bins`` merges the groups' repeats)."""
+        S = SAMPLES.c
         bucket = self._since_t0(S.at).label("b")
-        for point, b, n, total, lo, hi in conn.execute(
-                sa.select(S.point, bucket, sa.func.count(), sa.func.sum(S.l2_mean),
-                          sa.func.min(S.l2_mean), sa.func.max(S.l2_mean))
-                .where(*where, normed, S.l2_mean.is_not(None)).group_by(S.point, bucket)):
-            self._bin("norms.time", point, b, n, total, lo, hi)
         nonfinite = sa.func.sum(sa.func.coalesce(S.nan_count, 0) + sa.func.coalesce(S.inf_count, 0))
-        for point, n, bad in conn.execute(sa.select(S.point, sa.func.count(), nonfinite)
-                                          .where(*where, S.point.startswith("draft.logits"))
-                                          .group_by(S.point)):
-            self._bin("nonfinite", point, 0, n, bad)
+        for point, phase, width, b, n, normed, total, lo, hi, bad in self.conn.execute(
+                sa.select(S.point, S.phase, S.width, bucket, sa.func.count(), sa.func.count(S.l2_mean),
+                          sa.func.sum(S.l2_mean), sa.func.min(S.l2_mean), sa.func.max(S.l2_mean), nonfinite)
+                .where(*self.sample_where).group_by(S.point, S.phase, S.width, bucket)):
+            self._bin("widths", f"{point}|{phase}", width, n)
+            if normed and point.startswith(NORM_POINTS):
+                self._bin("norms.time", point, b, normed, total, lo, hi)
+            if point.startswith("draft.logits"):
+                self._bin("nonfinite", point, 0, n, bad)
 
 
 def _write(conn: sa.Connection, fold: _Fold, batches: tuple[int, float | None], requests: dict[str, Any]) -> bool:
