@@ -69,6 +69,7 @@ def test_zero_acceptance_with_finite_logits_lm_head_removed(sglang_server):
     assert obs.accepted_drafts == 0 and obs.draft_logits_samples and not obs.draft_logits_nonfinite
 
 
+@pytest.mark.side  # a server of its own, the main run's slowest test (93 s in CI): the runs end together
 def test_decay_with_position_short_context_served_long(sglang_server):
     s = scenarios.prepare("short-context")
     out = CliRunner().invoke(cli, ["doctor", str(s.draft_dir), "--target", str(s.target_dir), "--json",
