@@ -74,7 +74,7 @@ import psutil  # noqa: E402
 from draftscope.store import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
 from testbed.overhead import bootstrap_interval, request_id  # noqa: E402
-from testbed.server import REPO_ROOT, start_dashboard, start_server, venv_python  # noqa: E402
+from testbed.server import REPO_ROOT, server_processes, start_dashboard, start_server, venv_python  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world, this is", "A B C D",
            "In the beginning", "She said that the"]
@@ -141,10 +141,10 @@ def role(process: psutil.Process) -> str:
 
 
 def tree_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """Per live process of the tree under ``pid`` (itself included): its role and CPU seconds."""
-    root = psutil.Process(pid)
+    """Per live process of the server under ``pid`` (itself included, and its tracer's recorder): its role
+    and CPU seconds."""
     out = {}
-    for p in [root, *root.children(recursive=True)]:
+    for p in server_processes(pid):
         with contextlib.suppress(psutil.NoSuchProcess, OSError):
             out[p.pid] = (role(p), process_cpu_seconds(p.pid))
     return out
@@ -206,12 +206,11 @@ def run_unit(server, pool: ThreadPoolExecutor, rids: list[str], warm: list[str],
 
 
 def raise_priority(pid: int, nice: int) -> None:
-    """Give the scheduling group (Linux autogroup: one per session) of every process in the tree under
-    ``pid`` the nice level ``nice``. Each server, and the tracer's recorder, runs in a session of its own,
+    """Give the scheduling group (Linux autogroup: one per session) of every process of the server under
+    ``pid`` (``server_processes``: its tree and its tracer's recorder) the nice level ``nice``. Each server, and the tracer's recorder, runs in a session of its own,
     and the kernel shares the CPUs between sessions first, so a plain ``nice`` would rank threads only
     within a session."""
-    root = psutil.Process(pid)
-    for p in [root, *root.children(recursive=True)]:
+    for p in server_processes(pid):
         if autogroup_nice(p.pid) is None:  # in the root group (the kernel refuses it a level) or gone
             continue
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):

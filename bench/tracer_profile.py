@@ -35,7 +35,7 @@ import psutil  # noqa: E402
 from draftscope.store import db as store_db  # noqa: E402
 from testbed.models import ensure_models  # noqa: E402
 from testbed.overhead import request_id  # noqa: E402
-from testbed.server import start_server  # noqa: E402
+from testbed.server import RECORDER, server_processes, start_server  # noqa: E402
 from tracer_overhead import UNIT, run_unit  # noqa: E402
 
 TRACER_DIR = f"{Path(draftscope_tracer.__file__).parent}/"  # the server imports the same package
@@ -84,9 +84,9 @@ def parse(raw: Path) -> dict:
 
 
 def scheduler_and_recorder(pid: int) -> tuple[psutil.Process, psutil.Process | None]:
-    procs = psutil.Process(pid).children(recursive=True)
+    procs = server_processes(pid)[1:]
     scheduler = next(p for p in procs if "scheduler" in " ".join([p.name(), *p.cmdline()]))
-    recorder = next((p for p in procs if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())), None)
+    recorder = next((p for p in procs if RECORDER in p.cmdline()), None)
     return scheduler, recorder
 
 

@@ -203,7 +203,7 @@ class ServerHandle:
 
     def pause(self) -> None:
         """SIGSTOP the process group: an idle scheduler polls and costs a good part of a core. The
-        tracer's recorder runs in a session of its own and keeps flushing."""
+        tracer's recorder runs in a session of its own (outside the tree) and keeps flushing."""
         _signal_group(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
@@ -234,6 +234,32 @@ class ServerHandle:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+RECORDER = "draftscope_tracer.transport.recorder"
+
+
+def server_processes(pid: int) -> list:
+    """The live processes of the server under ``pid`` (``psutil.Process``): its tree, then the tracer's
+    recorders a process of that tree started. A recorder leaves the tree as it starts (so that SGLang's
+    kill of the scheduler's descendants cannot cut its flush short); ``--scheduler PID`` in its command
+    line names the process that started it."""
+    import psutil
+
+    def live(p: psutil.Process) -> bool:  # not a zombie, e.g. a recorder's launcher its relay has not reaped
+        with contextlib.suppress(psutil.Error):
+            return p.status() != psutil.STATUS_ZOMBIE
+        return False
+
+    root = psutil.Process(pid)
+    tree = [p for p in [root, *root.children(recursive=True)] if live(p)]
+    starters = {str(p.pid) for p in tree}
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        started_by = cmd[cmd.index("--scheduler") + 1] if RECORDER in cmd and "--scheduler" in cmd[:-1] else None
+        if started_by in starters and p not in tree and live(p):
+            tree.append(p)
+    return tree
 
 
 def _signal_group(pgid: int, sig: int) -> None:

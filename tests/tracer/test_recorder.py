@@ -210,3 +210,30 @@ def test_a_recorder_that_keeps_dying_turns_tracing_off(tmp_path, monkeypatch, ca
     assert health.drops["recorder_down"] >= 1 and relay.pid is None
     relay.close(5)
     assert sum("tracing stops" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_recorder_outlives_a_kill_of_its_starters_process_tree(tmp_path):
+    """SGLang's shutdown SIGKILLs every descendant of the scheduler at once (``kill_process_tree``, with no
+    pause where ``SGLANG_PYSPY_DUMP_BEFORE_CRASH=0``): the recorder has left that tree, keeps what it was
+    sent and ends the run as crashed."""
+    code = ("import sys, time; from pathlib import Path; from draftscope_tracer.shared import Shared; "
+            "from tests.tracer.test_recorder import _relay, _verify_call; "
+            f"relay, _, _ = _relay(Path({str(tmp_path)!r})); "
+            "relay.submit(_verify_call(0, Shared('hot', lambda: list(range(40))))); "
+            "print(relay.pid, flush=True); time.sleep(600)")
+    scheduler = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        recorder = int(scheduler.stdout.readline())
+        path = tmp_path / "trace.jsonl"
+        until(lambda: path.exists() and b'"step_index":0' in path.read_bytes(), "the recorder stored step 0", 30)
+        tree = psutil.Process(scheduler.pid).children(recursive=True)  # as SGLang's kill_process_tree
+        assert recorder not in [p.pid for p in tree]
+        for p in [*tree, psutil.Process(scheduler.pid)]:
+            p.kill()
+    finally:
+        scheduler.kill()
+        scheduler.wait()
+    until(lambda: _batches(path)[-1]["run"] is not None and _batches(path)[-1]["run"]["status"] == "crashed",
+          "the recorder ended the run as crashed", 30)
+    assert [s["step_index"] for b in _batches(path) for s in b["steps"]] == [0]

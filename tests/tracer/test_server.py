@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import psutil
 import pytest
 
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
-from testbed.server import free_port, start_dashboard, start_server
+from testbed.server import RECORDER, free_port, server_processes, start_dashboard, start_server
 from tests.fixtures.wait import ended, until
 
 pytestmark = pytest.mark.sglang
@@ -140,10 +139,9 @@ def test_answers_unchanged_with_tracer(reference, traced):
 
 
 def _kill_recorder(server) -> None:
-    """SIGKILL the tracer's recorder process (a child of the scheduler), once it has found the dashboard down."""
+    """SIGKILL the tracer's recorder process (started by the scheduler), once it has found the dashboard down."""
     until(lambda: "HTTP sink (" in open(server.log_path).read(), "the tracer's log says the dashboard is down", 30)
-    procs = [p for p in psutil.Process(server.pid).children(recursive=True)
-             if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
+    procs = [p for p in server_processes(server.pid) if RECORDER in p.cmdline()]
     assert len(procs) == 1, procs
     procs[0].kill()
 

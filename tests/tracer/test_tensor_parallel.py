@@ -8,12 +8,11 @@ import json
 import os
 import sqlite3
 
-import psutil
 import pytest
 
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
-from testbed.server import start_server
+from testbed.server import RECORDER, server_processes, start_server
 from tests.fixtures.wait import ended
 
 pytestmark = pytest.mark.sglang
@@ -30,8 +29,7 @@ def test_tp2_records_one_stream(tmp_path):
            "SGLANG_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[-1]}"}
     with start_server(models.target, models.draft, ["--tp-size", "2"], tmp_path / "server.log", env=env,
                       timeout=480) as server:
-        children = psutil.Process(server.pid).children(recursive=True)
-        recorders = [p for p in children if "draftscope_tracer.transport.recorder" in " ".join(p.cmdline())]
+        recorders = [p for p in server_processes(server.pid) if RECORDER in p.cmdline()]
         outs = [server.generate(p, max_new_tokens=12) for p in PROMPTS]
     ended(store)  # the recorder's final flush
     assert len(recorders) == 1, recorders  # only TP rank 0 records

@@ -10,9 +10,10 @@ import threading
 from typing import Any, Callable, Iterator, Optional
 
 SHUTDOWN_DEADLINE_S = 2.0  # longest a SIGTERM waits for the final flush (process managers' kill timers run)
-# Longest a crash waits: the engine's error path kills the scheduler's process tree, the recorder with it,
-# at once where SGLang's pre-crash diagnostics are off (SGLANG_PYSPY_DUMP_BEFORE_CRASH=0), so the run's
-# ``crashed`` record must be written before the exception goes on. Usually well under a second.
+# Longest a crash waits: the engine's error path then kills the scheduler's process tree at once where
+# SGLang's pre-crash diagnostics are off (SGLANG_PYSPY_DUMP_BEFORE_CRASH=0): what the scheduler still holds
+# must be relayed first. The recorder has left that tree and would finish on its own; the wait also ends
+# when it exits. Usually well under a second.
 CRASH_DEADLINE_S = 10.0
 
 

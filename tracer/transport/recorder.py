@@ -11,11 +11,21 @@ process writes to (nothing from users is unpickled):
 
 End of input without ``close`` (the scheduler died) ends the run as ``crashed``. Building records here
 keeps their CPU time off the scheduler's GIL. No torch is imported: summaries arrive as plain data.
+
+``--detach`` (the relay starts it so): the process first leaves the scheduler's process tree, since
+SGLang's shutdown SIGKILLs every descendant of the scheduler (``kill_process_tree``), at once where
+``SGLANG_PYSPY_DUMP_BEFORE_CRASH=0``, which would cut the final flush short. It forks; the first
+process (the launcher the relay started) writes the recorder's pid on stdout and exits, and the
+recorder, now no one's child but init's, keeps that stdout pipe open, unused, until it exits: the
+relay's sign that it is gone. ``--scheduler PID`` only labels the command line with the process that
+started it (``testbed.server.server_processes`` finds a server's recorders by it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import pickle
 import struct
 import sys
@@ -47,7 +57,23 @@ def read_frame(stream) -> Any:
     return pickle.loads(payload)
 
 
-def main() -> int:
+def detach() -> int:
+    """Fork; the parent writes the child's pid on stdout and exits at once; the child moves stdout
+    (the relay's pipe) to a descriptor it never closes and points fd 1 at stderr. Returns that
+    descriptor."""
+    pid = os.fork()
+    if pid:
+        with contextlib.suppress(OSError):  # the relay gone already: the recorder reads end of input
+            os.write(1, b"%d\n" % pid)
+        os._exit(0)
+    kept = os.dup(1)
+    os.dup2(2, 1)
+    return kept
+
+
+def main(argv: list | None = None) -> int:
+    if "--detach" in (sys.argv[1:] if argv is None else argv):
+        detach()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stdin = sys.stdin.buffer
     _, config, run, run_id = read_frame(stdin)

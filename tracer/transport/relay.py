@@ -11,8 +11,9 @@ happen in the recorder (``recorder.py``), off this process's GIL.
 
 A recorder that has died loses the jobs meant for it (counted as ``recorder_down``); a new one is
 started ``RESTART_S`` after the last one was lost. After the fifth loss (the probe failure limit)
-tracing stops: the ``recorder`` probe is disabled. The recorder runs in its own session, so a signal
-sent to the server's process group does not cut its final flush short.
+tracing stops: the ``recorder`` probe is disabled. The recorder runs in its own session and outside the
+scheduler's process tree (``recorder.py``, ``--detach``), so neither a signal sent to the server's
+process group nor SGLang's SIGKILL of the scheduler's descendants cuts its final flush short.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import pickle
+import select
 import subprocess
 import sys
 import time
@@ -34,6 +37,7 @@ from draftscope_tracer.transport.writer import JobQueue, known_records
 
 log = logging.getLogger("draftscope.tracer")
 RESTART_S = 5.0
+PID_WAIT_S = 10.0  # for the recorder's launcher to say the recorder's pid
 # How long the relay lets jobs gather before it pickles them. Each round takes the GIL from the scheduler
 # thread once, and one pickle of several iterations' calls costs less per call (a fifth less for eight
 # iterations than for one). A device launch holds its ring slot (``summaries.RING_SIZE`` per layout) until then.
@@ -55,6 +59,43 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
+class Detached:
+    """A recorder started with ``--detach`` (and ``--scheduler PID``, this process, for tools that look for
+    it): the pipe to its stdin, its pid (the line its launcher writes), and whether it has exited (its end
+    of the stdout pipe closed)."""
+
+    def __init__(self):
+        cmd = [sys.executable, "-m", "draftscope_tracer.transport.recorder", "--detach", "--scheduler", str(os.getpid())]
+        self.launcher = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.stdin, self._out, self._pid, self._eof = self.launcher.stdin, self.launcher.stdout.fileno(), None, False
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The recorder's pid, once its launcher has written it (waits up to ``PID_WAIT_S``; None if the
+        launcher failed)."""
+        deadline = time.monotonic() + PID_WAIT_S
+        while self._pid is None and not self.exited(0.05) and time.monotonic() < deadline:
+            pass
+        return self._pid
+
+    def exited(self, timeout_s: float = 0.0) -> bool:
+        """Whether the recorder has exited, waiting up to ``timeout_s`` for it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._eof:
+            if not select.select([self._out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            data = os.read(self._out, 64)
+            self._eof = not data
+            if data.strip().isdigit() and self._pid is None:
+                self._pid = int(data)
+        self.launcher.poll()  # reaps the launcher
+        return self._eof
+
+    def reason(self) -> str:
+        code = self.launcher.poll()
+        return f"recorder exited (its launcher with code {code})" if code else "recorder exited"
+
+
 class Relay(JobQueue):
     """Starts the recorder process and feeds it; ``submit``/``close`` as any ``writer.JobQueue``."""
 
@@ -62,7 +103,7 @@ class Relay(JobQueue):
         super().__init__(health, config.max_queue_items, "draftscope-relay")
         self.health_interval_s = config.health_interval_s
         self._start_frame = frame(pickle.dumps(("start", config, run, run_id), protocol=pickle.HIGHEST_PROTOCOL))
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[Detached] = None
         self._sent: set = set()
         self._next_start = 0.0
         self._deadline = 0.0
@@ -79,8 +120,7 @@ class Relay(JobQueue):
 
     def _start(self) -> bool:
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.transport.recorder"],
-                                          stdin=subprocess.PIPE, start_new_session=True)
+            self._proc = Detached()
             self._proc.stdin.write(self._start_frame)
             self._proc.stdin.flush()
         except (OSError, ValueError) as exc:
@@ -151,10 +191,10 @@ class Relay(JobQueue):
         """A recorder is running (a new one is started ``RESTART_S`` after the last one was lost, unless
         it was lost ``probe_failure_limit`` times)."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
+        if proc is not None and not proc.exited():
             return True
         if proc is not None:
-            self._lost(RuntimeError(f"recorder exited with code {proc.returncode}"))
+            self._lost(RuntimeError(proc.reason()))
         if self.health.is_disabled("recorder") or time.monotonic() < self._next_start:
             return False
         return self._start()
@@ -200,9 +240,8 @@ class Relay(JobQueue):
             return
         try:
             proc.stdin.close()
-            proc.wait(max(0.0, self._deadline - time.monotonic()))
+            if not proc.exited(max(0.0, self._deadline - time.monotonic())):
+                log.warning("draftscope: the recorder is still writing at shutdown (pid %s); it finishes on its "
+                            "own", proc.pid)
         except (OSError, ValueError) as exc:
             self.health.failed("recorder", exc)
-        except subprocess.TimeoutExpired:
-            log.warning("draftscope: the recorder is still writing at shutdown (pid %d); it finishes on its own",
-                        proc.pid)
