@@ -25,7 +25,8 @@ from testbed.server import (HOST, PORT_ATTEMPTS, REPO_ROOT, PortTaken, ServerHan
 
 NUM_SPECULATIVE_TOKENS = 3  # SGLang's test bed: 3 draft steps, 4 draft tokens (the verified one + 3)
 # --shutdown-timeout: with vLLM's default (0) the API server SIGKILLs the engine core's process tree at
-# once on SIGTERM, the tracer's recorders included, and the last second of records is lost
+# once on SIGTERM, and what the engine core had not yet handed to the tracer's recorder (which is outside
+# that tree) is lost, with the run's end: the recorder then ends it as crashed
 CPU_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "4",
             "--seed", "0", "--shutdown-timeout", "10"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
