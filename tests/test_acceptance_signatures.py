@@ -69,7 +69,7 @@ def test_zero_acceptance_with_finite_logits_lm_head_removed(sglang_server):
     assert obs.accepted_drafts == 0 and obs.draft_logits_samples and not obs.draft_logits_nonfinite
 
 
-@pytest.mark.side  # a server of its own, the main run's slowest test (93 s in CI): the runs end together
+@pytest.mark.side  # a server of its own, the main run's slowest test (93 s in CI): the main run is the longer one
 def test_decay_with_position_short_context_served_long(sglang_server):
     s = scenarios.prepare("short-context")
     out = CliRunner().invoke(cli, ["doctor", str(s.draft_dir), "--target", str(s.target_dir), "--json",
@@ -87,6 +87,7 @@ def test_decay_with_position_short_context_served_long(sglang_server):
     assert "acceptance-position1-collapse" not in by_rule and "acceptance-drift-over-time" not in by_rule
 
 
+@pytest.mark.side  # a server of its own (60-130 s in CI): the main run is the longer one
 def test_drift_over_time_when_traffic_changes(sglang_server):
     # the same six prompts in both thirds (the tracer's prompt keys tell them), sampled hot in the last:
     # the hot half is sent once the greedy half is answered
