@@ -23,11 +23,11 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
    drafts per position, sample widths, the tracer's errors and drops, its totals beside vLLM's);
    Then each of ``--scenarios`` (``SCENARIOS``: an edited draft of ``testbed/scenarios.py``) in ``graphs`` mode.
    Once a mode fails to start, the servers after it are skipped (they take the same path to their start);
-4. ``graphs_equal_eager`` and ``graphs_sync_equal_eager``: the modes' token ids compared prompt by prompt, and
-   their records compared record by record (:func:`compare_records`: requests matched by arrival order,
-   ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
+4. ``graphs_equal_eager`` and ``graphs_sync_equal_eager``, saved after each server: the modes' token ids
+   compared prompt by prompt, and their records compared record by record (:func:`compare_records`: requests
+   matched by arrival order, ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
 
-Nothing here asserts: the kit has not run on a GPU yet; ``results.json`` says what each mode showed.
+Nothing here asserts: ``results.json`` says what each mode showed (docs/testbed.md has what the device showed).
 
 ``--dry-run`` (a machine without a GPU, a Python with vLLM's dependencies, e.g. ``.venv-vllm``): the import
 check with the platform taken as one H200, then each mode's command line parsed by vLLM's own OpenAI-server
@@ -324,10 +324,9 @@ def main() -> int:
         print(f"[vllm_serve] {mode} {scenario or ''}: up {r.get('up_s')} s, accept length {r.get('accept_length')}, "
               f"{r.get('trace_records')} records, {r.get('start_error') or r.get('request_error') or 'served'}",
               flush=True)
+        results["graphs_equal_eager"] = compare(results["modes"])  # saved as each pair is done: a runner cut
+        results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")  # by its limit keeps them
         save()
-    results["graphs_equal_eager"] = compare(results["modes"])
-    results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")
-    save()
     print(json.dumps(overview(results), indent=1, default=str))
     ok = all("answers" in r and "request_error" not in r for r in results["modes"].values())
     return 0 if ok else 1
