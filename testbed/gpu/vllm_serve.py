@@ -6,6 +6,8 @@
 
 Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
 
+0. ``prewarm``: vLLM's model inspection for the bed's two architectures, cached for the servers, in the
+   background of the next two phases (:func:`prewarm_registry`);
 1. ``imports``: ``testbed.gpu.vllm_imports`` in a fresh process: the CUDA path's modules from the kit's
    tree, the platform vLLM resolved, the stand-ins defined and run;
 2. ``hooks``: ``pytest -m gpu tests/gpu/test_vllm_hooks_path.py``: the tracer's vLLM hooks on CUDA tensors
@@ -263,6 +265,34 @@ def overview(results: dict) -> dict:
             "hooks": (results.get("hooks") or {}).get("summary"), **modes, **compared}
 
 
+ARCHITECTURES = ("LlamaForCausalLM", "LlamaForCausalLMEagle3")
+PREWARM = """
+import sys, threading
+from vllm.model_executor.models.registry import ModelRegistry
+threads = [threading.Thread(target=ModelRegistry._try_inspect_model_cls, args=(a,)) for a in sys.argv[1:]]
+[t.start() for t in threads]; [t.join() for t in threads]
+"""
+
+
+def prewarm_registry(work: Path) -> subprocess.Popen:
+    """vLLM inspects each architecture in a subprocess that imports vLLM (~33 s each on the device) and caches
+    what it learns in ``~/.cache/vllm/modelinfos``: started here for both of the bed's, side by side and beside
+    the import and hooks checks, so the first server finds them cached (``await_prewarm``)."""
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    with open(work / "logs" / "prewarm.log", "w") as out:
+        return subprocess.Popen([sys.executable, "-c", PREWARM, *ARCHITECTURES], stdout=out, stderr=subprocess.STDOUT)
+
+
+def await_prewarm(process: subprocess.Popen, started: float) -> dict:
+    """The prewarm's outcome (a failure costs only the time it saves: the server inspects the models itself)."""
+    try:
+        rc = process.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        rc = "timed out"
+    return {"rc": rc, "s": round(time.monotonic() - started, 1)}
+
+
 def hooks_check(work: Path) -> dict:
     """The hooks' path on CUDA under sync-debug (``tests/gpu/test_vllm_hooks_path.py``), in a fresh process."""
     src = Path(__file__).resolve().parents[2]
@@ -303,6 +333,7 @@ def main() -> int:
                           "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"]}, indent=1))
         return 0 if all(m["ok"] for m in r["imports"]["modules"].values()) else 1
     results = {"kit": json.loads((a.kit / "manifest.json").read_text()), "modes": {}}
+    prewarm, prewarm_t0 = prewarm_registry(a.work), time.monotonic()
     save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
     imports = subprocess.run([sys.executable, "-m", "testbed.gpu.vllm_imports", "--json", str(a.work / "imports.json")],
                              capture_output=True, text=True, timeout=300)
@@ -313,6 +344,7 @@ def main() -> int:
         results["hooks"] = hooks_check(a.work)
         print(f"[vllm_serve] hooks: rc={results['hooks']['rc']} {results['hooks']['summary']}", flush=True)
         save()
+    results["prewarm"] = await_prewarm(prewarm, prewarm_t0)
     results["scenarios"] = {}
     for mode, scenario in [*((m, None) for m in modes), *(("graphs", n) for n in scenarios)]:
         into = results["scenarios"] if scenario else results["modes"]
