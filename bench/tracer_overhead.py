@@ -10,7 +10,8 @@ and with the machine's contention; wall tokens/s (also printed) moves with every
 Each block starts two servers that run side by side: one **without the tracer** (SGLang's
 ``SGLANG_PLUGINS`` allow-list names every other general plugin but ours, so SGLang never imports
 ``draftscope_tracer``) and one **traced** at ``DRAFTSCOPE_SAMPLE_RATE=1/16``; both get the same sink
-settings, so only the plugin loading differs. Both run with ``--sleep-on-idle``: without it an idle
+settings, so only the plugin loading differs; which of the two starts (and warms up) first alternates from
+block to block (the run of 2026-12-05 started the plain one first in every block). Both run with ``--sleep-on-idle``: without it an idle
 SGLang scheduler spins a whole core, which would be taken from the other server (the bench prints
 what each server used while the other was measured). Neither is pinned to a core: the other load on
 the machine is not pinned either, so a pinned server only loses the core its own tokenizer,
@@ -265,6 +266,9 @@ def run_block(args, models, work: Path, block: int, sink: dict, store: Path, res
     runs_before = stored_runs(store)
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(args.concurrency) as pool:
         envs = {False: {**base, "SGLANG_PLUGINS": plugins_except_ours(python)}, True: base}
+        if block % 2:  # which server starts (and warms) first alternates: an edge of going first lands on both
+            envs = dict(reversed(envs.items()))
+        print(f"block {block}: {'traced' if next(iter(envs)) else 'no-tracer'} server started first", flush=True)
         servers = {traced: stack.enter_context(start_server(
             models.target, models.draft, ["--sleep-on-idle"], work / f"block{block}-traced-{traced}.log", env=env,
             python=python)) for traced, env in envs.items()}
