@@ -229,6 +229,9 @@ def compare_records(a: Path, b: Path) -> dict:
     return {"equal": not diffs and bool(ta.steps), "steps": [len(ta.steps), len(tb.steps)], "differences": diffs}
 
 
+PAIRS = {"graphs_equal_eager": "graphs", "graphs_sync_equal_eager": "graphs-sync"}  # results key: mode vs eager
+
+
 def compare(modes: dict, other: str = "graphs") -> dict | None:
     """``other`` against ``eager``: answers prompt by prompt, accept lengths, and the tracer's records."""
     graphs, eager = modes.get(other, {}), modes.get("eager", {})
@@ -256,7 +259,7 @@ def overview(results: dict) -> dict:
                  "widths": (r.get("records") or {}).get("widths") if r.get("scenario") else None,
                  "totals": (r.get("records") or {}).get("totals")} for m, r in served.items()}
     compared = {}
-    for key in ("graphs_equal_eager", "graphs_sync_equal_eager"):
+    for key in PAIRS:
         c = results.get(key)
         records = (c or {}).get("records") or {}
         compared[key] = c and {**c, "records": {**records, "differences": records.get("differences", [])[:5]}}
@@ -346,6 +349,7 @@ def main() -> int:
         save()
     results["prewarm"] = await_prewarm(prewarm, prewarm_t0)
     results["scenarios"] = {}
+    results.update(dict.fromkeys(PAIRS))
     for mode, scenario in [*((m, None) for m in modes), *(("graphs", n) for n in scenarios)]:
         into = results["scenarios"] if scenario else results["modes"]
         failed = [m for m, r in results["modes"].items() if "start_error" in r]
@@ -356,8 +360,9 @@ def main() -> int:
         print(f"[vllm_serve] {mode} {scenario or ''}: up {r.get('up_s')} s, accept length {r.get('accept_length')}, "
               f"{r.get('trace_records')} records, {r.get('start_error') or r.get('request_error') or 'served'}",
               flush=True)
-        results["graphs_equal_eager"] = compare(results["modes"])  # saved as each pair is done: a runner cut
-        results["graphs_sync_equal_eager"] = compare(results["modes"], "graphs-sync")  # by its limit keeps them
+        for key, other in PAIRS.items():  # saved as soon as its pair is done: a runner cut by its limit keeps it
+            if scenario is None and mode in ("eager", other):
+                results[key] = compare(results["modes"], other)
         save()
     print(json.dumps(overview(results), indent=1, default=str))
     ok = all("answers" in r and "request_error" not in r for r in results["modes"].values())

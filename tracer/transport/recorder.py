@@ -57,18 +57,16 @@ def read_frame(stream) -> Any:
     return pickle.loads(payload)
 
 
-def detach() -> int:
-    """Fork; the parent writes the child's pid on stdout and exits at once; the child moves stdout
-    (the relay's pipe) to a descriptor it never closes and points fd 1 at stderr. Returns that
-    descriptor."""
+def detach() -> None:
+    """Fork; the parent writes the child's pid on stdout and exits at once; the child keeps stdout (the
+    relay's pipe) open on a descriptor it never closes and points fd 1 at stderr."""
     pid = os.fork()
     if pid:
         with contextlib.suppress(OSError):  # the relay gone already: the recorder reads end of input
             os.write(1, b"%d\n" % pid)
         os._exit(0)
-    kept = os.dup(1)
+    os.dup(1)  # never closed: the pipe closes when the recorder exits
     os.dup2(2, 1)
-    return kept
 
 
 def main(argv: list | None = None) -> int:
