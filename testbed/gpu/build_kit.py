@@ -65,7 +65,7 @@ def sglang_tree(dest: Path) -> dict:
 
 
 def build(out: Path) -> dict:
-    from testbed.gpu.runner import CHECKED_SCENARIOS
+    from testbed.gpu.runner import KIT_SCENARIOS
 
     started = time.monotonic()
     tmp = out.with_name(out.name + ".building")
@@ -73,7 +73,7 @@ def build(out: Path) -> dict:
     (tmp / "wheels").mkdir(parents=True)
     manifest = {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": "sglang",
                 "wheels": wheels(tmp / "wheels", HERE / "wheels.txt"), "draftscope_wheel": project_wheel(tmp),
-                "sglang": sglang_tree(tmp), "models": models(tmp / "models", CHECKED_SCENARIOS), "source": source(tmp / "src")}
+                "sglang": sglang_tree(tmp), "models": models(tmp / "models", KIT_SCENARIOS), "source": source(tmp / "src")}
     shutil.copytree(HERE / "cuda_standins", tmp / "standins", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(HERE / "run_device.sh", tmp / "run.sh")
     manifest = finish(tmp, out, manifest, "sglang.tar.xz", "testbed/gpu/wheels.txt")

@@ -16,7 +16,8 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
    round and the ratios to no tracer per round.
 4. ``pytest -m gpu`` over the checks of the phases that ran (``PHASE_CHECKS``; and the live CUDA checks).
 
-Those four run by default. ``--only kimi``, ``--only kimi-throughput`` and ``--only kimi-profile`` run instead
+Those four run by default. ``--only cross-engine`` serves the ``ids-0-1-2`` draft (graphs on) for the
+cross-engine compare with the vLLM kit's run of it. ``--only kimi``, ``--only kimi-throughput`` and ``--only kimi-profile`` run instead
 the Kimi-K2.5-shaped phases (``testbed/gpu/kimi_phase.py``: bf16, production widths, each fits one device call),
 then their checks (the profile phase has none: ``--skip pytest``; ``bench/gpu_profile.py`` reads it).
 
@@ -49,7 +50,11 @@ SERVER_ARGS = [
 CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids")
-PHASES = ("hooks", "checks", "throughput", "kimi", "kimi-throughput", "kimi-profile", "pytest")
+# served by the cross-engine phase: the draft whose ids each engine reads as other layers (its trace is compared
+# with the vLLM kit's, tests/test_cross_engine_gpu.py)
+CROSS_ENGINE = "ids-0-1-2"
+KIT_SCENARIOS = (*CHECKED_SCENARIOS, CROSS_ENGINE)
+PHASES = ("hooks", "checks", "throughput", "cross-engine", "kimi", "kimi-throughput", "kimi-profile", "pytest")
 DEFAULT_PHASES = ("hooks", "checks", "throughput", "pytest")
 PHASE_CHECKS = {"hooks": ["tests/gpu/test_hooks_path.py"],
                 "checks": ["tests/gpu/test_gpu_bed.py", "tests/gpu/test_hooks_path.py"],
@@ -77,6 +82,11 @@ def check_specs(kit: Path) -> list:
         specs.append(eagle3(kit, name, "draft" if s.edit is None else f"scenarios/{name}", *CHAIN, *s.server_args,
                             tracer=every))
     return specs
+
+
+def cross_engine_specs(kit: Path) -> list:
+    return [eagle3(kit, f"graphs-{CROSS_ENGINE}", f"scenarios/{CROSS_ENGINE}", *CHAIN,
+                   tracer={"DRAFTSCOPE_SAMPLE_RATE": "1"})]
 
 
 def throughput_specs(kit: Path) -> list:
@@ -164,8 +174,10 @@ def main() -> int:
             print(f"[runner] {bench} rc={p.returncode} in {time.monotonic() - t0:.0f} s: {p.stdout[-1200:]}"
                   f"{p.stderr[-800:]}", flush=True)
         save()
-    if "checks" not in skip:
-        state = bed.start_all(check_specs(a.kit))
+    for phase, specs in (("checks", check_specs), ("cross-engine", cross_engine_specs)):
+        if phase in skip:
+            continue
+        state = bed.start_all(specs(a.kit))
         answers = {}
         threads = [threading.Thread(target=lambda n=n, s=s: answers.__setitem__(n, demo_requests(n, s["handle"])))
                    for n, s in state.items() if s["ok"]]
@@ -173,8 +185,8 @@ def main() -> int:
         [t.join() for t in threads]
         time.sleep(1.0)  # flush intervals: every finished request reaches the file
         bed.stop_all(state)
-        results["servers"] = state
-        results["answers"] = answers
+        results.setdefault("servers", {}).update(state)
+        results.setdefault("answers", {}).update(answers)
         save()
     if "throughput" not in skip:
         state = bed.start_all(throughput_specs(a.kit))
@@ -206,9 +218,9 @@ def main() -> int:
         results["kimi_profile_summary"] = gpu_profile.summarize_runs(results["kimi_profile"])
         print(gpu_profile.table(results["kimi_profile_summary"]), flush=True)
         save()
-    if "pytest" not in skip:
+    checks = sorted({f for phase in PHASES if phase not in skip for f in PHASE_CHECKS.get(phase, [])})
+    if "pytest" not in skip and checks:  # the cross-engine phase's check runs here, beside the vLLM kit's trace
         save()
-        checks = sorted({f for phase in PHASES if phase not in skip for f in PHASE_CHECKS.get(phase, [])})
         p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu",
                             "-rA", *checks], cwd=src, env={**os.environ, "DRAFTSCOPE_GPU_RUN": str(a.work)},
                            capture_output=True, text=True, timeout=300)
