@@ -29,6 +29,9 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
    compared prompt by prompt, and their records compared record by record (:func:`compare_records`: requests
    matched by arrival order, ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
 
+``--kimi``: the seed's case at full width (``testbed/gpu/vllm_kimi.py``): after phases 0-2, with its own models,
+architectures prewarmed and servers; no tiny mode runs unless ``--modes`` names it.
+
 Nothing here asserts: ``results.json`` says what each mode showed (docs/testbed.md has what the device showed).
 
 ``--dry-run`` (a machine without a GPU, a Python with vLLM's dependencies, e.g. ``.venv-vllm``): the import
@@ -277,13 +280,13 @@ threads = [threading.Thread(target=ModelRegistry._try_inspect_model_cls, args=(a
 """
 
 
-def prewarm_registry(work: Path) -> subprocess.Popen:
+def prewarm_registry(work: Path, architectures: tuple = ARCHITECTURES) -> subprocess.Popen:
     """vLLM inspects each architecture in a subprocess that imports vLLM (~33 s each on the device) and caches
     what it learns in ``~/.cache/vllm/modelinfos``: started here for both of the bed's, side by side and beside
     the import and hooks checks, so the first server finds them cached (``await_prewarm``)."""
     (work / "logs").mkdir(parents=True, exist_ok=True)
     with open(work / "logs" / "prewarm.log", "w") as out:
-        return subprocess.Popen([sys.executable, "-c", PREWARM, *ARCHITECTURES], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-c", PREWARM, *architectures], stdout=out, stderr=subprocess.STDOUT)
 
 
 def await_prewarm(process: subprocess.Popen, started: float) -> dict:
@@ -312,16 +315,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="vLLM on CUDA from the kit: imports, then one server per mode.")
     ap.add_argument("--kit", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--modes", default=DEFAULT_MODES, help="comma list of %(choices)s (default: %(default)s)"
+    ap.add_argument("--modes", help="comma list of %(choices)s (default: %(default)s)"
                     % {"choices": list(MODES), "default": DEFAULT_MODES})
     ap.add_argument("--scenarios", default="", help="comma list of the tiny bed's scenarios to serve in graphs "
                     "mode after the modes, from %(choices)s" % {"choices": list(SCENARIOS)})
     ap.add_argument("--no-hooks", action="store_true", help="skip the hooks' sync-debug check on CUDA tensors")
+    ap.add_argument("--kimi", action="store_true", help="the Kimi-shaped phase (testbed/gpu/vllm_kimi.py); no tiny "
+                    "mode unless --modes names it")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
                                                             "configurations only (see the module's docstring)")
     a = ap.parse_args()
-    modes = [m for m in a.modes.split(",") if m]
+    from testbed.gpu import vllm_kimi  # it builds on this module
+
+    modes = [m for m in (a.modes if a.modes is not None else "" if a.kimi else DEFAULT_MODES).split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown mode(s) {unknown}: choose from {list(MODES)}")
@@ -332,11 +339,17 @@ def main() -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
         r = dry_run(a.kit, a.work, modes)
+        if a.kimi:
+            r["kimi"] = vllm_kimi.dry_run(a.work)
+            (a.work / "results.json").write_text(json.dumps(r, indent=1) + "\n")
         print(json.dumps({"imports_ok": all(m["ok"] for m in r["imports"]["modules"].values()),
-                          "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"]}, indent=1))
+                          "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"],
+                          "kimi": r.get("kimi")}, indent=1))
         return 0 if all(m["ok"] for m in r["imports"]["modules"].values()) else 1
     results = {"kit": json.loads((a.kit / "manifest.json").read_text()), "modes": {}}
-    prewarm, prewarm_t0 = prewarm_registry(a.work), time.monotonic()
+    architectures = vllm_kimi.ARCHITECTURES if a.kimi else ARCHITECTURES
+    prewarm, prewarm_t0 = prewarm_registry(a.work, architectures), time.monotonic()
+    kimi_models = vllm_kimi.start_models(a.work) if a.kimi else None
     save = lambda: (a.work / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
     imports = subprocess.run([sys.executable, "-m", "testbed.gpu.vllm_imports", "--json", str(a.work / "imports.json")],
                              capture_output=True, text=True, timeout=300)
@@ -364,8 +377,11 @@ def main() -> int:
             if scenario is None and mode in ("eager", other):
                 results[key] = compare(results["modes"], other)
         save()
+    if a.kimi:
+        vllm_kimi.run(a.work, kimi_models, deadline, results.setdefault("kimi", {}), save)
     print(json.dumps(overview(results), indent=1, default=str))
     ok = all("answers" in r and "request_error" not in r for r in results["modes"].values())
+    ok = ok and (not a.kimi or results["kimi"]["served"] is not None)
     return 0 if ok else 1
 
 

@@ -73,7 +73,8 @@ def test_a_built_kit_installs_and_dry_runs_here(tmp_path):
         tar.extractall(tree, filter="data")
     path = os.pathsep.join([str(KIT / "standins"), str(tmp_path / "root" / "tracer"), str(tree), str(KIT / "src")])
     done = subprocess.run([str(VLLM_PYTHON), "-m", "testbed.gpu.vllm_serve", "--kit", str(KIT), "--work",
-                           str(tmp_path / "work"), "--dry-run"], env={**os.environ, "PYTHONPATH": path},
+                           str(tmp_path / "work"), "--dry-run", "--kimi", "--modes", "graphs,eager"],
+                          env={**os.environ, "PYTHONPATH": path},
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "work" / "results.json").read_text())
@@ -89,3 +90,13 @@ def test_a_built_kit_installs_and_dry_runs_here(tmp_path):
         assert config["custom_ops"] == ["none"] and config["attention_backend"].endswith("TRITON_ATTN")
         assert config["ir_op_priority"]["rms_norm"][0] == "native" and config["fusion_passes_on"] == []
         assert config["speculative"] == ["eagle3", 3] and config["v2_model_runner"] is False
+    kimi = results["kimi"]  # the Kimi-shaped phase's servers at full width (testbed/gpu/vllm_kimi.py)
+    assert set(kimi) == {"mla/kimi-healthy", "mla/kimi-aux-off", "llama/kimi-healthy", "llama/kimi-aux-off"}
+    for name, config in kimi.items():
+        assert (config["compile_mode"], config["cudagraph_mode"], config["dtype"]) == ("3", "FULL_AND_PIECEWISE",
+                                                                                      "torch.bfloat16"), name
+        assert config["aux_ids_read"] == [20, 40, 60] and config["draft_load_format"] == "safetensors", name
+        assert config["draft_architectures"] == ["LlamaForCausalLMEagle3"] and config["prefix_caching"] is False
+    assert (kimi["mla/kimi-healthy"]["target_attention_selected"], kimi["mla/kimi-healthy"]["mla_prefill_selected"]) \
+        == ("TRITON_MLA", "CPU_SDPA_MLA")
+    assert kimi["llama/kimi-aux-off"]["target_attention_selected"] == "TRITON_ATTN"

@@ -173,6 +173,14 @@ def test_apply_repetition_penalties():
     torch.testing.assert_close(logits, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-15)
 
 
+def test_dsv3_fused_a_gemm_writes_the_product_with_the_transposed_weight():
+    mat_a, weight = randn(5, 7), randn(6, 7)
+    output = torch.full((5, 6), float("nan"), dtype=torch.float64)
+    ops.dsv3_fused_a_gemm(output, mat_a, weight.T)  # as deepseek_v2.py calls it: the weight's transposed view
+    expected = [[sum(a * w for a, w in zip(row, col)) for col in weight.tolist()] for row in mat_a.tolist()]
+    torch.testing.assert_close(output, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------- KV caches
 
 

@@ -78,6 +78,12 @@ def apply_repetition_penalties_(logits, prompt_mask, output_mask, repetition_pen
     logits.copy_(torch.where(seen, scaled, logits))
 
 
+def dsv3_fused_a_gemm(output, mat_a, mat_b, enable_pdl=False):
+    """``output = mat_a @ mat_b``: DeepSeek-V3's fused q_a/kv_a projection for 1-16 tokens (vLLM calls it with
+    ``mat_b`` the transposed weight, ``[7168, 2112]``, on Hopper in bf16); ``enable_pdl`` is a launch hint."""
+    output.copy_(torch.mm(mat_a, mat_b))
+
+
 def _slots(slot_mapping, block_size: int, kv_cache_dtype: str):
     """The (block, offset) of each token that has a slot (``-1``: a padding row, skipped), and which rows."""
     if kv_cache_dtype != "auto":
@@ -140,6 +146,7 @@ IMPLEMENTED = {
     "_C::silu_and_mul": silu_and_mul,
     "_C::rotary_embedding": rotary_embedding,
     "_C::apply_repetition_penalties_": apply_repetition_penalties_,
+    "_C::dsv3_fused_a_gemm": dsv3_fused_a_gemm,
     "_C::weak_ref_tensor": weak_ref_tensor,
     "_C::get_cuda_view_from_cpu_tensor": get_cuda_view_from_cpu_tensor,
     "_C_cache_ops::reshape_and_cache_flash": reshape_and_cache_flash,
