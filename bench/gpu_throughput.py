@@ -1,13 +1,15 @@
 """Tracer overhead in tokens/s on the GPU test bed: the tables of a saved run.
 
-The GPU runner measures (``testbed/gpu/throughput.py``: no tracer, 1 in 16 and every request sampled,
-interleaved rounds; tiny models, and the Kimi-K2.5-shaped server at 1, 8 and 64 concurrent requests)
-and saves the figures in ``results.json``. On the device, from the kit::
+The GPU runners measure (``testbed/gpu/throughput.py``: no tracer, 1 in 16 and every request sampled,
+interleaved rounds; on SGLang the tiny models, and the Kimi-K2.5-shaped server at 1, 8 and 64 concurrent
+requests; on vLLM the tiny models at 1, 8 and 64, ``testbed/gpu/vllm_throughput.py``) and save the figures in
+``results.json``. On the device, from the kits::
 
-    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest   # tiny models; results.json -> throughput
-    bash .cache/gpu-kit/run.sh --only kimi-throughput       # Kimi-shaped; results.json -> kimi_throughput
+    bash .cache/gpu-kit/run.sh --skip hooks,checks,pytest       # tiny models; results.json -> throughput
+    bash .cache/gpu-kit/run.sh --only kimi-throughput           # Kimi-shaped; results.json -> kimi_throughput
+    bash .cache/vllm-gpu-kit/run.sh --no-hooks --throughput     # vLLM, tiny models; -> vllm_throughput
 
-The tables docs/benchmarks.md shows, from a saved ``results.json`` (both, where present), or from the
+The tables docs/benchmarks.md shows, from a saved ``results.json`` (each one present), or from the
 runner's log (``run.log``: the rounds it printed, for a run whose ``results.json`` lost them)::
 
     python bench/gpu_throughput.py results.json
@@ -24,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from testbed.gpu.throughput import levels_table, rounds_from_log, summarize_rounds, table  # noqa: E402
 
+LEVEL_PHASES = ("kimi_throughput", "vllm_throughput")  # results.json keys of tables by concurrency level
+
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--log":
@@ -38,9 +42,9 @@ def main(argv: list[str]) -> int:
         return 2
     saved = json.loads(Path(argv[0]).read_text())
     tables = [table(saved["throughput"]) if "median_tokens_per_s" in (saved.get("throughput") or {}) else None,
-              levels_table(saved["kimi_throughput"]) if "levels" in (saved.get("kimi_throughput") or {}) else None]
+              *(levels_table(saved[k]) if "levels" in (saved.get(k) or {}) else None for k in LEVEL_PHASES)]
     if not any(tables):
-        errors = [(saved.get(k) or {}).get("error") for k in ("throughput", "kimi_throughput")]
+        errors = [(saved.get(k) or {}).get("error") for k in ("throughput", *LEVEL_PHASES)]
         print(f"no throughput result in {argv[0]}: {', '.join(filter(None, errors)) or 'no phase ran'}",
               file=sys.stderr)
         return 1

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import random
 import statistics
+from typing import Callable
 
 from draftscope_tracer.engine.sampling import request_sampled
 
 
-def request_id(name: str, sampled: bool, rate: float = 1 / 16) -> str:
-    """A request id starting with ``name`` that the tracer samples at ``rate`` exactly when ``sampled``."""
+def request_id(name: str, sampled: bool, rate: float = 1 / 16, seen: Callable[[str], str] = str) -> str:
+    """A request id starting with ``name`` that the tracer samples at ``rate`` exactly when ``sampled``; ``seen(id)``:
+    the id the tracer sees for it (vLLM's OpenAI server wraps the id a client gives)."""
     j = 0
-    while request_sampled(f"{name}-{j}", rate) != sampled:
+    while request_sampled(seen(f"{name}-{j}"), rate) != sampled:
         j += 1
     return f"{name}-{j}"
 

@@ -58,10 +58,11 @@ def server_command(python, target_dir, draft_dir, port: int, extra_args: list[st
 class VLLMServer(ServerHandle):
     """A running vLLM OpenAI server in its own process group (``stop()`` as for SGLang)."""
 
-    def complete(self, prompt: str, max_tokens: int = 16) -> dict:
-        """Greedy ``/v1/completions`` of one prompt; the choice, with ``token_ids`` (vLLM's own field)."""
+    def complete(self, prompt: str, max_tokens: int = 16, **extra) -> dict:
+        """Greedy ``/v1/completions`` of one prompt (``extra``: more of the request's fields, e.g. ``request_id``);
+        the choice, with ``token_ids`` (vLLM's own field)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "return_token_ids": True}
+                "return_token_ids": True, **extra}
         return self._post("/v1/completions", body)["choices"][0]
 
     def metrics(self) -> dict[str, float]:

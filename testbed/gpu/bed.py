@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,10 @@ class Spec:
 
 class Bed:
     """Servers started at once from ``Spec``s, each in its own process group, traced into ``work/traces``
-    and logged into ``work/logs``; ``launcher`` is the command before the server's arguments."""
+    and logged into ``work/logs``; ``launcher`` is the command before the server's arguments. An engine's bed
+    overrides ``command``, ``handle`` and ``facts``; ``env`` is set for every server."""
+
+    env: dict = {}
 
     def __init__(self, kit: Path, work: Path, tracer_site: str, server_path: str, launcher: tuple = SGLANG):
         self.kit, self.work, self.tracer_site, self.server_path = kit, work, tracer_site, server_path
@@ -39,12 +43,22 @@ class Bed:
     def slug(self, name: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
 
+    def command(self, spec: Spec, port: int) -> list:
+        return [*self.launcher, "--model-path", str(spec.target), "--speculative-draft-model-path", str(spec.draft),
+                "--host", HOST, "--port", str(port), *spec.args]
+
+    def handle(self, spec: Spec, process: subprocess.Popen, url: str, log: Path) -> ServerHandle:
+        return ServerHandle(process, url, log)
+
+    def facts(self, log: Path) -> dict:
+        return log_facts(log)
+
     def start(self, spec: Spec) -> tuple:
         """Launch one server on a free port (not waiting); returns (handle, trace path or None)."""
         port = free_port()
-        args = [*self.launcher, "--model-path", str(spec.target), "--speculative-draft-model-path", str(spec.draft),
-                "--host", HOST, "--port", str(port), *spec.args]
+        args = self.command(spec, port)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSCOPE_")}
+        env.update(self.env)
         paths = self.server_path.split(os.pathsep)  # the stand-ins first, then the installed wheels
         trace = None
         if spec.tracer:
@@ -59,7 +73,7 @@ class Bed:
             f.write("$ " + " ".join(args) + "\n")
             f.flush()
             process = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        return ServerHandle(process, f"http://{HOST}:{port}", log), trace
+        return self.handle(spec, process, f"http://{HOST}:{port}", log), trace
 
     def start_all(self, specs: list, timeout_s: float = START_TIMEOUT_S) -> dict:
         """Start every server at once; wait until each answers ``/model_info`` (or failed). A server whose
@@ -95,10 +109,12 @@ class Bed:
         return state
 
     def stop_all(self, state: dict) -> None:
-        for s in state.values():
-            s.pop("handle").stop()
+        """Stop every server at once (each waits for its own shutdown), then read their logs."""
+        stops = [threading.Thread(target=s.pop("handle").stop) for s in state.values()]
+        [t.start() for t in stops]
+        [t.join() for t in stops]
         for s in state.values():  # what the log says about the run
-            s["log_facts"] = log_facts(Path(self.work / "logs" / f"{self.slug(s['name'])}.log"))
+            s["log_facts"] = self.facts(Path(self.work / "logs" / f"{self.slug(s['name'])}.log"))
 
 
 def log_facts(log: Path) -> dict:

@@ -13,7 +13,8 @@ completion tokens / wall time.
   64 x 32 tokens of random token ids; ``WORKLOADS["long"]``: 4 x 96, 16 x 96 and 64 x 48), request ids chosen so that exactly 1 in 16 is sampled; the order
   of the servers shuffled per level and round; rounds until the phase's deadline, the first a warm-up.
   Cost = no tracer's tokens/s over the server's, minus 1, per round: the median with a 95% bootstrap
-  interval (``testbed.overhead``), against ``TARGETS``.
+  interval (``testbed.overhead``), against ``TARGETS``. ``client`` says how a request reaches the engine
+  (``SGLANG``; ``testbed/gpu/vllm_throughput.py`` has vLLM's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import re
 import statistics
 import threading
 import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 from testbed.overhead import bootstrap_interval, request_id
 
@@ -66,10 +70,26 @@ def _one_round(handle, prompts: list[str], r: int) -> float:
     """Completion tokens per wall second of one round's requests, ``concurrency`` at a time."""
     cfg = WORKLOAD
     work = [(f"tp-{r}-{j}", prompts[j % len(prompts)]) for j in range(cfg["requests"])]
-    return _tokens_per_s(handle, work, cfg["concurrency"], cfg["new_tokens"])
+    return _tokens_per_s(handle, work, cfg["concurrency"], cfg["new_tokens"], _generate)
 
 
-def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampling) -> float:
+def _generate(handle, rid: str, prompt, new_tokens: int, **sampling) -> int:
+    """One greedy SGLang request (``/generate``): its completion tokens."""
+    return handle.generate(prompt, new_tokens, rid=rid, **sampling)["meta_info"]["completion_tokens"]
+
+
+@dataclass(frozen=True)
+class Client:
+    """How the rounds reach an engine's servers: ``send(handle, rid, prompt, new_tokens)`` makes one greedy request
+    of exactly ``new_tokens`` and returns its completion tokens; ``seen(rid)`` is the id the tracer samples by."""
+    send: Callable
+    seen: Callable = str
+
+
+SGLANG = Client(partial(_generate, ignore_eos=True))
+
+
+def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, send: Callable) -> float:
     """Completion tokens per wall second of ``work`` ((request id, prompt) pairs), ``concurrency`` at a time."""
     todo = iter(work)
     tokens, failed, lock = [0], [], threading.Lock()
@@ -81,12 +101,12 @@ def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampl
             if nxt is None:
                 return
             try:
-                meta = handle.generate(nxt[1], new_tokens, rid=nxt[0], **sampling)["meta_info"]
+                done = send(handle, nxt[0], nxt[1], new_tokens)
             except Exception as exc:  # noqa: BLE001 - raised below: a failed request is no measurement
                 failed.append(exc)
                 return
             with lock:
-                tokens[0] += meta["completion_tokens"]
+                tokens[0] += done
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -99,10 +119,12 @@ def _tokens_per_s(handle, work: list, concurrency: int, new_tokens: int, **sampl
     return tokens[0] / (time.perf_counter() - t0)
 
 
-def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS, warmup_rounds: int = 1) -> dict:
-    """Rounds over ``handles`` (name -> ``ServerHandle``) at each of ``levels`` until ``deadline``
+def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS, warmup_rounds: int = 1,
+                   client: Client = SGLANG, on_round: Callable | None = None) -> dict:
+    """Rounds over ``handles`` (name -> server handle) at each of ``levels`` until ``deadline``
     (``time.monotonic``: no round starts that the longest so far would carry past it). ``prompt(seed)`` gives a
-    prompt; request ``j`` of a level is sampled at 1 in 16 exactly when ``j % 16 == 0``."""
+    prompt; request ``j`` of a level is sampled at 1 in 16 exactly when ``j % 16 == 0``. ``on_round(summary)``
+    after each round (the summary so far: a run cut short keeps its rounds)."""
     rng, rounds, longest = random.Random(0), [], 0.0
     names = sorted(handles, key=lambda n: list(CONFIGS).index(n) if n in CONFIGS else len(CONFIGS))
     stopped = None
@@ -110,11 +132,11 @@ def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS
         t0, r, row = time.monotonic(), len(rounds), {}
         try:
             for level, (n, new_tokens) in levels.items():
-                work = [(request_id(f"kt{r}-c{level}-{j}", j % 16 == 0),
+                work = [(request_id(f"kt{r}-c{level}-{j}", j % 16 == 0, seen=client.seen),
                          prompt(100_000 * r + 1000 * int(level) + j)) for j in range(n)]
                 order = names[:]
                 rng.shuffle(order)
-                row[level] = {name: _tokens_per_s(handles[name], work, int(level), new_tokens, ignore_eos=True)
+                row[level] = {name: _tokens_per_s(handles[name], work, int(level), new_tokens, client.send)
                               for name in order}
         except Exception as exc:  # noqa: BLE001 - a server died: the rounds so far are kept, the checks fail on it
             stopped = f"round {r}: {type(exc).__name__}: {exc}"[:500]
@@ -124,6 +146,8 @@ def measure_levels(handles: dict, prompt, deadline: float, levels: dict = LEVELS
         longest = max(longest, time.monotonic() - t0)
         print(f"[gpu_throughput] round {r} ({time.monotonic() - t0:.0f} s): " + "; ".join(
             f"c{lv} " + ", ".join(f"{k} {v:.1f}" for k, v in row[lv].items()) for lv in row), flush=True)
+        if on_round:
+            on_round({**summarize_rounds(rounds, levels, warmup_rounds, names), "stopped": None})
     return {**summarize_rounds(rounds, levels, warmup_rounds, names), "stopped": stopped}
 
 

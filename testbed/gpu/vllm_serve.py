@@ -2,7 +2,7 @@
 
     python -m testbed.gpu.vllm_serve --kit KIT --work DIR [--modes graphs,eager,graphs-sync] [--no-hooks]
                                      [--scenarios aux-off,weights-dropped,ids-0-1-2]
-                                     [--limit-s S]
+                                     [--limit-s S] [--throughput [--throughput-s S]]
 
 Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
 
@@ -28,6 +28,9 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
 4. ``graphs_equal_eager`` and ``graphs_sync_equal_eager``, saved after each server: the modes' token ids
    compared prompt by prompt, and their records compared record by record (:func:`compare_records`: requests
    matched by arrival order, ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
+
+``--throughput``: instead of the modes (phases 0-2 as above), the tracer's overhead against vLLM without it
+(``testbed/gpu/vllm_throughput.py``).
 
 ``--kimi``: the seed's case at full width (``testbed/gpu/vllm_kimi.py``): after phases 0-2, with its own models,
 architectures prewarmed and servers; no tiny mode runs unless ``--modes`` names it.
@@ -161,13 +164,14 @@ def wait_closed(trace: Path, timeout: float = CLOSE_TIMEOUT_S) -> bool:
     return False
 
 
-def engine_config(kit: Path, mode: str) -> dict:
-    """What vLLM makes of ``mode``'s command line: its parser, then ``create_engine_config`` (no engine)."""
+def engine_config(kit: Path, mode: str, extra: list = ()) -> dict:
+    """What vLLM makes of ``mode``'s command line (then ``extra``): its parser, then ``create_engine_config`` (no
+    engine)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(command(kit, 0, mode)[3:])
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args([*command(kit, 0, mode)[3:], *extra])
     os.environ.update({k: v for k, v in ENV.items() if k.startswith("VLLM_")})
     cfg = AsyncEngineArgs.from_cli_args(args).create_engine_config()
     cc, spec = cfg.compilation_config, cfg.speculative_config
@@ -176,15 +180,18 @@ def engine_config(kit: Path, mode: str) -> dict:
             "ir_op_priority": {"rms_norm": cfg.kernel_config.ir_op_priority.rms_norm,
                                "fused_add_rms_norm": cfg.kernel_config.ir_op_priority.fused_add_rms_norm},
             "speculative": [spec.method, spec.num_speculative_tokens], "v2_model_runner": cfg.use_v2_model_runner,
-            "async_scheduling": cfg.scheduler_config.async_scheduling,
+            "async_scheduling": cfg.scheduler_config.async_scheduling, "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+            "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes,
             "fusion_passes_on": sorted(k for k, v in vars(cc.pass_config).items() if k.startswith("fuse") and v)}
 
 
-def dry_run(kit: Path, work: Path, modes: list) -> dict:
-    from testbed.gpu import vllm_imports
+def dry_run(kit: Path, work: Path, modes: list, throughput: bool = False) -> dict:
+    from testbed.gpu import vllm_imports, vllm_throughput
 
     results = {"dry_run": True, "imports": vllm_imports.check(dry_run=True)}
     results["engine_configs"] = {mode: engine_config(kit, mode) for mode in modes}
+    if throughput:
+        results["engine_configs"]["throughput"] = engine_config(kit, "graphs", vllm_throughput.ARGS)
     (work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
 
@@ -312,6 +319,8 @@ def hooks_check(work: Path) -> dict:
 
 
 def main() -> int:
+    from testbed.gpu import vllm_throughput  # it builds on this module
+
     ap = argparse.ArgumentParser(description="vLLM on CUDA from the kit: imports, then one server per mode.")
     ap.add_argument("--kit", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
@@ -323,6 +332,10 @@ def main() -> int:
     ap.add_argument("--kimi", action="store_true", help="the Kimi-shaped phase (testbed/gpu/vllm_kimi.py); no tiny "
                     "mode unless --modes names it")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
+    ap.add_argument("--throughput", action="store_true", help="instead of the modes: the tracer's overhead against "
+                    "vLLM without it (testbed/gpu/vllm_throughput.py)")
+    ap.add_argument("--throughput-s", type=float, default=vllm_throughput.DEFAULT_BUDGET_S,
+                    help="seconds after the runner starts by which the throughput rounds end (default: %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
                                                             "configurations only (see the module's docstring)")
     a = ap.parse_args()
@@ -338,7 +351,7 @@ def main() -> int:
     deadline = time.monotonic() + a.limit_s
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
-        r = dry_run(a.kit, a.work, modes)
+        r = dry_run(a.kit, a.work, modes, a.throughput)
         if a.kimi:
             r["kimi"] = vllm_kimi.dry_run(a.work)
             (a.work / "results.json").write_text(json.dumps(r, indent=1) + "\n")
@@ -361,6 +374,10 @@ def main() -> int:
         print(f"[vllm_serve] hooks: rc={results['hooks']['rc']} {results['hooks']['summary']}", flush=True)
         save()
     results["prewarm"] = await_prewarm(prewarm, prewarm_t0)
+    if a.throughput:
+        began = deadline - a.limit_s
+        vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save)
+        return 0 if "levels" in results["vllm_throughput"] else 1
     results["scenarios"] = {}
     results.update(dict.fromkeys(PAIRS))
     for mode, scenario in [*((m, None) for m in modes), *(("graphs", n) for n in scenarios)]:
