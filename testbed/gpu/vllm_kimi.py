@@ -224,16 +224,18 @@ def line(name: str, r: dict) -> str:
             f"records, totals equal {totals}, {outcome}")
 
 
-def run(work: Path, models_process: subprocess.Popen, deadline: float, into: dict, save) -> dict:
-    """The phase: the models, then each variant's two servers until one's healthy server answers (``into`` is
-    ``results["kimi"]``, saved by ``save()`` after each step)."""
+def run(work: Path, models_process: subprocess.Popen, deadline: float, into: dict, save, only: list = ()) -> dict:
+    """The phase: the models, then each variant's two servers until one's healthy server answers, or exactly the
+    ``(variant, draft)`` servers of ``only`` (``into`` is ``results["kimi"]``, saved by ``save()`` after each step)."""
     into.update(models=await_models(models_process, work), servers={}, served=None)
     save()
     if "error" in into["models"]:
         return into
     models = Path(into["models"]["dest"])
-    for variant in VARIANTS:
-        for draft in DRAFTS:
+    plan = [[pair] for pair in only] or [[(variant, draft) for draft in DRAFTS] for variant in VARIANTS]
+    for servers in plan:
+        variant = servers[0][0]
+        for _, draft in servers:
             name, left = f"{variant}/{draft}", deadline - time.monotonic()
             if left < MIN_START_S:
                 r = {"variant": variant, "draft": draft, "skipped": f"{left:.0f} s left"}
@@ -244,10 +246,12 @@ def run(work: Path, models_process: subprocess.Popen, deadline: float, into: dic
             save()
             if draft == DRAFTS[0] and not answered(r):
                 break  # this target does not serve: the next variant
-        if answered(into["servers"].get(f"{variant}/{DRAFTS[0]}", {})):
+        if not only and answered(into["servers"].get(f"{variant}/{DRAFTS[0]}", {})):
             into["served"] = variant
             save()
             break
+    if only:
+        into["served"] = next((n.split("/")[0] for n, r in into["servers"].items() if answered(r)), None)
     print(json.dumps(overview(into), indent=1, default=str), flush=True)
     return into
 

@@ -331,6 +331,8 @@ def main() -> int:
     ap.add_argument("--no-hooks", action="store_true", help="skip the hooks' sync-debug check on CUDA tensors")
     ap.add_argument("--kimi", action="store_true", help="the Kimi-shaped phase (testbed/gpu/vllm_kimi.py); no tiny "
                     "mode unless --modes names it")
+    ap.add_argument("--kimi-servers", default="", help="with --kimi: only these servers, in this order (comma list "
+                    "of VARIANT/DRAFT, e.g. llama/kimi-aux-off), no fallback between variants")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
     ap.add_argument("--throughput", action="store_true", help="instead of the modes: the tracer's overhead against "
                     "vLLM without it (testbed/gpu/vllm_throughput.py)")
@@ -348,6 +350,10 @@ def main() -> int:
     scenarios = [s for s in a.scenarios.split(",") if s]
     if set(scenarios) - set(SCENARIOS):
         ap.error(f"unknown scenario(s) {sorted(set(scenarios) - set(SCENARIOS))}: choose from {list(SCENARIOS)}")
+    wrong = [n for n in a.kimi_servers.split(",") if n and (n.split("/") + [""])[:2] not in
+             [[v, d] for v in vllm_kimi.VARIANTS for d in vllm_kimi.DRAFTS]]
+    if wrong:
+        ap.error(f"unknown Kimi server(s) {wrong}: VARIANT/DRAFT of {list(vllm_kimi.VARIANTS)} x {list(vllm_kimi.DRAFTS)}")
     deadline = time.monotonic() + a.limit_s
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
@@ -395,7 +401,8 @@ def main() -> int:
                 results[key] = compare(results["modes"], other)
         save()
     if a.kimi:
-        vllm_kimi.run(a.work, kimi_models, deadline, results.setdefault("kimi", {}), save)
+        vllm_kimi.run(a.work, kimi_models, deadline, results.setdefault("kimi", {}), save,
+                      [tuple(n.split("/", 1)) for n in a.kimi_servers.split(",") if n])
     print(json.dumps(overview(results), indent=1, default=str))
     ok = all("answers" in r and "request_error" not in r for r in results["modes"].values())
     ok = ok and (not a.kimi or results["kimi"]["served"] is not None)
