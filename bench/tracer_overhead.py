@@ -40,7 +40,8 @@ Overheads are per traced unit (CPU per token: the unit's over the baseline's, mi
 baseline's over the unit's, minus 1), against both baselines: no tracer (the mean of the two N units
 around it), and the tracer installed with nothing sampled (that variant's unit in the same round; both
 follow a switch). Each figure is the median over all rounds with a 95% bootstrap interval of that
-median that resamples blocks, then rounds within each block (seeded). The CPU per token is also split
+median that resamples pairs of blocks (blocks 2k and 2k+1, whose servers started in opposite orders), then
+rounds within each block (seeded). The CPU per token is also split
 by process, so a cost of the unsampled path shows where it lands.
 
 The server's torch runs ``--server-threads`` intra-op threads (default 1): on this 2-core machine two
@@ -326,20 +327,31 @@ def overheads(rounds: dict, name: str, base: str, measure: str) -> list[list[flo
     return [[ratio(baseline(rnd), rnd[name].unit) for rnd in rs] for rs in rounds.values()]
 
 
-def interval(groups: list[list[float]]) -> tuple[float, float, float]:
-    """The median of all values and the 95% bootstrap interval of it."""
-    low, high = bootstrap_interval(groups)
+def order_pairs(results: dict) -> list[list[int]]:
+    """Indices (in ``results``' order) of the blocks resampled together: blocks 2k and 2k+1, whose servers started
+    in opposite orders (the second-started server of a pair ran 2-4% cheaper per token on 2026-12-05: a pair
+    cancels that, a lone block carries it)."""
+    pairs: dict = {}
+    for i, block in enumerate(results):
+        pairs.setdefault(block // 2, []).append(i)
+    return list(pairs.values())
+
+
+def interval(groups: list[list[float]], pairs: list[list[int]]) -> tuple[float, float, float]:
+    """The median of all values and the 95% bootstrap interval of it, resampling ``pairs`` of blocks, then each
+    block's rounds."""
+    low, high = bootstrap_interval(groups, clusters=pairs)
     return statistics.median([x for g in groups for x in g]), low, high
 
 
-def cost(groups: list[list[float]]) -> str:
-    mid, low, high = interval(groups)
+def cost(groups: list[list[float]], pairs: list[list[int]]) -> str:
+    mid, low, high = interval(groups, pairs)
     return f"{100 * mid:+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 def report(results: dict, idle: dict) -> None:
     """``results``: complete rounds per block (``completed_rounds``)."""
-    rounds = sum(len(rs) for rs in results.values())
+    rounds, pairs = sum(len(rs) for rs in results.values()), order_pairs(results)
     for measure, title, fmt in (
             ("cpu_ms_per_token", "server CPU ms per token, whole process tree (lower is better)", ".3f"),
             ("tokens_per_s", "tokens/s (wall clock; higher is better)", ".1f")):
@@ -347,7 +359,7 @@ def report(results: dict, idle: dict) -> None:
               f"| vs no tracer [95% interval] | vs tracer, nothing sampled [95% interval] |\n|---|---|---|---|---|---|")
         for name in VARIANTS:
             xs = [getattr(u, measure) for u in units_of(results, name)]
-            cells = [cost(overheads(results, name, base, measure)) if name not in BASELINES[:i + 1] else ""
+            cells = [cost(overheads(results, name, base, measure), pairs) if name not in BASELINES[:i + 1] else ""
                      for i, base in enumerate(BASELINES)]
             q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
             label = "no tracer (mean of the N units around each traced unit)" if name == "no tracer" else name
@@ -362,6 +374,11 @@ def report(results: dict, idle: dict) -> None:
     for name in list(VARIANTS)[1:]:
         print(f"  {name}: " + ", ".join(f"{100 * statistics.median(g):+.1f}%"
                                         for g in overheads(results, name, "no tracer", "cpu_ms_per_token")))
+    print("median per pair of blocks (servers started in opposite orders; the bootstrap resamples these):")
+    for name in list(VARIANTS)[1:]:
+        groups = overheads(results, name, "no tracer", "cpu_ms_per_token")
+        print(f"  {name}: " + ", ".join(f"{100 * statistics.median([x for i in p for x in groups[i]]):+.1f}%"
+                                        for p in pairs))
     print("\nCPU µs per token by process (median over rounds); the difference to no tracer is the median of "
           "the rounds' differences [95% interval]:\n\n| variant | " + " | ".join(ROLES) + " |\n|---|"
           + "---|" * len(ROLES))
@@ -373,14 +390,14 @@ def report(results: dict, idle: dict) -> None:
             if name != "no tracer":
                 diffs = [[1000 * (rnd[name].unit.roles[r] - rnd[name].base.roles[r]) for rnd in rs]
                          for rs in results.values()]
-                mid, low, high = interval(diffs)
+                mid, low, high = interval(diffs, pairs)
                 cell += f" ({mid:+.1f} [{low:+.1f}, {high:+.1f}])"
             cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
     print("\nidle, while the other server was measured: " + ", ".join(
         f"{'traced server' if traced else 'server without the tracer'} {1000 * c / w:.1f} CPU ms per s"
         for traced, (c, w) in idle.items() if w))
-    mid, low, high = interval(overheads(results, "tracer, nothing sampled", "no tracer", "cpu_ms_per_token"))
+    mid, low, high = interval(overheads(results, "tracer, nothing sampled", "no tracer", "cpu_ms_per_token"), pairs)
     verdict = ("contains 0" if low <= 0 <= high else "does NOT contain 0") + (
         f", half-width {50 * (high - low):.1f}% "
         + ("<=" if 50 * (high - low) <= UNSAMPLED_HALF_WIDTH else "> (too wide to show anything at)")

@@ -35,6 +35,19 @@ def test_bootstrap_interval_resamples_blocks():
     assert bench.bootstrap_interval([[0.02, 0.03, 0.04]]) == (0.02, 0.04)
 
 
+def test_pairs_of_blocks_resampled_together_cancel_what_each_block_carries():
+    # four blocks whose start order adds +3% or -3% (alternating), the rounds around it within 0.2%: resampling
+    # single blocks spans the two levels; pairs of blocks (one of each order) stay around 0
+    blocks = [[sign * 0.03 + d for d in (-0.002, -0.001, 0.0, 0.001, 0.002)] for sign in (-1, 1, -1, 1)]
+    pairs = bench.order_pairs({b: None for b in range(4)})
+    assert pairs == [[0, 1], [2, 3]]
+    low, high = bench.bootstrap_interval(blocks)
+    assert low < -0.02 and high > 0.02
+    low, high = bench.bootstrap_interval(blocks, clusters=pairs)
+    assert -0.03 < low <= 0 <= high < 0.03 and high - low < 0.04
+    assert bench.order_pairs({0: None, 2: None, 3: None, 4: None}) == [[0], [1, 2], [3]]
+
+
 def test_the_layout_runs_a_no_tracer_unit_on_both_sides_of_every_traced_unit():
     units = bench.layout(3)
     assert len(units) == 3 * 6 + 1 and units[::2] == ["no tracer"] * 10

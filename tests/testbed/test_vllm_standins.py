@@ -213,6 +213,29 @@ def test_concat_and_cache_mla_writes_the_compressed_kv_then_the_rotary_key():
     assert cache.tolist() == expected
 
 
+def test_an_all_padding_batch_leaves_the_cache_as_it_was():
+    cache = randn(2, 4, 12)
+    before = cache.clone()
+    torch.ops._C_cache_ops.concat_and_cache_mla(randn(2, 8), randn(2, 4), cache, torch.tensor([-1, -1]), "auto",
+                                                torch.ones(()))
+    assert torch.equal(cache, before)
+
+
+def test_cache_writers_take_no_shape_from_the_data():
+    # a CUDA-graph capture allows no host read (the first MLA server on the device stopped at `nonzero` in
+    # capture): fake tensors have no data, so whatever needs it (nonzero, item) raises there
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        with pytest.raises(Exception, match="nonzero"):
+            (torch.tensor([1, -1]) >= 0).nonzero()  # the check can fail
+        kernels.concat_and_cache_mla(torch.randn(3, 8), torch.randn(3, 4), torch.zeros(2, 4, 12),
+                                     torch.tensor([5, -1, 2]), "auto", torch.ones(()))
+        key_cache, value_cache = torch.zeros(4, 2, 3, 2, 5).unbind(1)
+        kernels.reshape_and_cache_flash(torch.randn(6, 2, 5), torch.randn(6, 2, 5), key_cache, value_cache,
+                                        torch.tensor([7, 0, -1, 11, 4]), "auto", None, None)
+
+
 def test_a_quantised_kv_cache_is_refused_by_name():
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8'"):
         torch.ops._C_cache_ops.concat_and_cache_mla(randn(1, 8), randn(1, 4), randn(1, 4, 12), torch.tensor([0]),

@@ -85,29 +85,41 @@ def dsv3_fused_a_gemm(output, mat_a, mat_b, enable_pdl=False):
 
 
 def _slots(slot_mapping, block_size: int, kv_cache_dtype: str):
-    """The (block, offset) of each token that has a slot (``-1``: a padding row, skipped), and which rows."""
+    """Per counted row: the row whose data it writes and that row's (block, offset), and whether it writes at all,
+    with no shape that depends on the data (a CUDA-graph capture allows no host read: no ``nonzero``). A padding
+    row (slot ``-1``, which vLLM's kernel skips) repeats the first real row's write, the same value to the same
+    place; with no real row, every row rewrites slot 0 with what it holds (``writes`` all false)."""
     if kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: the GPU test bed's stand-in writes unquantised "
                          "caches only (kv_cache_dtype 'auto')")
-    rows = (slot_mapping >= 0).nonzero().flatten()
+    real = slot_mapping >= 0
+    rows = torch.where(real, torch.arange(len(slot_mapping), device=slot_mapping.device), real.int().argmax())
     slots = slot_mapping[rows].long()
-    return slots // block_size, slots % block_size, rows
+    writes = slots >= 0
+    slots = slots.clamp(min=0)
+    return slots // block_size, slots % block_size, rows, writes
+
+
+def _write(cache, block, offset, rows, writes, data) -> None:
+    """``cache[block, offset] = data[rows]`` where ``writes``; elsewhere the cache keeps what it holds."""
+    keep = writes.view(-1, *[1] * (data.dim() - 1))
+    cache[block, offset] = torch.where(keep, data[rows].to(cache.dtype), cache[block, offset])
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
     """``key[t]`` and ``value[t]`` ``[heads, head_size]`` into ``*_cache[slot // block_size, slot % block_size]``
     (caches ``[blocks, block_size, heads, head_size]``, any strides). Only the first ``len(slot_mapping)`` rows
     count: vLLM pads the inputs for CUDA graphs."""
-    block, offset, rows = _slots(slot_mapping, key_cache.shape[1], kv_cache_dtype)
-    key_cache[block, offset] = key[rows].to(key_cache.dtype)
-    value_cache[block, offset] = value[rows].to(value_cache.dtype)
+    where = _slots(slot_mapping, key_cache.shape[1], kv_cache_dtype)
+    _write(key_cache, *where, key)
+    _write(value_cache, *where, value)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
     """MLA's cache row: the compressed KV ``kv_c[t]`` then the rotary key ``k_pe[t]``, at
     ``kv_cache[slot // block_size, slot % block_size]`` (cache ``[blocks, block_size, kv_lora_rank + rope_dim]``)."""
-    block, offset, rows = _slots(slot_mapping, kv_cache.shape[1], kv_cache_dtype)
-    kv_cache[block, offset] = torch.cat((kv_c[rows], k_pe[rows]), dim=-1).to(kv_cache.dtype)
+    where = _slots(slot_mapping, kv_cache.shape[1], kv_cache_dtype)
+    _write(kv_cache, *where, torch.cat((kv_c[:len(slot_mapping)], k_pe[:len(slot_mapping)]), dim=-1))
 
 
 def _alias(tensor: torch.Tensor, data_ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
