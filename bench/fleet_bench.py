@@ -123,6 +123,7 @@ def check(url: str, reports: list[dict]) -> bool:
     import sqlalchemy as sa
 
     from draftscope.store import db, models
+    from draftscope.store.tables import of_run
 
     engine = db.make_engine(url)
     ok = True
@@ -130,7 +131,7 @@ def check(url: str, reports: list[dict]) -> bool:
         B, S, F = models.IngestBatch.__table__, models.VerifyStep.__table__, models.Finding.__table__
         for r in reports:
             stored = set(conn.execute(sa.select(B.c.batch_id).where(B.c.run_id == r["run_id"])).scalars())
-            steps = conn.execute(sa.select(sa.func.count()).select_from(S).where(S.c.run_id == r["run_id"])).scalar_one()
+            steps = conn.execute(sa.select(sa.func.count()).select_from(S).where(of_run(S, r["run_id"]))).scalar_one()
             if stored != set(r["batches"]) or steps != r["steps"] or r["drops"]:
                 ok = False
                 print(f"run {r['run_id']}: {len(set(r['batches']) - stored)} batches missing, "

@@ -161,8 +161,9 @@ def copy_fill(path: str, run_id: str, copies: int) -> None:
             columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "id"]
             picked = ", ".join(f"printf('req-%05d', {k * per} + CAST(substr(rid, 5) AS INTEGER))"
                                if c == "rid" else c for c in columns)
+            run = "run_id = ?" if "run_id" in columns else "run_key = (SELECT key FROM runs WHERE id = ?)"
             conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {picked} FROM {table} "
-                         f"WHERE id <= {last} AND run_id = ? ORDER BY id", (run_id,))
+                         f"WHERE id <= {last} AND {run} ORDER BY id", (run_id,))
         for batch in batches:
             row = {**batch, "batch_id": uuid.uuid4().hex, "received_at": time.time()}
             conn.execute(f"INSERT INTO ingest_batches ({', '.join(row)}) VALUES "

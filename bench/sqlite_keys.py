@@ -9,7 +9,8 @@ the WAL checkpointed at the end (not timed). Three variants, each a fresh file:
 - ``moving keys``: each batch samples its own 16 requests (as a server's batches do);
 - ``re-sent keys``: every batch the same 16 rids and steps (what ``bench/ingest_bench.py`` sent until
   2026-12-05): each batch's index entries go between all the earlier ones;
-- ``integer run key``: moving keys, ``run_id`` an integer instead of the 32-character id.
+- ``text run id``: moving keys, the run named by its 32-character id (the store before migration
+  0009) instead of its integer key.
 """
 
 from __future__ import annotations
@@ -34,27 +35,27 @@ POINTS = [("draft.input", "draft_decode", 12288), ("target.aux[0]", "verify", 40
 COLUMNS = [c.name for c in TensorSample.__table__.columns if c.name != "id"]
 
 
-def ddl(integer_run_key: bool) -> list[str]:
+def ddl(text_run_id: bool) -> list[str]:
     """The store's CREATE TABLE and CREATE INDEX of ``tensor_samples``, without its foreign key."""
     table = TensorSample.__table__.to_metadata(sa.MetaData())
     for fk in list(table.foreign_key_constraints):
         table.constraints.discard(fk)
     for column in table.columns:
         column.foreign_keys.clear()
-    if integer_run_key:
-        table.c.run_id.type = sa.Integer()
+    if text_run_id:
+        table.c.run_key.type = sa.String()
     dialect = sa.create_engine("sqlite://").dialect
     return [str(CreateTable(table).compile(dialect=dialect)),
             *(str(CreateIndex(ix).compile(dialect=dialect)) for ix in table.indexes)]
 
 
-def batch(run_id: str | int, prefix: str, rows: int) -> list[tuple]:
+def batch(run: str | int, prefix: str, rows: int) -> list[tuple]:
     """``rows`` sample rows for 16 requests named ``prefix-NNNN``, consecutive steps."""
     now, out = time.time(), []
     for i in range(rows):
         point, phase, width = POINTS[i % len(POINTS)]
         n = random.choice((1, 4, 8))
-        record = {"run_id": run_id, "point": point, "phase": phase, "at": now + i * 1e-4,
+        record = {"run_key": run, "point": point, "phase": phase, "at": now + i * 1e-4,
                   "rid": f"{prefix}-{i % 16:04d}", "step_index": i // 16,
                   "shape": orjson.dumps([n, width]).decode(), "dtype": "bfloat16", "width": width, "rows": n,
                   "l2_mean": random.uniform(20, 80), "l2_max": random.uniform(80, 200),
@@ -70,11 +71,11 @@ def measure(path: Path, variant: str, batches: int, batch_rows: int) -> float:
     for pragma in ("auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL",
                    "cache_size=-65536", "wal_autocheckpoint=0"):
         conn.execute(f"PRAGMA {pragma}")
-    for statement in ddl(variant == "integer run key"):
+    for statement in ddl(variant == "text run id"):
         conn.execute(statement)
-    run_id = 1 if variant == "integer run key" else uuid.uuid4().hex
+    run = uuid.uuid4().hex if variant == "text run id" else 1
     same = uuid.uuid4().hex[:8]
-    data = [batch(run_id, same if variant == "re-sent keys" else uuid.uuid4().hex[:8], batch_rows)
+    data = [batch(run, same if variant == "re-sent keys" else uuid.uuid4().hex[:8], batch_rows)
             for _ in range(batches)]
     sql = f"INSERT INTO tensor_samples ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
     t0 = time.process_time()
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=5000)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="draftscope-sqlite-keys-") as tmp:
-        for i, variant in enumerate(("moving keys", "re-sent keys", "integer run key")):
+        for i, variant in enumerate(("moving keys", "re-sent keys", "text run id")):
             rate = measure(Path(tmp) / f"{i}.db", variant, args.batches, args.batch_rows)
             print(f"{variant:16s} {rate:9,.0f} rows per CPU-second "
                   f"({args.batches} batches of {args.batch_rows:,})")

@@ -70,16 +70,17 @@ def copy_run(raw, template: str, age_s: float) -> str:
     run_cols = [c for c in ["id", *wire.RunRecord.__annotations__]]
     cur = raw.cursor()
     cur.execute("BEGIN IMMEDIATE")
-    cur.execute(f"INSERT INTO runs ({', '.join(run_cols)}) SELECT ?, {', '.join(run_cols[1:])} "
-                "FROM runs WHERE id = ?", (new, template))
+    cur.execute(f"INSERT INTO runs ({', '.join(run_cols)}, key) SELECT ?, {', '.join(run_cols[1:])}, "
+                "(SELECT MAX(key) + 1 FROM runs) FROM runs WHERE id = ?", (new, template))
     for table in COPIED:
         cols = wire.TABLE_COLUMNS.get(table) or ["run_id", "batch_id", "sent_at", "received_at", "request_rows",
                                                  "step_rows", "sample_rows", "health_rows", "finding_rows"]
-        rest = [c for c in cols if c != "run_id"]
+        run, rest = cols[0], cols[1:]
+        this = "?" if run == "run_id" else "(SELECT key FROM runs WHERE id = ?)"  # run_key: the run's key
         select = [{"batch_id": "batch_id || ?", "received_at": "?"}.get(c, c) for c in rest]
         params = (new, new, time.time() - age_s, template) if table == "ingest_batches" else (new, template)
-        cur.execute(f"INSERT INTO {table} (run_id, {', '.join(rest)}) SELECT ?, {', '.join(select)} "
-                    f"FROM {table} WHERE run_id = ?", params)
+        cur.execute(f"INSERT INTO {table} ({run}, {', '.join(rest)}) SELECT {this}, {', '.join(select)} "
+                    f"FROM {table} WHERE {run} = {this}", params)
     cur.execute("COMMIT")
     return new
 

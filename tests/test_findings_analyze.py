@@ -15,20 +15,21 @@ from tests.test_findings_runtime import HEALTHY_FACTS
 
 
 def _store_run(session, run_id, facts, widths, flags, server_args=None):
-    session.add(models.Run(id=run_id, engine="sglang", engine_version="0.5.23", source="tracer",
-                           status="ended", started_at=time.time(), algorithm=facts["algorithm"],
-                           facts=facts, server_args=server_args or {}))
+    run = models.Run(id=run_id, engine="sglang", engine_version="0.5.23", source="tracer",
+                     status="ended", started_at=time.time(), algorithm=facts["algorithm"],
+                     facts=facts, server_args=server_args or {})
+    session.add(run)
     session.flush()
     now = time.time()
     for phase, width in widths:
-        session.add(models.TensorSample(run_id=run_id, point="draft.input", phase=phase, at=now,
+        session.add(models.TensorSample(run_key=run.key, point="draft.input", phase=phase, at=now,
                                         shape=[4, width], dtype="float32", width=width, rows=4))
     for i in range(3):
-        session.add(models.TensorSample(run_id=run_id, point=f"target.aux[{i}]", phase="prefill",
+        session.add(models.TensorSample(run_key=run.key, point=f"target.aux[{i}]", phase="prefill",
                                         at=now, shape=[4, 128], dtype="float32", width=128, rows=4,
                                         l2_mean=10.0 + i))
     for step, f in enumerate(flags):
-        session.add(models.VerifyStep(run_id=run_id, rid="r0", step_index=step, at=now, seq_pos=20 + step,
+        session.add(models.VerifyStep(run_key=run.key, rid="r0", step_index=step, at=now, seq_pos=20 + step,
                                       drafted_tokens=[1, 2, 3], accept_len=1 + sum(f), accept_flags=f))
     session.add(models.TracerHealth(run_id=run_id, at=now, drops={}, errors={},
                                     heartbeats={"verify": len(flags), "draft": len(flags)},

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from draftscope.store import db, models
+from draftscope.store.tables import of_run
 from draftscope_tracer.transport.http_sink import HttpSink
 from testbed.server import free_port, wait_for_port
 from tests.fixtures.front_door import front_door
@@ -60,7 +61,7 @@ def _stored(url: str, run_id: str) -> tuple[int, int, int]:
     try:
         with engine.connect() as conn:
             return tuple(conn.execute(sa.select(sa.func.count()).select_from(m.__table__)
-                                      .where(m.__table__.c.run_id == run_id)).scalar_one()
+                                      .where(of_run(m.__table__, run_id))).scalar_one()
                          for m in (models.IngestBatch, models.Request, models.VerifyStep))
     finally:
         engine.dispose()

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 import sqlalchemy as sa
 
-from draftscope.store import db
+from draftscope.store import db, models
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 from tests.test_ingest import counts, fetch
 
@@ -131,9 +131,9 @@ def test_rows_an_older_version_stored_render_everywhere(client, store_url) -> No
     of the unknown engine says why it cannot (409)."""
     engine = db.make_engine(store_url)
     with engine.begin() as conn:
-        for run_id, eng, started in LEGACY:
-            conn.execute(sa.text("INSERT INTO runs (id, engine, engine_version, source, status, started_at) "
-                                 "VALUES (:i, :e, '1', 'tracer', 'ended', :t)"), {"i": run_id, "e": eng, "t": started})
+        for run_id, eng, started in LEGACY:  # (the store assigns each its key)
+            conn.execute(sa.insert(models.Run.__table__).values(id=run_id, engine=eng, engine_version="1",
+                                                                source="tracer", status="ended", started_at=started))
         conn.execute(sa.text("INSERT INTO requests (run_id, rid, started_at) VALUES ('legacy-engine', 'r', :t)"),
                      {"t": float("inf")})
     engine.dispose()

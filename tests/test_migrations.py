@@ -72,3 +72,45 @@ def test_0006_lists_the_orphans_of_runs_folded_before_it(db_url: str) -> None:
         assert [(o["rid"], o["sampled_steps"], o["last_step"]) for o in orphans] == [("orphan", 3, 2)]
     finally:
         engine.dispose()
+
+
+def test_0009_keys_the_steps_and_samples_of_stored_runs_and_back(db_url: str) -> None:
+    """Every step and sample keeps its id and its run through 0009 and back; new ids go on after the old
+    ones (PostgreSQL: the old sequence), and a deleted run's rows go with it."""
+    db.upgrade(db_url, "0008_prompt_key")
+    engine = db.make_engine(db_url)
+    steps = "SELECT s.id, r.id, s.rid, s.step_index, s.accept_len FROM verify_steps s JOIN runs r ON r.{} ORDER BY s.id"
+    samples = "SELECT s.id, r.id, s.point, s.step_index FROM tensor_samples s JOIN runs r ON r.{} ORDER BY s.id"
+    try:
+        with engine.begin() as conn:  # a 0008 store: two runs' steps and samples
+            for run in ("a", "b"):
+                conn.execute(sa.text("INSERT INTO runs (id, engine, engine_version, source, status, started_at) "
+                                     "VALUES (:r, 'sglang', '0.5.23', 'tracer', 'running', 1.0)"), {"r": run})
+                for i in range(3):
+                    conn.execute(sa.text("INSERT INTO verify_steps (run_id, rid, step_index, at, drafted_tokens, "
+                                         "accept_len, accept_flags) VALUES (:r, 'q', :i, 1.0, '[7]', :i, '[true]')"),
+                                 {"r": run, "i": i})
+                    conn.execute(sa.text("INSERT INTO tensor_samples (run_id, point, phase, at, rid, step_index, "
+                                         "shape, dtype, width, rows) VALUES (:r, 'draft.input', 'decode', 1.0, 'q', "
+                                         ":i, '[1, 8]', 'bf16', 8, 1)"), {"r": run, "i": i})
+            before = (conn.execute(sa.text(steps.format("id = s.run_id"))).all(),
+                      conn.execute(sa.text(samples.format("id = s.run_id"))).all())
+        db.upgrade(db_url)
+        with engine.begin() as conn:
+            assert (conn.execute(sa.text(steps.format("key = s.run_key"))).all(),
+                    conn.execute(sa.text(samples.format("key = s.run_key"))).all()) == before
+            conn.execute(sa.text("INSERT INTO verify_steps (run_key, rid, step_index, at, drafted_tokens, accept_len, "
+                                 "accept_flags) SELECT key, 'q', 3, 1.0, '[7]', 1, '[true]' FROM runs WHERE id = 'b'"))
+            assert conn.execute(sa.text("SELECT max(id) FROM verify_steps")).scalar() == 7  # ids go on
+            conn.execute(sa.text("DELETE FROM runs WHERE id = 'b'"))
+            assert conn.execute(sa.text("SELECT count(*) FROM tensor_samples")).scalar() == 3  # cascades
+        db.downgrade(db_url, "0008_prompt_key")
+        with engine.begin() as conn:
+            assert (conn.execute(sa.text(steps.format("id = s.run_id"))).all(),
+                    conn.execute(sa.text(samples.format("id = s.run_id"))).all()) == \
+                tuple([row for row in rows if row[1] == "a"] for rows in before)
+            conn.execute(sa.text("INSERT INTO verify_steps (run_id, rid, step_index, at, drafted_tokens, accept_len, "
+                                 "accept_flags) VALUES ('a', 'q', 3, 1.0, '[7]', 1, '[true]')"))
+            assert conn.execute(sa.text("SELECT max(id) FROM verify_steps")).scalar() > 3  # SQLite: 4, PostgreSQL: 8
+    finally:
+        engine.dispose()

@@ -21,6 +21,7 @@ from draftscope.cli import bundle as bundle_cli
 from draftscope.cli.app import app
 from draftscope.store import db, models, queries, retention
 from draftscope.store.ingest import BatchWriter
+from draftscope.store.tables import of_run
 from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
 from tests.fixtures.wait import until
 
@@ -50,7 +51,7 @@ def _run(engine: sa.Engine, *, status: str = "ended", steps: int = 300, days_old
 
 def _rows(engine: sa.Engine, run_id: str) -> dict[str, int]:
     with engine.connect() as conn:
-        return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.run_id == run_id)).scalar_one()
+        return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t).where(of_run(t, run_id))).scalar_one()
                 for t in retention.run_tables()} | {"runs": conn.execute(
                     sa.select(sa.func.count()).select_from(models.Run.__table__)
                     .where(models.Run.__table__.c.id == run_id)).scalar_one()}
@@ -181,7 +182,7 @@ def test_a_prune_stopped_half_way_is_finished_by_the_next(store_url):
     assert retention.mark_run(engine, half)
     with engine.begin() as conn:  # as if the process died after its first chunks
         steps = models.VerifyStep.__table__
-        conn.execute(steps.delete().where(steps.c.run_id == half))
+        conn.execute(steps.delete().where(of_run(steps, half)))
     report = retention.prune(engine, older_than_s=30 * DAY)
     assert [r.id for r, _ in report.deleted] == [half]
     assert _gone(engine, half) and not _gone(engine, kept)

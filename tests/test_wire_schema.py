@@ -194,9 +194,9 @@ COLUMN_TYPES = {str: (sa.String, sa.Text), int: (sa.Integer,), float: (sa.Float,
 
 
 def column_fields(table: str) -> list[tuple]:
-    """(name, column type, nullable) per column of a store table, in order, less its keys."""
+    """(name, column type, nullable) per column of a store table, in order, less its keys (its own, its run's)."""
     return [(c.name, type(c.type), c.nullable) for c in SQLModel.metadata.tables[table].columns
-            if c.name not in ("id", "run_id")]
+            if c.name not in ("id", "run_id", "run_key") and not (table == "runs" and c.name == "key")]
 
 
 def wire_columns(record: type) -> list[tuple]:

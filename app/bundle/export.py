@@ -28,7 +28,7 @@ from draftscope.redact import scrub
 from draftscope.spec import SpecError, read_draft, read_target
 from draftscope.spec.block import model_dir
 from draftscope.store import models, retention, wire_schema
-from draftscope.store.tables import REQUESTS, RUNS
+from draftscope.store.tables import REQUESTS, RUN_FIELDS, RUNS, of_run
 from draftscope_tracer.transport import wire
 
 Progress = Callable[[int], None]  # called with the number of records just written
@@ -63,7 +63,7 @@ def export_bundle(engine: sa.Engine, run_id: str, out: IO[bytes], *, requests: l
     ``include_text`` cannot decode here; nothing is written to the store.
     """
     with _snapshot(engine) as conn:
-        run = conn.execute(sa.select(RUNS).where(RUNS.c.id == run_id, RUNS.c.status != retention.PRUNING)
+        run = conn.execute(sa.select(*RUN_FIELDS).where(RUNS.c.id == run_id, RUNS.c.status != retention.PRUNING)
                            ).mappings().first()
         if run is None:  # or being pruned (retention.PRUNING): gone
             raise ExportError(f"No run {run_id!r} is stored. `draftscope serve` lists the stored "
@@ -159,7 +159,7 @@ def _table(table: str) -> sa.Table:
 def _where(table: str, run_id: str, requests: list[str] | None) -> list[Any]:
     """Rows of the run; with a selection, those of the selected requests plus run-level rows."""
     t = _table(table)
-    clauses = [t.c.run_id == run_id]
+    clauses = [of_run(t, run_id)]
     if requests is not None and "rid" in t.c and table != "tracer_health":
         clauses.append(t.c.rid.in_(requests) if table == "requests"
                        else sa.or_(t.c.rid.in_(requests), t.c.rid.is_(None)))

@@ -1,8 +1,9 @@
 """Store one wire batch: validate it, then write all of it in one transaction, or nothing.
 
 Rows follow ``draftscope_tracer.transport.wire.TABLE_COLUMNS`` (as the tracer's direct SQLite sink writes them:
-one column per record field, absent fields NULL, JSON columns as JSON text) and go in with one DBAPI
-``executemany`` per table (PostgreSQL: one ``COPY``); runs and requests are upserts.
+one column per record field, absent fields NULL, JSON columns as JSON text, the run named by its id or,
+in ``verify_steps`` and ``tensor_samples``, its integer key) and go in with one DBAPI ``executemany`` per
+table (PostgreSQL: one ``COPY``); runs and requests are upserts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from draftscope.store.wire_schema import (SUPPORTED_SCHEMA_VERSIONS, TRACER_STAT
 from draftscope_tracer.transport import wire
 
 MAX_ERRORS_SHOWN = 5
-_RUN_FIELDS = [c.name for c in RUNS.columns if c.name != "id"]
 _REQUEST_FIELDS = [c for c in wire.TABLE_COLUMNS["requests"] if c not in ("run_id", "rid")]
 
 
@@ -49,17 +49,18 @@ _JSON_AT = {table: [i for i, c in enumerate(columns) if c in wire.JSON_COLUMNS]
 _SHAPES = {"tensor_samples": wire.TABLE_COLUMNS["tensor_samples"].index("shape")}  # few distinct values
 
 
-def _table_rows(run_id: str, records: list[msgspec.Struct], table: str) -> list[tuple[Any, ...]]:
+def _table_rows(run: str | int, records: list[msgspec.Struct], table: str) -> list[tuple[Any, ...]]:
     """Positional rows for ``table`` (columns of ``wire.TABLE_COLUMNS``), JSON columns as text.
 
-    A record's fields are its table's columns after ``run_id``, in order (tests/test_wire_schema.py),
-    so ``astuple`` gives a row; a sample's shape is serialised once per distinct shape."""
+    A record's fields are its table's columns after the run's (``run``: its id, or its key in the
+    tables keyed so), in order (tests/test_wire_schema.py), so ``astuple`` gives a row; a sample's
+    shape is serialised once per distinct shape."""
     astuple, dumps = msgspec.structs.astuple, orjson.dumps
     json_at, shape_at = _JSON_AT[table], _SHAPES.get(table)
     shapes: dict[tuple[int, ...], str] = {}
     rows = []
     for rec in records:
-        row = [run_id, *astuple(rec)]
+        row = [run, *astuple(rec)]
         for i in json_at:
             value = row[i]
             if value is None:
@@ -229,16 +230,19 @@ class BatchWriter:
         """Write one parsed batch inside ``conn``'s transaction. On a "duplicate" result the caller
         rolls back (the run may already have been upserted)."""
         batch = redact_batch(batch)  # credentials out of its free text, whatever tracer sent it
-        rows = {table: _table_rows(batch.run_id, getattr(batch, key), table)
-                for key, table in wire.RECORD_TABLES.items()}
-        counts = {table: len(table_rows) for table, table_rows in rows.items()}
+        counts = {table: len(getattr(batch, key)) for key, table in wire.RECORD_TABLES.items()}
         if batch.run is not None:
-            self._upsert_run(conn, batch.run_id, msgspec.structs.asdict(batch.run))
-        elif conn.execute(sa.select(RUNS.c.id).where(RUNS.c.id == batch.run_id)).first() is None:
+            key = self._upsert_run(conn, batch.run_id, msgspec.structs.asdict(batch.run))
+        else:
+            key = conn.execute(sa.select(RUNS.c.key).where(RUNS.c.id == batch.run_id)).scalar()
+        if key is None:
             if self._is_duplicate(conn, batch.batch_id):
                 return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
             raise IngestError(404, f"Unknown run_id {batch.run_id!r}: no run with that id is "
                                    "stored. Send the run record first (a batch with \"run\" set).")
+        rows = {table: _table_rows(key if wire.TABLE_COLUMNS[table][0] == "run_key" else batch.run_id,
+                                   getattr(batch, name), table)
+                for name, table in wire.RECORD_TABLES.items()}
         if not self._claim_batch(conn, batch, counts):
             return IngestResult("duplicate", batch.batch_id, batch.run_id, counts)
         self._upsert_requests(conn, rows.pop("requests"))
@@ -266,19 +270,19 @@ class BatchWriter:
         ).on_conflict_do_nothing(index_elements=["batch_id"]).returning(BATCHES.c.batch_id)
         return conn.execute(stmt).first() is not None
 
-    def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> None:
+    def _upsert_run(self, conn: sa.Connection, run_id: str, record: dict[str, Any]) -> int:
         """Insert the run, or update it as ``RUN_IDENTITY``, ``RUN_FIRST_KEPT`` and ``_next_status`` say:
         identity fields are fixed by the first batch that sets them (another value: 409 naming the
         field), process fields keep their first value, ``facts`` gain new keys only, the status only
-        advances. Raises IngestError(409).
+        advances. Returns the run's key; raises IngestError(409).
 
         ``server_args`` and ``tracer_config`` pass the tracer's allow-lists here too: a tracer from
         before them sends them whole."""
         record = safe_run(record)
         inserted = conn.execute(self._insert(RUNS).values(id=run_id, **record)
-                                .on_conflict_do_nothing(index_elements=["id"]).returning(RUNS.c.id))
-        if inserted.first() is not None:
-            return
+                                .on_conflict_do_nothing(index_elements=["id"]).returning(RUNS.c.key)).scalar()
+        if inserted is not None:
+            return inserted
         stored = conn.execute(sa.select(RUNS).where(RUNS.c.id == run_id).with_for_update()).one()
         changes: dict[str, Any] = {}
         for field in RUN_IDENTITY:
@@ -303,6 +307,7 @@ class BatchWriter:
                 changes["facts"] = facts
         if changes:
             conn.execute(RUNS.update().where(RUNS.c.id == run_id).values(**changes))
+        return stored.key
 
     def _upsert_requests(self, conn: sa.Connection, rows: list[tuple[Any, ...]]) -> None:
         """Upsert by (run_id, rid); a later non-null field overwrites, within the batch too."""

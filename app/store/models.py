@@ -1,7 +1,9 @@
 """Store tables: one per record kind of ``draftscope_tracer.transport.wire``, same table and column names.
 
 ``runs.id`` is the wire ``run_id``; record tables have an integer primary key and a foreign key to
-their run. ``ingest_batches`` remembers every batch id so that a batch sent twice is stored once.
+their run: ``run_id``, or in the two largest tables (``verify_steps``, ``tensor_samples``) ``run_key``,
+the run's integer ``runs.key`` (4 bytes in a row and in its index entry where the id takes 33).
+``ingest_batches`` remembers every batch id so that a batch sent twice is stored once.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
 from sqlmodel import Field, SQLModel
 
 
@@ -24,11 +27,34 @@ def _run_fk() -> Any:
     return Field(sa_type=sa.String, nullable=False, foreign_key="runs.id", ondelete="CASCADE")
 
 
+def _run_key_fk() -> Any:
+    return Field(nullable=False, foreign_key="runs.key", ondelete="CASCADE")
+
+
+class NextRunKey(sa.sql.expression.ColumnElement):
+    """A new run's ``key``: PostgreSQL's identity (concurrent writers), on SQLite one more than the
+    largest (its writers take turns). Runs are inserted one at a time."""
+
+    type = sa.Integer()
+    inherit_cache = True
+
+
+@compiles(NextRunKey, "postgresql")
+def _next_run_key_pg(_element: NextRunKey, _compiler: Any, **_kw: Any) -> str:
+    return "DEFAULT"
+
+
+@compiles(NextRunKey, "sqlite")
+def _next_run_key_sqlite(_element: NextRunKey, _compiler: Any, **_kw: Any) -> str:
+    return "(SELECT COALESCE(MAX(key), 0) + 1 FROM runs)"
+
+
 class Run(SQLModel, table=True):
-    """One tracer attach session (or one imported bundle); the wire ``RunRecord`` plus its id."""
+    """One tracer attach session (or one imported bundle); the wire ``RunRecord`` plus its id, and its
+    ``key``: the store's own, which ``verify_steps`` and ``tensor_samples`` name the run by (never shown)."""
 
     __tablename__ = "runs"
-    __table_args__ = (sa.Index("ix_runs_started_at", "started_at"),)
+    __table_args__ = (sa.Index("ix_runs_started_at", "started_at"), sa.Index("uq_runs_key", "key", unique=True))
 
     id: str = Field(sa_type=sa.String, primary_key=True)
     engine: str = _str(nullable=False)
@@ -49,6 +75,7 @@ class Run(SQLModel, table=True):
     server_args: dict | None = _json()
     tracer_config: dict | None = _json()
     facts: dict | None = _json()
+    key: int | None = Field(default=None, nullable=False, sa_column_kwargs={"default": NextRunKey()})
 
 
 REQUEST_SORT_COLUMNS = ("started_at", "finished_at", "prompt_len", "output_len", "spec_verify_ct",
@@ -93,11 +120,11 @@ class VerifyStep(SQLModel, table=True):
 
     __tablename__ = "verify_steps"
     __table_args__ = (
-        sa.Index("uq_verify_steps_run_rid_step", "run_id", "rid", "step_index", unique=True),
+        sa.Index("uq_verify_steps_run_rid_step", "run_key", "rid", "step_index", unique=True),
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    run_id: str = _run_fk()
+    run_key: int = _run_key_fk()
     rid: str = _str(nullable=False)
     step_index: int = Field(nullable=False)
     at: float = Field(nullable=False)
@@ -115,10 +142,10 @@ class TensorSample(SQLModel, table=True):
     """Summary statistics of one tensor at one named sample point."""
 
     __tablename__ = "tensor_samples"
-    __table_args__ = (sa.Index("ix_tensor_samples_run_rid_step", "run_id", "rid", "step_index"),)
+    __table_args__ = (sa.Index("ix_tensor_samples_run_rid_step", "run_key", "rid", "step_index"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    run_id: str = _run_fk()
+    run_key: int = _run_key_fk()
     point: str = _str(nullable=False)
     phase: str = _str(nullable=False)
     at: float = Field(nullable=False)

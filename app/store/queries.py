@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from draftscope import redact
 from draftscope.spec.diff import expected_widths
 from draftscope.store import models, retention, stats
-from draftscope.store.tables import BATCHES, BINS, FINDINGS, HEALTH, IMPORTS, REQUESTS, RUNS, SAMPLES, STATS, STEPS
+from draftscope.store.tables import (BATCHES, BINS, FINDINGS, HEALTH, IMPORTS, REQUESTS, RUN_FIELDS, RUNS, SAMPLES,
+                                     STATS, STEPS, of_run)
 from draftscope_tracer.redact import redact_server_args, redact_tracer_config
 
 SEVERITY_ORDER = ("error", "warning", "info")
@@ -227,7 +228,7 @@ def get_run(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
     pruned: ``retention.PRUNING``, gone to readers while its rows go in chunks). ``server_args`` and
     ``tracer_config`` pass the tracer's allow-lists on the way out (``safe_run``), so a run stored before them
     shows no secret."""
-    row = conn.execute(sa.select(RUNS, run_state(_last_batch()).label("state"))
+    row = conn.execute(sa.select(*RUN_FIELDS, run_state(_last_batch()).label("state"))
                        .where(RUNS.c.id == run_id, RUNS.c.status != retention.PRUNING)).mappings().first()
     if row is None:
         return None
@@ -349,7 +350,7 @@ def orphan_requests(conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
     orphans = [dict(row) for row in conn.execute(query).mappings()]
     if orphans:
         first = dict(conn.execute(sa.select(STEPS.c.rid, sa.func.min(STEPS.c.at))
-                                  .where(STEPS.c.run_id == run_id,
+                                  .where(of_run(STEPS, run_id),
                                          STEPS.c.rid.in_([o["rid"] for o in orphans]))
                                   .group_by(STEPS.c.rid)).all())
         for o in orphans:
@@ -478,7 +479,7 @@ def _steps_per_request(conn: sa.Connection, run_id: str, rids: list[str],
         chunk = rids[i:i + 500]
         if raw:
             query = (sa.select(STEPS.c.rid, sa.func.sum(STEPS.c.accept_len), sa.func.count())
-                     .where(STEPS.c.run_id == run_id, STEPS.c.rid.in_(chunk)).group_by(STEPS.c.rid))
+                     .where(of_run(STEPS, run_id), STEPS.c.rid.in_(chunk)).group_by(STEPS.c.rid))
         else:
             query = (sa.select(BINS.c.key, BINS.c.total, BINS.c.n)
                      .where(BINS.c.run_id == run_id, BINS.c.series == "steps.rid", BINS.c.bucket == 0,
@@ -656,15 +657,15 @@ def get_request(conn: sa.Connection, run_id: str, rid: str) -> dict[str, Any] | 
 
 def request_steps(conn: sa.Connection, run_id: str, rid: str) -> list[dict[str, Any]]:
     """The request's sampled verify steps in order."""
-    query = (sa.select(*(c for c in STEPS.c if c.name not in ("id", "run_id", "rid")))
-             .where(STEPS.c.run_id == run_id, STEPS.c.rid == rid).order_by(STEPS.c.step_index))
+    query = (sa.select(*(c for c in STEPS.c if c.name not in ("id", "run_key", "rid")))
+             .where(of_run(STEPS, run_id), STEPS.c.rid == rid).order_by(STEPS.c.step_index))
     return [dict(row) for row in conn.execute(query).mappings()]
 
 
 def request_samples(conn: sa.Connection, run_id: str, rid: str) -> list[dict[str, Any]]:
     """The request's tensor samples by step, then time (the raw slice is left out)."""
-    query = (sa.select(*(c for c in SAMPLES.c if c.name not in ("id", "run_id", "rid", "raw_b64")))
-             .where(SAMPLES.c.run_id == run_id, SAMPLES.c.rid == rid)
+    query = (sa.select(*(c for c in SAMPLES.c if c.name not in ("id", "run_key", "rid", "raw_b64")))
+             .where(of_run(SAMPLES, run_id), SAMPLES.c.rid == rid)
              .order_by(SAMPLES.c.step_index, SAMPLES.c.at, SAMPLES.c.id))
     return [dict(row) for row in conn.execute(query).mappings()]
 

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlmodel import SQLModel
 
 from draftscope.store.db import failure_reason
-from draftscope.store.tables import BATCHES, RUNS, SAMPLES, STATS, STEPS
+from draftscope.store.tables import BATCHES, RUNS, SAMPLES, STATS, STEPS, of_run
 
 log = logging.getLogger(__name__)
 WRITING_WINDOW_S = 3600.0  # a running run with data this recent may still be written (a tracer's outage)
@@ -206,7 +206,7 @@ def delete_marked(engine: sa.Engine, run_id: str) -> None:
                 with pacer.step() as locked, _write(engine) as conn, conn.begin():
                     locked()
                     rows = pacer.size
-                    where = table.c.run_id == run_id
+                    where = of_run(table, run_id)
                     if len(key) == 1:  # else a run's few aggregate rows: at once
                         where = key[0].in_(sa.select(key[0]).where(where).limit(rows))
                     deleted = conn.execute(table.delete().where(where)).rowcount
@@ -221,7 +221,7 @@ def delete_marked(engine: sa.Engine, run_id: str) -> None:
         with pacer.step() as locked, _write(engine) as conn, conn.begin():
             locked()
             for table in run_tables():  # what a late batch added since its table was done
-                conn.execute(table.delete().where(table.c.run_id == run_id))
+                conn.execute(table.delete().where(of_run(table, run_id)))
             conn.execute(RUNS.delete().where(RUNS.c.id == run_id))
             _lower_watermarks(conn)
     finally:

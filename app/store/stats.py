@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope.findings import Observation, topk_gaps
 from draftscope.findings.model import RequestAcceptance
-from draftscope.store.tables import BATCHES, BINS, HEALTH, REQUESTS, RUNS, SAMPLES, STATS, STEPS
+from draftscope.store.tables import BATCHES, BINS, HEALTH, REQUESTS, RUNS, SAMPLES, STATS, STEPS, run_key
 
 MAX_BUCKETS = 400  # per binned series and key; the pages re-bin to fewer
 NORM_POINTS = ("target.aux[", "draft.fc.out")  # prefixes whose l2_mean is binned over time
@@ -53,9 +53,9 @@ def _bucket(conn: sa.Connection, value: sa.ColumnElement, width: float) -> sa.Co
 
 def _run_rows(table: sa.Table, run_id: str, lo: int, hi: int) -> list[sa.ColumnElement]:
     """Rows of ``run_id`` with lo < id <= hi. Past the first pass the id range is the cheap way
-    in (``run_id || ''`` keeps the planner off the run_id index, which would scan the whole run)."""
-    run = table.c.run_id if lo == 0 else table.c.run_id + ""
-    return [run == run_id, table.c.id > lo, table.c.id <= hi]
+    in (``run_key + 0`` keeps the planner off the run_key index, which would scan the whole run)."""
+    run = table.c.run_key if lo == 0 else table.c.run_key + 0
+    return [run == run_key(run_id), table.c.id > lo, table.c.id <= hi]
 
 
 def id_bounds(conn: sa.Connection) -> tuple[int, int]:

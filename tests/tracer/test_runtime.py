@@ -283,7 +283,8 @@ def test_sqlite_sink_refuses_a_store_an_older_draftscope_migrated(tmp_path):
     before a batch fails."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store_db.upgrade(url, revision="0004_gaps")
-    with pytest.raises(StoreNotReady, match=r"older draftscope \(it lacks requests.prompt_key, verify_steps.tree_parents\).*db upgrade"):
+    with pytest.raises(StoreNotReady, match=r"older draftscope \(it lacks requests.prompt_key, "
+                       r"verify_steps.run_key, verify_steps.tree_parents, tensor_samples.run_key\).*db upgrade"):
         SqliteSink(str(tmp_path / "old.db"))
     store_db.upgrade(url)
     SqliteSink(str(tmp_path / "old.db"))

@@ -13,7 +13,8 @@ from draftscope_tracer.transport import wire
 
 RUN_COLUMNS = ["id", *(c for c in wire.RunRecord.__annotations__)]
 # The store's upsert keys (see the app's models): a later record overwrites non-null fields.
-UPSERT_KEYS = {"requests": ("run_id", "rid"), "verify_steps": ("run_id", "rid", "step_index")}
+UPSERT_KEYS = {"requests": ("run_id", "rid"), "verify_steps": ("run_key", "rid", "step_index")}
+NEXT_RUN_KEY = "(SELECT COALESCE(MAX(key), 0) + 1 FROM runs)"  # a new run's key (the app's models.NextRunKey)
 
 
 class StoreNotReady(RuntimeError):
@@ -60,9 +61,12 @@ class SqliteSink:
         try:
             if batch.get("run"):
                 self._upsert_run(run_id, batch["run"])
+            found = conn.execute("SELECT key FROM runs WHERE id = ?", (run_id,)).fetchone()
+            runs = {"run_id": run_id, "run_key": found[0] if found else None}  # what a table names its run by
             for key, table in wire.RECORD_TABLES.items():
                 if counts[key]:
-                    conn.executemany(_insert_sql(table), _rows(table, run_id, batch[key]))
+                    run = runs[wire.TABLE_COLUMNS[table][0]]
+                    conn.executemany(_insert_sql(table), _rows(table, run, batch[key]))
             conn.execute(
                 "INSERT OR IGNORE INTO ingest_batches (batch_id, run_id, sent_at, received_at, request_rows,"
                 " step_rows, sample_rows, health_rows, finding_rows) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -90,7 +94,7 @@ class SqliteSink:
         cols = [c for c in RUN_COLUMNS if c == "id" or values[c] is not None]
         updates = ", ".join(_KEEP.get(c, f"{c} = excluded.{c}") for c in cols if c != "id")
         self._conn.execute(
-            f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            f"INSERT INTO runs ({', '.join(cols)}, key) VALUES ({', '.join('?' * len(cols))}, {NEXT_RUN_KEY}) "
             f"ON CONFLICT(id) DO UPDATE SET {updates}",
             [_encode(c, values[c]) for c in cols])
 
@@ -113,14 +117,14 @@ def _insert_sql(table: str) -> str:
     return sql
 
 
-def _rows(table: str, run_id: str, records: list) -> list:
-    """Positional rows of ``records`` for ``table``'s columns (``run_id`` first); JSON columns as JSON text."""
+def _rows(table: str, run: Any, records: list) -> list:
+    """Positional rows of ``records`` for ``table``'s columns (the run's id or key first); JSON columns as JSON text."""
     fields = wire.TABLE_COLUMNS[table][1:]
     json_at = [i for i, c in enumerate(fields, 1) if c in wire.JSON_COLUMNS]
     to_json = wire.to_json
     rows = []
     for r in records:
-        row = [run_id, *map(r.get, fields)]
+        row = [run, *map(r.get, fields)]
         for i in json_at:
             if row[i] is not None:
                 row[i] = to_json(row[i]).decode()

@@ -157,11 +157,12 @@ class Batch(TypedDict):
     findings: NotRequired[List[FindingRecord]]
 
 
-# Store tables and the columns a batch fills (besides each table's own integer primary key).
+# Store tables and the columns a batch fills (besides each table's own integer primary key). The first
+# names the run: the batch's run_id, or in the two largest tables the run's integer key (``runs.key``).
 TABLE_COLUMNS: Dict[str, List[str]] = {
     "requests": ["run_id", *RequestRecord.__annotations__],
-    "verify_steps": ["run_id", *StepRecord.__annotations__],
-    "tensor_samples": ["run_id", *SampleRecord.__annotations__],
+    "verify_steps": ["run_key", *StepRecord.__annotations__],
+    "tensor_samples": ["run_key", *SampleRecord.__annotations__],
     "tracer_health": ["run_id", *HealthRecord.__annotations__],
     "findings": ["run_id", *FindingRecord.__annotations__],
 }
