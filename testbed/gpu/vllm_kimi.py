@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from testbed.gpu import kimi_models, kimi_phase
-from testbed.gpu.vllm_serve import ENV, log_facts, trace_summary, wait_closed
+from testbed.gpu.vllm_servers import ENV, log_facts, trace_summary, wait_closed
 from testbed.server import HOST, free_port, log_tail
 from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, SPEC_COUNTERS, VLLMServer
 

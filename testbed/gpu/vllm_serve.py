@@ -49,58 +49,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from testbed.gpu import traces
+from testbed.gpu.vllm_servers import ENV, MODE_ENV, MODES, command, log_facts, trace_summary, wait_closed
 from testbed.server import HOST, free_port, log_tail
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
-from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, SPEC_COUNTERS, VLLMServer
+from testbed.vllm_server import SPEC_COUNTERS, VLLMServer
 
-SERVER_ARGS = ["--dtype", "float32", "--attention-backend", "TRITON_ATTN", "--max-model-len", "1024",
-               "--max-num-seqs", "8", "--gpu-memory-utilization", "0.15", "--seed", "0", "--shutdown-timeout", "10",
-               "--compilation-config", json.dumps({"custom_ops": ["none"]}),
-               "--ir-op-priority", json.dumps({"rms_norm": ["native"], "fused_add_rms_norm": ["native"]})]
-# graphs-no-async: as graphs without async scheduling (the tracer's other timing), not run unless asked
-MODES = {"graphs": [], "eager": ["--enforce-eager"], "graphs-sync": [], "graphs-no-async": ["--no-async-scheduling"]}
 DEFAULT_MODES = "graphs,eager,graphs-sync"
 # the tiny bed's scenarios served in graphs mode after the modes (--scenarios): the seed's fc skipped, the
 # draft's weights under keys vLLM refuses, the cross-engine ids [0, 1, 2]
 SCENARIOS = ("aux-off", "weights-dropped", "ids-0-1-2")
-MODE_ENV = {"graphs-sync": {"DRAFTSCOPE_SYNC_DEBUG": "1"}}  # every hook body under sync-debug "error"
-ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0",  # the tracer hooks Model Runner V1's propose_draft_token_ids
-       # the sampler takes FlashInfer's top-k/top-p on CUDA unless told not to, and imports it unguarded
-       "VLLM_USE_FLASHINFER_SAMPLER": "0",
-       "GPU_TESTBED_COUNT_REPLAYS": "1", "DRAFTSCOPE_SAMPLE_RATE": "1", "PYTHONUNBUFFERED": "1"}
-LOG_FACTS = {"standins_called": r"\[vllm _C stand-in\] called (\S+)",
-             "stubs_called": r"\[vllm _C stand-in\] STUB CALLED (\S+)",
-             "graph_replays": r"\[vllm-gpu-testbed\] graph replays: (\d+)",
-             "tracer": r"(draftscope: .*)",
-             "sync_errors": r"(draftscope: probe \S+ failed under DRAFTSCOPE_SYNC_DEBUG: .*)",
-             "errors": r"((?:Error|Exception)\b.*)"}
 START_TIMEOUT_S = 240
-CLOSE_TIMEOUT_S = 20  # for the recorder's last batch after SIGTERM
-ENDED = re.compile(rb'"ended_at":\s*\d')  # the run's end, in the recorder's last batch
-
-
-def command(kit: Path, port: int, mode: str, scenario: str | None = None) -> list:
-    models = kit / "models"
-    draft = models / "scenarios" / scenario if scenario else models / "draft"
-    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "target"),
-            "--host", HOST, "--port", str(port), "--speculative-config", json.dumps(spec), *SERVER_ARGS, *MODES[mode]]
-
-
-def log_facts(log: Path) -> dict:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    facts = {}
-    for key, pattern in LOG_FACTS.items():
-        found = re.findall(pattern, text)
-        facts[key] = max(map(int, found), default=0) if key == "graph_replays" else sorted(set(found))[:40]
-    return facts
 
 
 def serve(kit: Path, work: Path, mode: str, deadline: float, scenario: str | None = None) -> dict:
@@ -153,17 +117,6 @@ def serve(kit: Path, work: Path, mode: str, deadline: float, scenario: str | Non
     return result
 
 
-def wait_closed(trace: Path, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-    """Whether the tracer's recorder (its own session: it outlives the server's process group) wrote the run's end
-    (``ended_at``) into ``trace`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if trace.exists() and ENDED.search(trace.read_bytes()):
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def engine_config(kit: Path, mode: str, extra: list = ()) -> dict:
     """What vLLM makes of ``mode``'s command line (then ``extra``): its parser, then ``create_engine_config`` (no
     engine)."""
@@ -205,30 +158,6 @@ def by_arrival(t: traces.Trace) -> traces.Trace:
     return traces.Trace(run=t.run, requests={name[r]: v for r, v in t.requests.items()},
                         steps={rename(k): v for k, v in t.steps.items()},
                         samples={rename(k): v for k, v in t.samples.items()}, health=t.health)
-
-
-def trace_summary(path: Path, counters: dict | None = None) -> dict:
-    """What the tracer recorded of one server: requests, verify steps, accepted drafts per drafted position, the
-    widths of each sample point, the tracer's errors and drops (a sync-debug failure is an error of its probe),
-    and its totals beside vLLM's (the requests' ``spec_*`` fields, the ``/metrics`` counters when given)."""
-    t = traces.load(path)
-    flags = [s.get("accept_flags") or [] for s in t.steps.values()]
-    positions = max(map(len, flags), default=0)
-    widths: dict = {}
-    for (_, _, point, phase), samples in t.samples.items():
-        widths.setdefault(f"{point}@{phase}", set()).update(s.get("width") for s in samples)
-    sums = lambda *fields: [sum(r.get(f) or 0 for r in t.requests.values()) for f in fields]  # noqa: E731
-    traced = sums("traced_verify_ct", "traced_accepted_drafts", "traced_proposed_drafts")
-    counted = sums("spec_verify_ct", "spec_accepted_drafts", "spec_proposed_drafts")
-    out = {**t.summary(), "verify_steps": len(t.steps),
-           "accepted_per_position": [sum(1 for f in flags if len(f) > p and f[p]) for p in range(positions)],
-           "widths": {k: sorted(v, key=str) for k, v in sorted(widths.items())},
-           "totals": {"traced": traced, "vllm_requests": counted}}
-    if counters:
-        metrics = [counters.get(f"vllm:spec_decode_num_{n}") for n in ("drafts", "accepted_tokens", "draft_tokens")]
-        out["totals"]["vllm_metrics"] = metrics
-    out["totals"]["equal"] = traced == counted and out["totals"].get("vllm_metrics", traced) == traced
-    return out
 
 
 def compare_records(a: Path, b: Path) -> dict:

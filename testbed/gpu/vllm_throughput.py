@@ -2,7 +2,7 @@
 
     bash .cache/vllm-gpu-kit/run.sh --no-hooks --throughput [--throughput-s S]
 
-Three vLLM 0.32 servers of the tiny bed (target and EAGLE-3 draft, ``vllm_serve``'s ``SERVER_ARGS`` and ``ENV``,
+Three vLLM 0.32 servers of the tiny bed (target and EAGLE-3 draft, ``vllm_servers``' ``SERVER_ARGS`` and ``ENV``,
 CUDA graphs on, ``ARGS``), started together: **no tracer** (the tracer's folder is not on its path, so vLLM finds
 no draftscope entry point in ``vllm.general_plugins``: what a user without draftscope runs), **1 in 16** and
 **every request** sampled (file sink). Then ``testbed/gpu/throughput.py``'s ``measure_levels`` at 1, 8 and 64
@@ -32,14 +32,14 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from testbed.gpu import throughput, traces, vllm_serve
+from testbed.gpu import throughput, traces, vllm_servers
 from testbed.gpu.bed import Bed, Spec
 from testbed.texts import DEMO_PROMPTS
 from testbed.vllm_server import VLLMServer
 
 LEVELS = {"1": (16, 32), "8": (32, 64), "64": (128, 64)}  # concurrent requests -> (requests a round, new tokens)
 ARGS = ["--max-num-seqs", "64", "--kv-cache-memory-bytes", str(1 << 30)]  # after SERVER_ARGS: the last one counts
-ENV = {**{k: v for k, v in vllm_serve.ENV.items() if not k.startswith("DRAFTSCOPE_")},
+ENV = {**{k: v for k, v in vllm_servers.ENV.items() if not k.startswith("DRAFTSCOPE_")},
        "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION": "1"}
 START_TIMEOUT_S = 300
 DEFAULT_BUDGET_S = 440  # after the runner starts: the rounds end by then; stopping and summaries take ~30 s more
@@ -74,7 +74,7 @@ class VLLMBed(Bed):
         return server
 
     def facts(self, log: Path) -> dict:
-        return vllm_serve.log_facts(log)
+        return vllm_servers.log_facts(log)
 
 
 def tracer_paths() -> tuple[str, str]:
@@ -131,15 +131,15 @@ def run(bed: VLLMBed, servers: list, deadline: float, on_round: Callable | None 
     bed.stop_all(state)
     for s in state.values():
         if s["trace"]:
-            s["trace_closed"] = vllm_serve.wait_closed(Path(s["trace"]))
+            s["trace_closed"] = vllm_servers.wait_closed(Path(s["trace"]))
             s["records"] = trace_records(Path(s["trace"])) if Path(s["trace"]).exists() else None
     return {"vllm_throughput": result, "vllm_throughput_servers": state, "vllm_throughput_plugins": plugins}
 
 
 def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable) -> None:
-    """The runner's ``--throughput``: the kit's models, ``vllm_serve.command`` in graphs mode with ``ARGS``; into
+    """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``; into
     ``results``, saved after every round and at the end."""
-    bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_serve.command, kit, mode="graphs"))
+    bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_servers.command, kit, mode="graphs"))
     models = kit / "models"
 
     def on_round(summary: dict) -> None:
