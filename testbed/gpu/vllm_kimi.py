@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 from testbed.gpu import kimi_models, kimi_phase
-from testbed.gpu.vllm_servers import ENV, log_facts, trace_summary, wait_closed
+from testbed.gpu.vllm_servers import ENV, await_up, log_facts, spec_counters, start, trace_summary, wait_closed
 from testbed.server import HOST, free_port, log_tail
-from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, SPEC_COUNTERS, VLLMServer
+from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, VLLMServer
 
 ARCHITECTURES = ("DeepseekV3ForCausalLM", "LlamaForCausalLM", "LlamaForCausalLMEagle3")  # prewarmed
 VARIANTS = {"mla": "target", "llama": "target-llama"}  # variant -> its target's folder
@@ -169,26 +169,16 @@ def serve(models: Path, work: Path, variant: str, draft: str, deadline: float) -
     kimi_phase.wait_gpu_free()
     port, t0 = free_port(), time.monotonic()
     cmd = command(models, variant, draft, port)
-    with open(log, "w") as out:
-        out.write("$ " + " ".join(cmd) + "\n")
-        out.flush()
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **ENV, "DRAFTSCOPE_FILE": str(trace)})
-    server = VLLMServer(process, f"http://{HOST}:{port}", log)
+    server = start(cmd, port, log, {**ENV, "DRAFTSCOPE_FILE": str(trace)})
     server.model = str(models / VARIANTS[variant])
     result = {"variant": variant, "draft": draft, "args": cmd[3:], "trace": str(trace)}
     try:
-        while not server.is_healthy():
-            if process.poll() is not None or time.monotonic() > min(deadline, t0 + START_TIMEOUT_S):
-                result["start_error"] = f"exit code {process.poll()}" if process.poll() is not None else "timed out"
-                return result
-            time.sleep(1)
+        if error := await_up(server, t0, deadline, START_TIMEOUT_S):
+            result["start_error"] = error
+            return result
         result["up_s"] = round(time.monotonic() - t0, 1)
         result["answers"] = [ask(server, kimi_phase.prompt(i)) for i in range(PROMPTS) if time.monotonic() < deadline]
-        metrics = server.metrics()
-        result["spec_counters"] = counters = {n: metrics.get(n + "_total", metrics.get(n)) for n in SPEC_COUNTERS}
-        drafts, accepted = counters["vllm:spec_decode_num_drafts"], counters["vllm:spec_decode_num_accepted_tokens"]
-        result["accept_length"] = round(1 + accepted / drafts, 3) if drafts else None
+        result["spec_counters"], result["accept_length"] = spec_counters(server)
     except Exception as exc:  # noqa: BLE001 - a request that fails is this run's finding
         result["request_error"] = f"{type(exc).__name__}: {exc}"[:2000]
     finally:

@@ -55,10 +55,10 @@ import time
 from pathlib import Path
 
 from testbed.gpu import traces
-from testbed.gpu.vllm_servers import ENV, MODE_ENV, MODES, command, log_facts, trace_summary, wait_closed
-from testbed.server import HOST, free_port, log_tail
+from testbed.gpu.vllm_servers import (ENV, MODE_ENV, MODES, await_up, command, log_facts, spec_counters, start,
+                                      trace_summary, wait_closed)
+from testbed.server import free_port, log_tail
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
-from testbed.vllm_server import SPEC_COUNTERS, VLLMServer
 
 DEFAULT_MODES = "graphs,eager,graphs-sync"
 # the tiny bed's scenarios served in graphs mode after the modes (--scenarios): the seed's fc skipped, the
@@ -75,21 +75,14 @@ def serve(kit: Path, work: Path, mode: str, deadline: float, scenario: str | Non
     log.parent.mkdir(parents=True, exist_ok=True)
     trace.parent.mkdir(parents=True, exist_ok=True)
     port, t0 = free_port(), time.monotonic()
-    with open(log, "w") as out:
-        cmd = command(kit, port, mode, scenario)
-        out.write("$ " + " ".join(cmd) + "\n")
-        out.flush()
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **ENV, **MODE_ENV.get(mode, {}), "DRAFTSCOPE_FILE": str(trace)})
-    server = VLLMServer(process, f"http://{HOST}:{port}", log)
+    server = start(command(kit, port, mode, scenario), port, log,
+                   {**ENV, **MODE_ENV.get(mode, {}), "DRAFTSCOPE_FILE": str(trace)})
     server.model = str(kit / "models" / "target")
     result = {"mode": mode, "scenario": scenario, "args": MODES[mode], "env": MODE_ENV.get(mode, {}), "trace": str(trace)}
     try:
-        while not server.is_healthy():
-            if process.poll() is not None or time.monotonic() > min(deadline, t0 + START_TIMEOUT_S):
-                result["start_error"] = f"exit code {process.poll()}" if process.poll() is not None else "timed out"
-                return result
-            time.sleep(1)
+        if error := await_up(server, t0, deadline, START_TIMEOUT_S):
+            result["start_error"] = error
+            return result
         result["up_s"] = round(time.monotonic() - t0, 1)
         answers = []
         for prompt in DEMO_PROMPTS:
@@ -98,11 +91,7 @@ def serve(kit: Path, work: Path, mode: str, deadline: float, scenario: str | Non
             choice = server.complete(prompt, max_tokens=DEMO_NEW_TOKENS)
             answers.append({"prompt": prompt, "token_ids": choice.get("token_ids"), "text": choice.get("text")})
         result["answers"] = answers
-        metrics = server.metrics()
-        counters = {name: metrics.get(name + "_total", metrics.get(name)) for name in SPEC_COUNTERS}
-        result["spec_counters"] = counters
-        drafts, accepted = counters["vllm:spec_decode_num_drafts"], counters["vllm:spec_decode_num_accepted_tokens"]
-        result["accept_length"] = round(1 + accepted / drafts, 3) if drafts else None
+        result["spec_counters"], result["accept_length"] = spec_counters(server)
     except Exception as exc:  # noqa: BLE001 - a request that fails is this run's finding
         result["request_error"] = f"{type(exc).__name__}: {exc}"
     finally:

@@ -4,14 +4,16 @@ is closed, and what the tracer recorded (``vllm_serve``, ``vllm_kimi`` and ``vll
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from testbed.gpu import traces
 from testbed.server import HOST
-from testbed.vllm_server import NUM_SPECULATIVE_TOKENS
+from testbed.vllm_server import NUM_SPECULATIVE_TOKENS, SPEC_COUNTERS, VLLMServer
 
 SERVER_ARGS = ["--dtype", "float32", "--attention-backend", "TRITON_ATTN", "--max-model-len", "1024",
                "--max-num-seqs", "8", "--gpu-memory-utilization", "0.15", "--seed", "0", "--shutdown-timeout", "10",
@@ -84,3 +86,32 @@ def trace_summary(path: Path, counters: dict | None = None) -> dict:
         out["totals"]["vllm_metrics"] = metrics
     out["totals"]["equal"] = traced == counted and out["totals"].get("vllm_metrics", traced) == traced
     return out
+
+
+def start(cmd: list, port: int, log: Path, env: dict) -> VLLMServer:
+    """``cmd`` started in a session of its own with ``env`` over this process's, its output (after the command
+    line) in ``log``."""
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, **env})
+    return VLLMServer(process, f"http://{HOST}:{port}", log)
+
+
+def await_up(server: VLLMServer, started: float, deadline: float, limit_s: float) -> str | None:
+    """Wait until ``server`` answers its health check; why it did not (its exit code, or the time) else None."""
+    process = server.process
+    while not server.is_healthy():
+        if process.poll() is not None or time.monotonic() > min(deadline, started + limit_s):
+            return f"exit code {process.poll()}" if process.poll() is not None else "timed out"
+        time.sleep(1)
+    return None
+
+
+def spec_counters(server: VLLMServer) -> tuple[dict, float | None]:
+    """vLLM's speculative counters from ``/metrics`` and the accept length they give (1 + accepted / drafts)."""
+    metrics = server.metrics()
+    counters = {name: metrics.get(name + "_total", metrics.get(name)) for name in SPEC_COUNTERS}
+    drafts, accepted = counters["vllm:spec_decode_num_drafts"], counters["vllm:spec_decode_num_accepted_tokens"]
+    return counters, round(1 + accepted / drafts, 3) if drafts else None
