@@ -3,6 +3,7 @@ what the drops lost (the requests whose records never reach the store, and when:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -10,6 +11,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 MAX_LOST_RIDS = 100  # request ids named in a health record; every lost request is counted
 MAX_GAPS = 16  # time windows of lost records kept; past it the two closest merge
+
+log = logging.getLogger("draftscope.tracer")
 
 
 class Health:
@@ -54,17 +57,22 @@ class Health:
     def ok(self, probe: str) -> None:
         self._in_a_row[probe] = 0
 
-    def failed(self, probe: str, exc: BaseException) -> bool:
-        """Count a failure of ``probe``; True when it has now failed too often in a row and is disabled."""
+    def failed(self, probe: str, exc: BaseException, say: bool = False) -> bool:
+        """Count a failure of ``probe``; True when it has now failed too often in a row and is disabled. ``say``:
+        log the first failure of ``probe`` (for probes that log nothing else of their own)."""
         with self._lock:
+            first = probe not in self.last_error
             self.errors[probe] += 1
             self.last_error[probe] = f"{type(exc).__name__}: {exc}"[:300]
             n = self._in_a_row.get(probe, 0) + 1
             self._in_a_row[probe] = n
-            if n >= self.failure_limit and probe not in self.disabled:
+            disabled = n >= self.failure_limit and probe not in self.disabled
+            if disabled:
                 self.disabled.append(probe)
-                return True
-            return False
+        if first and say:  # the run's health counts every failure; the log says what the first one was
+            log.warning("draftscope: %s failed (counted in the run's health; later failures are not logged): %s",
+                        probe, self.last_error[probe])
+        return disabled
 
     def is_disabled(self, probe: str) -> bool:
         return probe in self.disabled

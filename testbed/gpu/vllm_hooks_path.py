@@ -15,6 +15,7 @@ queued are read back as the recorder reads them.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from types import SimpleNamespace
 from typing import List, Optional
 
@@ -84,24 +85,31 @@ class VllmStepPath:
         self.prepared = t.steps.prepare_cuda(self.runner, facts)
         plugin.PLUGIN.tracer = t
 
-    def step(self, sampled: Optional[List[List[int]]] = None, finished=(), drafts: Optional[List[List[int]]] = None):
+    def step(self, sampled: Optional[List[List[int]]] = None, finished=(), drafts: Optional[List[List[int]]] = None,
+             num_drafts: Optional[List[int]] = None):
         """One engine step of every request (``finished``: ids the scheduler freed since the last step). ``sampled``
-        and ``drafts`` (per request) given: copied to the device here (CPU tests); else drawn on the device."""
+        and ``drafts`` (per request) given: copied to the device here (CPU tests); else drawn on the device.
+        ``num_drafts``: the drafts each request verifies (default ``k``; 0: a decode step without drafts, as
+        vLLM's scheduler runs a request whose drafts it trimmed at its length limit)."""
         B, k, dev = self.batch, self.k, self.device
+        nd = list(num_drafts) if num_drafts is not None else [k] * B
         if sampled is None:
             accept = torch.randint(0, k + 1, (B, 1), device=dev)
+            if num_drafts is not None:  # no more accepted than drafted
+                accept = torch.minimum(accept, torch.tensor(nd, device=dev).view(B, 1))
             ids = torch.randint(0, self.vocab, (B, k + 1), device=dev, dtype=torch.int32)
             sampled_t = torch.where(torch.arange(k + 1, device=dev) <= accept, ids, torch.full_like(ids, -1))
         else:
             sampled_t = torch.tensor(sampled, dtype=torch.int32, device=dev)
-        draft_ids = torch.tensor(drafts, dtype=torch.int32).reshape(-1).to(dev) if drafts is not None else \
-            torch.randint(0, self.vocab, (B * k,), device=dev, dtype=torch.int32)
+        draft_ids = torch.tensor([t for i, d in enumerate(drafts) for t in d[:nd[i]]], dtype=torch.int32).to(dev) \
+            if drafts is not None else torch.randint(0, self.vocab, (sum(nd),), device=dev, dtype=torch.int32)
         req_ids = self.runner.input_batch.req_ids
-        qsl = torch.arange(0, B * (k + 1) + 1, k + 1, dtype=torch.int32)  # a CPU tensor, as vLLM's
-        so = SimpleNamespace(num_scheduled_tokens={r: k + 1 for r in req_ids}, finished_req_ids=set(finished),
-                             scheduled_spec_decode_tokens={r: [-1] * k for r in req_ids})
+        qsl = torch.tensor([0] + list(accumulate(1 + d for d in nd)), dtype=torch.int32)  # a CPU tensor, as vLLM's
+        so = SimpleNamespace(num_scheduled_tokens={r: 1 + d for r, d in zip(req_ids, nd)},
+                             finished_req_ids=set(finished),
+                             scheduled_spec_decode_tokens={r: [-1] * d for r, d in zip(req_ids, nd)})
         attn = SimpleNamespace(query_start_loc_cpu=qsl)
-        spec = SimpleNamespace(num_draft_tokens=[k] * B, draft_token_ids=draft_ids)
+        spec = SimpleNamespace(num_draft_tokens=nd, draft_token_ids=draft_ids)
         hidden = torch.cat(self.aux, -1)
 
         def propose(runner, *args):

@@ -31,7 +31,7 @@ LOG_FACTS = {"standins_called": r"\[vllm _C stand-in\] called (\S+)",
              "graph_replays": r"\[vllm-gpu-testbed\] graph replays: (\d+)",
              "tracer": r"(draftscope: .*)",
              "sync_errors": r"(draftscope: probe \S+ failed under DRAFTSCOPE_SYNC_DEBUG: .*)",
-             "errors": r"((?:Error|Exception)\b.*)"}
+             "errors": r"(?m)^(?!.*Found ulimit).*?((?:Error|Exception)\b.*)"}  # not vLLM's ulimit warning
 CLOSE_TIMEOUT_S = 20  # for the recorder's last batch after SIGTERM
 ENDED = re.compile(rb'"ended_at":\s*\d')  # the run's end, in the recorder's last batch
 

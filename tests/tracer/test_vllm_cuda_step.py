@@ -156,3 +156,20 @@ def test_a_cuda_worker_that_fails_to_start_leaves_a_crashed_run(tmp_path):
     [batch] = [json.loads(line) for line in sink.read_text().splitlines()]
     assert batch["run"]["status"] == "crashed"
     assert batch["run"]["facts"]["start_error"]["type"] == "ValueError"
+
+
+def test_a_draft_launch_two_requests_share_is_freed_only_when_neither_needs_it():
+    """Step 0's draft top-k is one launch for both requests. At step 1 req-0 verifies its drafts (its record will
+    read that launch) while vLLM runs req-1 without drafts (trimmed at its length limit), so req-1's claim on the
+    launch is given up when the draft runs again. The launch must stay readable for req-0's record: freed early,
+    the record cannot be built (``verify.build``, on the H100 at 64 concurrent requests)."""
+    path = VllmStepPath(2, device="cpu", k=K)
+    path.step()
+    path.step(num_drafts=[K, 0])
+    path.step()
+    report = path.close()
+    assert report["errors"] == {} and report["relay_error"] is None, report
+    steps = {(s["rid"], s["step_index"]): s for s in _records(path, "verify")}
+    assert sorted(steps) == [("req-0", 0), ("req-0", 1), ("req-0", 2), ("req-1", 0), ("req-1", 1)]
+    # req-0's step 1 read the shared launch; req-1's verify at engine step 2 reads what the draft proposed at step 1
+    assert len(steps[("req-0", 1)]["draft_topk"]) == K and len(steps[("req-1", 1)]["draft_topk"]) == K

@@ -72,7 +72,7 @@ class TracerCore:
             if self.config.sync_debug and probe not in health.last_error:
                 log.warning("draftscope: probe %s failed under DRAFTSCOPE_SYNC_DEBUG: %s\n%s", probe, exc,
                             traceback.format_exc(limit=-6))
-            if health.failed(probe, exc):
+            if health.failed(probe, exc, say=not self.config.sync_debug):
                 log.warning("draftscope: probe %s failed %d times in a row and is disabled (%s)",
                             probe, health.failure_limit, health.last_error[probe])
             return None

@@ -212,7 +212,7 @@ class Relay(JobQueue):
                 self._dumps([job], trial=True)
                 ok.append(job)
             except Exception as exc:
-                self.health.failed(f"{job.probe}.build", exc)
+                self.health.failed(f"{job.probe}.build", exc, say=True)
                 self.health.drop("build_error", batch=known_records([job]))
                 job.release()
         return self._dumps(ok)

@@ -190,7 +190,7 @@ class Writer(JobQueue):
         try:
             records = job()
         except Exception as exc:  # a job never stops the writer
-            self.health.failed(f"{probe}.build", exc)
+            self.health.failed(f"{probe}.build", exc, say=True)
             self.health.drop("build_error", batch=known_records([job]))
             return
         if records:

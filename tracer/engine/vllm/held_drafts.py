@@ -1,15 +1,59 @@
-"""The draft's top-k a sampled request's next verify reads (``Requests.proposed``: rid -> (the summaries of one
-step's draft positions, the request's row in them)): kept when the draft has run, taken by the request's next
-verify record, given back to their ring when no record will read them. The requests drafted in one step share
-that step's summaries. The runner's thread only.
+"""The draft's top-k a sampled request's next verify reads (``Requests.proposed``: rid -> (its claims on the
+summaries of one step's draft positions, the request's row in them)): kept when the draft has run, taken by the
+request's next verify record, given back when no record will read them. The requests drafted in one step share
+that step's summaries: each holds a :class:`Claim` on every one, and a summary goes back to its ring only when
+every claim on it is given back unread (a record that reads it keeps its bytes for the others). The runner's
+thread keeps and takes claims; a record dropped in the relay gives its claims back there.
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Iterable
+import threading
+from typing import Iterable
 
 from draftscope_tracer.engine.vllm.requests import Requests
 from draftscope_tracer.engine.vllm.step_layout import Verify
+
+
+class _Launch:
+    """One summary launch and how many claims on it are not given back yet."""
+
+    __slots__ = ("pending", "claims", "lock")
+
+    def __init__(self, pending, claims: int):
+        self.pending, self.claims, self.lock = pending, claims, threading.Lock()
+
+
+def _read(summary):
+    """A claim unpickled is the summary it claimed (``Pending`` pickles as its bytes)."""
+    return summary
+
+
+class Claim:
+    """One request's claim on a draft top-k launch: reads it (``result``, or pickled for the recorder) as the
+    launch itself; :meth:`release` gives the claim back (the launch is freed with the last one). Twice is once."""
+
+    __slots__ = ("_launch", "_given_back")
+
+    def __init__(self, launch: _Launch):
+        self._launch, self._given_back = launch, False
+
+    def result(self):
+        return self._launch.pending.result()
+
+    def release(self) -> None:
+        launch = self._launch
+        with launch.lock:
+            if self._given_back:
+                return
+            self._given_back = True
+            launch.claims -= 1
+            last = launch.claims == 0
+        if last:
+            launch.pending.release()
+
+    def __reduce__(self):
+        return _read, (self._launch.pending,)
 
 
 class HeldDrafts:
@@ -19,30 +63,25 @@ class HeldDrafts:
         self.requests = requests
 
     def keep(self, ctx) -> None:
-        """What this step drafted (``ctx``: ``step.StepContext``) is verified at each request's next step: its top-k
-        kept until then."""
+        """What this step drafted (``ctx``: ``step.StepContext``) is verified at each request's next step: a claim on
+        its top-k kept until then (a claim kept from an earlier step and not taken is given back)."""
         if not ctx.draft_topk:
             return
-        copies = tuple(ctx.draft_topk)
-        for p in ctx.picks:
+        launches = [_Launch(c, len(ctx.picks)) for c in ctx.draft_topk]
+        for j, p in enumerate(ctx.picks):
             self.forget(p.rid)
-        self.requests.proposed.update({p.rid: (copies, j) for j, p in enumerate(ctx.picks)})
+            self.requests.proposed[p.rid] = (tuple(Claim(launch) for launch in launches), j)
 
     def forget(self, rid: str) -> None:
-        """``rid``'s draft top-k waiting for a verify goes back to its ring unless another request still waits on
-        the same launch."""
+        """``rid``'s claims on a draft top-k waiting for a verify are given back."""
         held = self.requests.proposed.pop(rid, None)
-        if held is None or any(v[0] is held[0] for v in self.requests.proposed.values()):
-            return
-        for c in held[0]:
-            c.release()
+        if held is not None:
+            for claim in held[0]:
+                claim.release()
 
     @staticmethod
-    def release(verify: Iterable[Verify], kept: AbstractSet[int] = frozenset()) -> None:
-        """Give the draft top-k the ``verify`` entries took back to its ring, but for the summaries in ``kept`` (the
-        ids of those a queued record reads)."""
+    def release(verify: Iterable[Verify]) -> None:
+        """Give back the claims the ``verify`` entries took and no record will read."""
         for v in verify:
-            for c in (v.draft[0] if v.draft is not None else ()):
-                if id(c) not in kept:
-                    c.release()
-
+            for claim in (v.draft[0] if v.draft is not None else ()):
+                claim.release()

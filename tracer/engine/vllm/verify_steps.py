@@ -64,13 +64,12 @@ class VerifySteps:
                 dropped.append(v)
                 continue
             steps.append(vllm_records.VerifyStep(v.rid, v.step, pos, drafted, accepted, v.rows, v.draft))
-        kept = {id(c) for s in steps if s.draft is not None for c in s.draft[0]}
-        self.drafts.release(dropped, kept)  # a draft's top-k no record reads
+        self.drafts.release(dropped)  # claims on a draft's top-k no record reads
         if not steps:
             if target is not None:
                 target.release()
             return
-        copies = tuple({id(c): c for s in steps if s.draft is not None for c in s.draft[0]}.values())
+        copies = tuple(c for s in steps if s.draft is not None for c in s.draft[0])
         self.transport.submit("verify", vllm_records.verify, steps, target, now, *layout, pendings=(target, *copies))
 
     def read(self) -> None:

@@ -1,0 +1,149 @@
+"""Host time of the vLLM hooks' CUDA branch per engine step, against the same step without the tracer.
+
+``testbed.gpu.vllm_hooks_path.VllmStepPath`` runs engine steps through the vLLM plugin's own AROUND hooks with a
+real ``VLLMTracer`` attached as on CUDA (the runner's ``propose_draft_token_ids``, the drafter's ``propose`` with
+the draft's ``fc`` and one ``compute_logits`` per draft position, stand-ins holding tensors shaped as vLLM hands
+them). Three paths of the same widths step in turns, in a shuffled order each iteration: **no tracer** (the
+plugin's hooks find no tracer and call vLLM's methods only), **1 in 16** and **every request** sampled. Each
+iteration first queues ``FORWARD_MS`` of GPU work (the model's forward), the step's host work runs while it is
+queued, then the host waits for the previous iteration, so a hook that waited for the GPU would show. The
+tracer's own host time per step is the difference of the medians against no tracer; a cProfile of the
+every-request path says where it goes. Widths: the GPU test bed's tiny models (what the vLLM throughput phase
+serves: hidden 128, 3 aux layers, vocabulary 1,024, float32) and Kimi-K2.5's (hidden 7168, vocabulary 163,840,
+bf16), batch 8 and 64, 3 drafts.
+
+    python bench/gpu_vllm_hooks.py          # JSON also to $OUT/gpu_vllm_hooks.json if OUT is set
+    python bench/gpu_vllm_hooks.py --iterations 100 --widths tiny
+
+Needs a CUDA GPU, torch (Triton for the summaries) and the tracer importable as ``draftscope_tracer`` (the vLLM
+GPU kit's run.sh puts its tracer on ``PYTHONPATH``; this needs no vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from draftscope_tracer.engine.vllm import plugin  # noqa: E402
+from testbed.gpu.hooks_path import gpu_sleep_cycles_per_ms  # noqa: E402  (the checkout, by path)
+from testbed.gpu.vllm_hooks_path import VllmStepPath  # noqa: E402
+
+FORWARD_MS = 3.0
+WIDTHS = {"tiny": dict(hidden=128, aux=3, vocab=1024, k=3, dtype=torch.float32),
+          "kimi": dict(hidden=7168, aux=3, vocab=163_840, k=3, dtype=torch.bfloat16)}
+CONFIGS = {"no tracer": 1, "1 in 16": 16, "every request": 1}
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def step(path: VllmStepPath, traced: bool) -> float:
+    """One engine step's host time (µs): the plugin sees ``path``'s tracer, or none."""
+    plugin.PLUGIN.tracer = path.tracer if traced else None
+    t0 = time.perf_counter()
+    path.step()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def measure(widths: str, batch: int, iterations: int, warmup: int, cycles: int) -> dict:
+    paths = {name: VllmStepPath(batch, sample_every=every, **WIDTHS[widths]) for name, every in CONFIGS.items()}
+    times = {name: [] for name in paths}
+    prev = None
+    order = list(paths)
+    for i in range(warmup + iterations):
+        random.shuffle(order)
+        for name in order:
+            torch.cuda._sleep(cycles)  # the model's forward, queued ahead of the step's host work
+            us = step(paths[name], name != "no tracer")
+            if prev is not None:
+                prev.synchronize()
+            prev = torch.cuda.Event()
+            prev.record()
+            if i >= warmup:
+                times[name].append(us)
+    torch.cuda.synchronize()
+    reports = {}
+    for name, path in paths.items():
+        plugin.PLUGIN.tracer = path.tracer
+        reports[name] = path.close()
+    base = statistics.median(times["no tracer"])
+    out = {"widths": widths, "batch": batch, "iterations": iterations}
+    for name, xs in times.items():
+        med = statistics.median(xs)
+        out[name] = {"median_us": round(med, 1), "p90_us": round(pct(xs, 0.9), 1),
+                     "own_us": None if name == "no tracer" else round(med - base, 1),
+                     "errors": reports[name]["errors"], "drops": reports[name]["drops"],
+                     "relay_error": reports[name]["relay_error"]}
+    return out
+
+
+def profile(widths: str, batch: int, iterations: int, cycles: int) -> str:
+    """Where the every-request path's host time goes (cProfile, top functions by own time)."""
+    path = VllmStepPath(batch, sample_every=1, **WIDTHS[widths])
+    for _ in range(10):
+        step(path, True)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    for _ in range(iterations):
+        torch.cuda._sleep(cycles)
+        prof.enable()
+        step(path, True)
+        prof.disable()
+        torch.cuda.synchronize()
+    path.close()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    return buf.getvalue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--widths", default="tiny,kimi", help="comma-separated: " + ", ".join(WIDTHS))
+    ap.add_argument("--batches", default="8,64")
+    ap.add_argument("--no-profile", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_vllm_hooks: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cycles = int(gpu_sleep_cycles_per_ms() * FORWARD_MS)
+    results = {"device": torch.cuda.get_device_name(), "forward_ms": FORWARD_MS, "cases": [], "profiles": {}}
+    print("| widths | batch | no tracer µs (median / p90) | 1 in 16 | every request | tracer's own µs, 1 in 16 / every |")
+    print("|---|---|---|---|---|---|")
+    for widths in a.widths.split(","):
+        for batch in (int(b) for b in a.batches.split(",")):
+            r = measure(widths, batch, a.iterations, a.warmup, cycles)
+            results["cases"].append(r)
+            n, s, e = r["no tracer"], r["1 in 16"], r["every request"]
+            print(f"| {widths} | {batch} | {n['median_us']} / {n['p90_us']} | {s['median_us']} / {s['p90_us']} | "
+                  f"{e['median_us']} / {e['p90_us']} | {s['own_us']} / {e['own_us']} |", flush=True)
+            bad = {k: (v["errors"], v["drops"], v["relay_error"]) for k, v in r.items() if isinstance(v, dict)
+                   and (v["errors"] or v["drops"] or v["relay_error"])}
+            if bad:
+                print(f"  tracer errors or drops: {bad}", flush=True)
+            if not a.no_profile and batch == 64:
+                results["profiles"][widths] = text = profile(widths, batch, 50, cycles)
+                print(f"\ncProfile, {widths} widths, batch 64, every request, 50 steps:\n{text}", flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_vllm_hooks.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
