@@ -7,8 +7,9 @@ them). Three paths of the same widths step in turns, in a shuffled order each it
 plugin's hooks find no tracer and call vLLM's methods only), **1 in 16** and **every request** sampled. Each
 iteration first queues ``FORWARD_MS`` of GPU work (the model's forward), the step's host work runs while it is
 queued, then the host waits for the previous iteration, so a hook that waited for the GPU would show. The
-tracer's own host time per step is the difference of the medians against no tracer; a cProfile of the
-every-request path says where it goes. Widths: the GPU test bed's tiny models (what the vLLM throughput phase
+tracer's own host time per step is the difference of the medians against no tracer; at batch 64 the host
+time of each part of the step hooks (1 in 16 and every request) and a cProfile of the every-request path say
+where it goes. Widths: the GPU test bed's tiny models (what the vLLM throughput phase
 serves: hidden 128, 3 aux layers, vocabulary 1,024, float32) and Kimi-K2.5's (hidden 7168, vocabulary 163,840,
 bf16), batch 8 and 64, 3 drafts.
 
@@ -92,6 +93,46 @@ def measure(widths: str, batch: int, iterations: int, warmup: int, cycles: int) 
     return out
 
 
+PARTS = {"cuda": ("before_propose", "on_draft_input", "on_fc", "on_draft_logits", "keep_drafts"),
+         "cuda.verify_steps": ("read", "add"), "cuda.summaries": ("target",), "": ("after_propose", "after_draft")}
+
+
+def breakdown(widths: str, batch: int, every: int, iterations: int, cycles: int) -> dict:
+    """Median host µs per step of each part of the tracer's step hooks (each method timed where the hooks call
+    it; parts nest: ``cuda.verify_steps.add`` runs inside ``cuda.before_propose``, ``cuda.summaries.target``
+    inside ``add``)."""
+    path = VllmStepPath(batch, sample_every=every, **WIDTHS[widths])
+    spent: dict = {}
+    for owner_name, names in PARTS.items():
+        owner = path.tracer.steps
+        for attr in filter(None, owner_name.split(".")):
+            owner = getattr(owner, attr)
+        for name in names:
+            key = f"{owner_name}.{name}".lstrip(".")
+            spent[key] = []
+
+            def timed(*args, _fn=getattr(owner, name), _key=key, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    spent[_key][-1] += (time.perf_counter() - t0) * 1e6
+            setattr(owner, name, timed)
+    total = []
+    for i in range(20 + iterations):
+        for xs in spent.values():
+            xs.append(0.0)
+        torch.cuda._sleep(cycles)
+        total.append(step(path, True))
+        torch.cuda.synchronize()
+    sampled = len(path.tracer.requests.sampled)
+    path.close()
+    out = {k: round(statistics.median(xs[20:]), 1) for k, xs in spent.items()}
+    out["step (harness included)"] = round(statistics.median(total[20:]), 1)
+    out["sampled requests"] = sampled
+    return out
+
+
 def profile(widths: str, batch: int, iterations: int, cycles: int) -> str:
     """Where the every-request path's host time goes (cProfile, top functions by own time)."""
     path = VllmStepPath(batch, sample_every=1, **WIDTHS[widths])
@@ -117,7 +158,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--widths", default="tiny,kimi", help="comma-separated: " + ", ".join(WIDTHS))
     ap.add_argument("--batches", default="8,64")
-    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="no cProfile (the parts' breakdown is always printed)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_vllm_hooks: needs a CUDA GPU", file=sys.stderr)
@@ -137,6 +178,11 @@ def main() -> int:
                    and (v["errors"] or v["drops"] or v["relay_error"])}
             if bad:
                 print(f"  tracer errors or drops: {bad}", flush=True)
+            if batch == 64:
+                for every in (16, 1):
+                    parts = breakdown(widths, batch, every, a.iterations, cycles)
+                    results.setdefault("breakdown", []).append({"widths": widths, "every": every, **parts})
+                    print(f"  parts, {widths} widths, batch 64, 1 in {every}: {json.dumps(parts)}", flush=True)
             if not a.no_profile and batch == 64:
                 results["profiles"][widths] = text = profile(widths, batch, 50, cycles)
                 print(f"\ncProfile, {widths} widths, batch 64, every request, 50 steps:\n{text}", flush=True)
