@@ -296,14 +296,16 @@ def start_server(
     draft_dir,
     extra_args: list[str],
     log_path,
-    env: dict | None = None,
+    env: dict | Callable[[int], dict] | None = None,
     python: str | None = None,
     timeout: float = 240.0,
     api_key: str | None = None,
 ) -> ServerHandle:
     """Start `sglang.launch_server` for `target_dir` (plus an EAGLE-3 `draft_dir`, or None for no
     speculation) on a free local port and wait until it answers `/model_info`. With `api_key` the
-    server gets `--api-key` and the handle sends it with every request.
+    server gets `--api-key` and the handle sends it with every request. `env` may be a function of the
+    port: each attempt's own environment (e.g. a fresh tracer store, so an attempt that lost its port
+    leaves no run where the next one writes).
 
     Raises `ServerStartError` with the log tail if the process exits or `timeout` seconds pass
     (and then leaves no process behind). A port another process took before the server bound it
@@ -331,9 +333,10 @@ def on_a_free_port(start: Callable[[int], T], log_path: Path) -> T:
     raise ServerStartError(_failure(f"the port was taken {PORT_ATTEMPTS} times in a row", log_path))
 
 
-def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path: Path, env: dict | None,
+def _start(python: Path, target_dir, draft_dir, extra_args: list[str], log_path: Path, env,
            timeout: float, api_key: str | None, port: int) -> ServerHandle:
     extra_args = [*extra_args, "--api-key", api_key] if api_key else extra_args
+    env = env(port) if callable(env) else env
     command = server_command(python, target_dir, draft_dir, extra_args, port)
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from draftscope.store import db, models
 from tests.fixtures.store import make_batch, run_record
 
-SECRET = "ds-secret-5b7e0c93"
+SECRET = "ds-secret-zq7x0c93"  # no run of 4 hex digits: a random run id cannot contain it
 # What a 0.5.23 tracer stored as vars(server_args): private keys only, the fields in _raw_input.
 OLD_VARS = {"_launch_command": f"--model-path /m/t --api-key {SECRET} --speculative-algorithm EAGLE3",
             "_raw_input": {"model_path": "/m/t", "api_key": SECRET, "admin_api_key": SECRET,
@@ -22,7 +22,7 @@ OLD_VARS = {"_launch_command": f"--model-path /m/t --api-key {SECRET} --speculat
             "_resolved_overrides": [["spec", {"speculative_num_steps": 3}]]}
 
 
-OLD_CONFIG = {"url": "https://alice:s3cret-5b7e@dash.example:8177/?token=tok-5b7e", "ingest_token": "tok-5b7e",
+OLD_CONFIG = {"url": "https://alice:s3cret-zq7x@dash.example:8177/?token=tok-zq7x", "ingest_token": "tok-zq7x",
               "step_stride": 1, "api_key": SECRET}
 
 
@@ -92,7 +92,7 @@ def test_credentials_in_an_old_tracers_config_are_filtered_at_ingest(client, sto
 def test_a_credentialed_config_stored_before_the_filter_shows_none(client, store_url):
     run_id = _stored_by_an_old_dashboard(client, store_url, tracer_config=OLD_CONFIG)
     text = _everything(client, run_id)
-    assert "alice" not in text and "5b7e" not in text
+    assert "alice" not in text and "zq7x" not in text
     assert client.get(f"/api/v1/runs/{run_id}").json()["run"]["tracer_config"]["url"] == \
         "https://dash.example:8177"
 
