@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from draftscope.findings import Observation, topk_gaps
 from draftscope.findings.model import RequestAcceptance
-from draftscope.store.tables import BATCHES, BINS, HEALTH, REQUESTS, RUNS, SAMPLES, STATS, STEPS, run_key
+from draftscope.store.tables import BATCHES, BINS, HEALTH, REQUESTS, RUNS, SAMPLES, STATS, STEPS
 
 MAX_BUCKETS = 400  # per binned series and key; the pages re-bin to fewer
 NORM_POINTS = ("target.aux[", "draft.fc.out")  # prefixes whose l2_mean is binned over time
@@ -51,11 +51,14 @@ def _bucket(conn: sa.Connection, value: sa.ColumnElement, width: float) -> sa.Co
     return sa.cast(value / width, sa.Integer)
 
 
-def _run_rows(table: sa.Table, run_id: str, lo: int, hi: int) -> list[sa.ColumnElement]:
-    """Rows of ``run_id`` with lo < id <= hi. Past the first pass the id range is the cheap way
+def _run_rows(table: sa.Table, key: int | None, lo: int, hi: int) -> list[sa.ColumnElement]:
+    """Rows of the run whose key is ``key`` with lo < id <= hi. The key is a value, not a subquery on
+    ``runs``: PostgreSQL plans by it, so a new run's first pass reads its rows through the run_key index
+    (unknown at planning, with one large run in the table, the key was taken to match every row and each
+    new run's first fold scanned the whole table). Past the first pass the id range is the cheap way
     in (``run_key + 0`` keeps the planner off the run_key index, which would scan the whole run)."""
     run = table.c.run_key if lo == 0 else table.c.run_key + 0
-    return [run == run_key(run_id), table.c.id > lo, table.c.id <= hi]
+    return [run == key, table.c.id > lo, table.c.id <= hi]
 
 
 def id_bounds(conn: sa.Connection) -> tuple[int, int]:
@@ -131,8 +134,9 @@ class _Fold:
                  sample_hi: int):
         self.conn, self.run_id, self.old = conn, run_id, stats
         self.new = {k: v for k, v in stats.items() if k != "new"}
-        self.step_where = _run_rows(STEPS, run_id, stats["step_id_max"], step_hi)
-        self.sample_where = _run_rows(SAMPLES, run_id, stats["sample_id_max"], sample_hi)
+        key = conn.execute(sa.select(RUNS.c.key).where(RUNS.c.id == run_id)).scalar()
+        self.step_where = _run_rows(STEPS, key, stats["step_id_max"], step_hi)
+        self.sample_where = _run_rows(SAMPLES, key, stats["sample_id_max"], sample_hi)
         self.new.update(step_id_max=step_hi, sample_id_max=sample_hi)
         self.bins: list[dict[str, Any]] = []
         self.step_rids: set[str] = set()  # rids of the new steps
