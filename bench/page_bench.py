@@ -19,8 +19,8 @@
    ``VACUUM (ANALYZE)``, the work autovacuum does after a bulk load; ``--no-vacuum``: not): the first
    load of each page is its first view in a freshly started process. ``--drop-caches`` (root, Linux)
    also empties the OS page cache before that restart (``sync; echo 3 > /proc/sys/vm/drop_caches``;
-   SQLite: on PostgreSQL its shared buffers stay warm): each page's first view then reads the
-   store from disk.
+   on PostgreSQL while its server is stopped, so that its shared buffers start empty too): each
+   page's first view then reads the store from disk.
 5. Where the time goes: the dashboard process's CPU time per page load (while the live run is
    paused), and the CPU time of each data-layer query behind the pages, called in this process on
    the same store (the best of 5); machine load inflates CPU time far less than wall time.
@@ -32,6 +32,7 @@
     .venv/bin/python bench/page_bench.py --store DIR          # again on a kept store (no fill)
     .venv/bin/python bench/page_bench.py --store DIR --drop-caches   # first views from a cold OS cache
     .venv/bin/python bench/page_bench.py --postgres           # the same on a throwaway PostgreSQL
+    .venv/bin/python bench/page_bench.py --postgres --store DIR --drop-caches   # a kept PostgreSQL store, cold
     .venv/bin/python bench/page_bench.py --requests 500       # a quick look
     .venv/bin/python bench/page_bench.py --keep --requests 100000 --copies 100   # 10M steps in ~30 min
 """
@@ -140,38 +141,48 @@ def fill(url: str, run_id: str, args: argparse.Namespace) -> None:
     engine.dispose()
 
 
-def copy_fill(path: str, run_id: str, copies: int) -> None:
-    """Copy the run's stored requests, steps and samples ``copies - 1`` times in SQL (SQLite), the
-    k-th copy's rids numbered on by k x the requests stored (``req-01000`` ...), and one
-    ``ingest_batches`` row per batch copied: a large store in minutes instead of an hour."""
-    import sqlite3
+def copy_fill(url: str, run_id: str, copies: int) -> None:
+    """Copy the run's stored requests, steps and samples ``copies - 1`` times in SQL (INSERT ... SELECT: new
+    ids, the run's key kept), the k-th copy's rids numbered on by k x the requests stored (``req-01000`` ...),
+    and one ``ingest_batches`` row per batch copied; the dashboard's refresher folds the copies as it would
+    batches: a large store in minutes instead of an hour."""
+    import sqlalchemy as sa
 
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA cache_size=-262144")
-    top = {t: conn.execute(f"SELECT max(id) FROM {t}").fetchone()[0]
-           for t in ("requests", "verify_steps", "tensor_samples")}
-    per = conn.execute("SELECT count(*) FROM requests WHERE run_id = ?", (run_id,)).fetchone()[0]
-    batch_columns = [r[1] for r in conn.execute("PRAGMA table_info(ingest_batches)")]
-    batches = [dict(zip(batch_columns, row)) for row in conn.execute(
-        "SELECT * FROM ingest_batches WHERE run_id = ? AND step_rows > 0", (run_id,))]
+    from draftscope.store import db
+    from draftscope.store.stats import PG_WRITE_LOCK
+    from draftscope.store.tables import BATCHES, REQUESTS
+
+    engine = db.make_engine(url)
+    sqlite = engine.dialect.name == "sqlite"
+    number = "{k} + CAST(substr(rid, 5) AS INTEGER)"
+    rid = (f"printf('req-%05d', {number})" if sqlite else  # as f"req-{i:05d}"
+           f"'req-' || lpad(CAST({number} AS TEXT), greatest(5, length(CAST({number} AS TEXT))), '0')")
+    with engine.connect() as conn:
+        columns = {t: [c["name"] for c in sa.inspect(conn).get_columns(t) if c["name"] != "id"]
+                   for t in ("requests", "verify_steps", "tensor_samples")}
+        top = {t: conn.exec_driver_sql(f"SELECT max(id) FROM {t}").scalar_one() for t in columns}
+        per = conn.execute(sa.select(sa.func.count()).where(REQUESTS.c.run_id == run_id)).scalar_one()
+        batches = conn.execute(sa.select(BATCHES).where(BATCHES.c.run_id == run_id, BATCHES.c.step_rows > 0)).all()
     start = time.perf_counter()
     for k in range(1, copies):
-        conn.execute("BEGIN IMMEDIATE")
-        for table, last in top.items():
-            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "id"]
-            picked = ", ".join(f"printf('req-%05d', {k * per} + CAST(substr(rid, 5) AS INTEGER))"
-                               if c == "rid" else c for c in columns)
-            run = "run_id = ?" if "run_id" in columns else "run_key = (SELECT key FROM runs WHERE id = ?)"
-            conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {picked} FROM {table} "
-                         f"WHERE id <= {last} AND {run} ORDER BY id", (run_id,))
-        for batch in batches:
-            row = {**batch, "batch_id": uuid.uuid4().hex, "received_at": time.time()}
-            conn.execute(f"INSERT INTO ingest_batches ({', '.join(row)}) VALUES "
-                         f"({', '.join('?' * len(row))})", list(row.values()))
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with engine.connect().execution_options(draftscope_write=True) as conn, conn.begin():
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA cache_size=-262144")
+            else:  # as a batch writer: the refresher's id bound waits for this transaction
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(PG_WRITE_LOCK)))
+            for table, last in top.items():
+                picked = ", ".join(rid.format(k=k * per) if c == "rid" else c for c in columns[table])
+                run = "run_id = :run" if "run_id" in columns[table] else \
+                    "run_key = (SELECT key FROM runs WHERE id = :run)"
+                conn.execute(sa.text(f"INSERT INTO {table} ({', '.join(columns[table])}) SELECT {picked} "
+                                     f"FROM {table} WHERE id <= {last} AND {run} ORDER BY id"), {"run": run_id})
+            conn.execute(sa.insert(BATCHES), [{**b._mapping, "batch_id": uuid.uuid4().hex,
+                                               "received_at": time.time()} for b in batches])
+        if sqlite:
+            with engine.connect() as conn:
+                conn.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         print(f"\r  copied {k} / {copies - 1}", end="", flush=True)
-    conn.close()
+    engine.dispose()
     print(f"\ncopies: {copies - 1} in {time.perf_counter() - start:.0f} s")
 
 
@@ -420,13 +431,15 @@ def main() -> None:
                         help="PostgreSQL: measure while autovacuum works through the fill, not after "
                              "a VACUUM (ANALYZE)")
     parser.add_argument("--postgres", action="store_true",
-                        help="a throwaway PostgreSQL server (Debian's binaries) instead of SQLite")
+                        help="a PostgreSQL server (Debian's binaries) instead of SQLite, its cluster in "
+                             "the store's folder (thrown away unless --keep)")
     parser.add_argument("--copies", type=int, default=1,
-                        help="SQLite: fill --requests / COPIES requests through BatchWriter, then copy "
-                             "them in SQL until --requests (fast; each table's pages come out more "
-                             "clustered than a live fill's)")
+                        help="fill --requests / COPIES requests through BatchWriter, then copy them in SQL "
+                             "until --requests (fast; each table's pages come out more clustered than a "
+                             "live fill's)")
     parser.add_argument("--drop-caches", action="store_true",
-                        help="empty the OS page cache (root) before the dashboard restarts: cold first views")
+                        help="empty the OS page cache (root) before the dashboard restarts (PostgreSQL: "
+                             "with its server stopped): cold first views")
     parser.add_argument("--keep", action="store_true", help="keep the store's folder (printed)")
     parser.add_argument("--store", type=Path, help="a folder a --keep run left: measure it, no fill")
     parser.add_argument("--live-run", help=argparse.SUPPRESS)
@@ -439,19 +452,17 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port)
         return
-    if args.postgres and (args.store or args.keep):
-        parser.error("--postgres runs on a throwaway server: no --store or --keep")
-    if args.copies > 1 and (args.postgres or args.requests % args.copies):
-        parser.error("--copies: SQLite only, and a divisor of --requests")
-    if args.postgres:
-        from testbed.postgres import create_database, postgres_cluster
-
-        with postgres_cluster(shared_buffers="1GB") as base:
-            bench(args, create_database(base, "pages"), None)
-        return
+    if args.copies > 1 and args.requests % args.copies:
+        parser.error("--copies: a divisor of --requests")
     tmp = args.store or Path(tempfile.mkdtemp(prefix="draftscope-pages-"))
     try:
-        bench(args, f"sqlite:///{tmp / 'pages.db'}", tmp)
+        if args.postgres:  # the cluster in the store's folder (data/, log)
+            from testbed.postgres import create_database, postgres_cluster
+
+            with postgres_cluster(tmp, shared_buffers="1GB") as base:
+                bench(args, f"{base}/pages" if args.store else create_database(base, "pages"), tmp)
+        else:
+            bench(args, f"sqlite:///{tmp / 'pages.db'}", tmp)
     finally:
         if args.keep or args.store:
             print(f"store kept: --store {tmp}")
@@ -547,7 +558,7 @@ def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
             print(f"run {big}: {args.requests:,} requests, {steps:,} verify steps, {2 * steps:,} samples")
             fill(url, big, args)
             if args.copies > 1:
-                copy_fill(str(store / "pages.db"), big, args.copies)
+                copy_fill(url, big, args.copies)
             print(f"aggregates caught up {wait_for(conn, big, steps, 3600):.1f} s after the last batch")
         add_runs(url, args.runs)
         print(f"every run's aggregates caught up {all_folded(url, 600):.1f} s later")
@@ -555,7 +566,11 @@ def bench(args: argparse.Namespace, url: str, store: Path | None) -> None:
         if url.startswith("postgresql") and args.vacuum:
             print(f"VACUUM (ANALYZE) after the fill: {vacuum_analyze(url):.1f} s (what autovacuum does "
                   "in the background after a bulk load, here before the measurement)")
-        if args.drop_caches:
+        if args.drop_caches and url.startswith("postgresql"):  # its shared buffers go with the server
+            from testbed.postgres import restart_cluster
+
+            restart_cluster(store, between=drop_caches)
+        elif args.drop_caches:
             drop_caches()
         server, port = start_server(url)  # a cold process: no page rendered yet
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from testbed.server import free_port
@@ -31,19 +32,22 @@ def as_postgres(cmd: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def postgres_cluster(**settings: str) -> Iterator[str]:
+def postgres_cluster(root: Path | None = None, **settings: str) -> Iterator[str]:
     """A throwaway PostgreSQL server (Debian's binaries) in a temp dir on a free port; yields its
-    base URL (no database name) and removes it on exit. ``settings``: extra ``-c`` options."""
+    base URL (no database name) and removes it on exit. ``settings``: extra ``-c`` options. ``root``: a
+    folder of the caller's instead, whose cluster (``root/data``) is made if new, else started again; on exit
+    the server is stopped cleanly and the folder left."""
     bindir = pg_bin()
     if bindir is None:
         raise RuntimeError(PG_MISSING)
-    root = Path(tempfile.mkdtemp(prefix="draftscope-pg-"))
+    kept, root = root is not None, root or Path(tempfile.mkdtemp(prefix="draftscope-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     data = root / "data"
-    subprocess.run(as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                                "--auth=trust", "--no-sync", "-E", "UTF8"]),
-                   check=True, capture_output=True)
+    if not data.exists():
+        subprocess.run(as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+                                    "--auth=trust", "--no-sync", "-E", "UTF8"]),
+                       check=True, capture_output=True)
     extra = "".join(f" -c {k}={v}" for k, v in settings.items())
     for _ in range(3):  # a free port another process binds first: again on a new one
         port = free_port()
@@ -54,14 +58,28 @@ def postgres_cluster(**settings: str) -> Iterator[str]:
         if started.returncode == 0 or "Address already in use" not in log:
             break
     if started.returncode != 0:
-        shutil.rmtree(root, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"pg_ctl start failed: {started.stdout!r} {started.stderr!r}\n{log[-2000:]}")
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
     finally:
-        subprocess.run(as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
+        subprocess.run(as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast" if kept else "immediate",
                                     "-w", "stop"]), capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def restart_cluster(root: Path, between: Callable[[], None]) -> None:
+    """Stop the server of ``postgres_cluster(root)`` cleanly (its shared buffers go with it), call
+    ``between``, and start it again with the options it ran with (``postmaster.opts``), on the same port."""
+    bindir, data = pg_bin(), root / "data"
+    options = " ".join(shlex.split((data / "postmaster.opts").read_text())[3:])  # after postgres -D DATA
+    subprocess.run(as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+                   check=True, capture_output=True)
+    between()
+    subprocess.run(as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,
+                                "-w", "-t", "60", "start"]), check=True, capture_output=True)
 
 
 def create_database(base_url: str, name: str) -> str:
