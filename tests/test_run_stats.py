@@ -219,3 +219,30 @@ def test_a_new_runs_first_fold_reads_its_steps_by_key_beside_a_large_run(engine)
         plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {sql}").scalars())
         assert conn.execute(query).scalar_one() == 5
     assert "uq_verify_steps_run_rid_step" in plan and "Seq Scan" not in plan, plan
+
+
+def test_a_small_runs_export_and_deletion_read_its_rows_by_key_beside_a_large_run(engine) -> None:
+    # As the fold: a bundle's export and retention's chunked deletes name the run by its key's value, so
+    # PostgreSQL reads a small run's rows through the run_key index, not the whole table the large run fills.
+    if engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's planner")
+    from draftscope.bundle import export
+    from draftscope.store.tables import STEPS, key_of, of_run
+
+    writer, big, small = BatchWriter(engine), uuid.uuid4().hex, uuid.uuid4().hex
+    for k in range(4):
+        _send(writer, big, steps=_steps(f"r{k}", 500, 0, T0))
+    with engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE verify_steps")
+        conn.commit()
+    _send(writer, small, steps=_steps("r0", 5, 0, T0))
+    with engine.connect() as conn:
+        key = key_of(conn, small)
+        chunk = STEPS.c.id.in_(sa.select(STEPS.c.id).where(of_run(STEPS, small, key)).limit(1000))  # retention's
+        for where in (export._where("verify_steps", small, key, None), [chunk]):
+            query = sa.select(sa.func.count()).select_from(STEPS).where(*where)
+            sql = str(query.compile(conn, compile_kwargs={"literal_binds": True}))
+            plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {sql}").scalars())
+            assert conn.execute(query).scalar_one() == 5
+            assert "Seq Scan on verify_steps" not in plan, plan
+    assert export.count_records(engine, small) == 5  # its steps: no request or sample was sent

@@ -28,7 +28,7 @@ from draftscope.redact import scrub
 from draftscope.spec import SpecError, read_draft, read_target
 from draftscope.spec.block import model_dir
 from draftscope.store import models, retention, wire_schema
-from draftscope.store.tables import REQUESTS, RUN_FIELDS, RUNS, of_run
+from draftscope.store.tables import REQUESTS, RUN_FIELDS, RUNS, key_of, of_run
 from draftscope_tracer.transport import wire
 
 Progress = Callable[[int], None]  # called with the number of records just written
@@ -49,8 +49,9 @@ class Unexportable(ExportError):
 def count_records(engine: sa.Engine, run_id: str, requests: list[str] | None = None) -> int:
     """How many records an export of ``run_id`` writes (for a progress bar's total)."""
     with engine.connect() as conn:
+        key = key_of(conn, run_id)
         return sum(conn.execute(sa.select(sa.func.count()).select_from(_table(t))
-                                .where(*_where(t, run_id, requests))).scalar_one()
+                                .where(*_where(t, run_id, key, requests))).scalar_one()
                    for t in fmt.TABLE_MEMBERS)
 
 
@@ -156,10 +157,11 @@ def _table(table: str) -> sa.Table:
     return models.RECORD_MODELS[table].__table__
 
 
-def _where(table: str, run_id: str, requests: list[str] | None) -> list[Any]:
-    """Rows of the run; with a selection, those of the selected requests plus run-level rows."""
+def _where(table: str, run_id: str, key: int | None, requests: list[str] | None) -> list[Any]:
+    """Rows of the run (``key``: its key's value, ``tables.key_of``); with a selection, those of the selected
+    requests plus run-level rows."""
     t = _table(table)
-    clauses = [of_run(t, run_id)]
+    clauses = [of_run(t, run_id, key)]
     if requests is not None and "rid" in t.c and table != "tracer_health":
         clauses.append(t.c.rid.in_(requests) if table == "requests"
                        else sa.or_(t.c.rid.in_(requests), t.c.rid.is_(None)))
@@ -172,7 +174,7 @@ def _records(conn: sa.Connection, table: str, run_id: str, requests: list[str] |
     columns = wire.TABLE_COLUMNS[table][1:]
     selected = [sa.cast(t.c[c], sa.Text) if c in wire.JSON_COLUMNS else t.c[c] for c in columns]
     json_at = [i for i, c in enumerate(columns) if c in wire.JSON_COLUMNS]
-    query = sa.select(*selected).where(*_where(table, run_id, requests)).order_by(t.c.id)
+    query = sa.select(*selected).where(*_where(table, run_id, key_of(conn, run_id), requests)).order_by(t.c.id)
     for row in conn.execution_options(yield_per=_FETCH).execute(query):
         values = list(row)
         for i in json_at:

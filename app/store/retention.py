@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlmodel import SQLModel
 
 from draftscope.store.db import failure_reason
-from draftscope.store.tables import BATCHES, RUNS, SAMPLES, STATS, STEPS, of_run
+from draftscope.store.tables import BATCHES, RUNS, SAMPLES, STATS, STEPS, key_of, of_run
 
 log = logging.getLogger(__name__)
 WRITING_WINDOW_S = 3600.0  # a running run with data this recent may still be written (a tracer's outage)
@@ -199,6 +199,8 @@ def delete_run(engine: sa.Engine, run_id: str, now: float | None = None) -> bool
 def delete_marked(engine: sa.Engine, run_id: str) -> None:
     """The rows of a run marked ``PRUNING``, in chunks, children first; the run row last."""
     pacer = _Pacer(engine, DELETE_CHUNK_ROWS, "delete chunk")
+    with engine.connect() as conn:
+        run = key_of(conn, run_id)  # a value PostgreSQL plans the chunks by (see of_run)
     try:
         for table in run_tables():
             key = list(table.primary_key.columns)
@@ -206,7 +208,7 @@ def delete_marked(engine: sa.Engine, run_id: str) -> None:
                 with pacer.step() as locked, _write(engine) as conn, conn.begin():
                     locked()
                     rows = pacer.size
-                    where = of_run(table, run_id)
+                    where = of_run(table, run_id, run)
                     if len(key) == 1:  # else a run's few aggregate rows: at once
                         where = key[0].in_(sa.select(key[0]).where(where).limit(rows))
                     deleted = conn.execute(table.delete().where(where)).rowcount
@@ -221,7 +223,7 @@ def delete_marked(engine: sa.Engine, run_id: str) -> None:
         with pacer.step() as locked, _write(engine) as conn, conn.begin():
             locked()
             for table in run_tables():  # what a late batch added since its table was done
-                conn.execute(table.delete().where(of_run(table, run_id)))
+                conn.execute(table.delete().where(of_run(table, run_id, run)))
             conn.execute(RUNS.delete().where(RUNS.c.id == run_id))
             _lower_watermarks(conn)
     finally:

@@ -25,8 +25,15 @@ def run_key(run_id: str) -> sa.ScalarSelect:
     return sa.select(RUNS.c.key).where(RUNS.c.id == run_id).scalar_subquery()
 
 
-def of_run(table: sa.Table, run_id: str) -> sa.ColumnElement[bool]:
-    """``table``'s rows of the run ``run_id``: by its key where the table holds ``run_key``."""
+def key_of(conn: sa.Connection, run_id: str) -> int | None:
+    """The integer key of the run ``run_id`` (None: no such run)."""
+    return conn.execute(sa.select(RUNS.c.key).where(RUNS.c.id == run_id)).scalar()
+
+
+def of_run(table: sa.Table, run_id: str, key: int | None = None) -> sa.ColumnElement[bool]:
+    """``table``'s rows of the run ``run_id``: by its key where the table holds ``run_key``. ``key``: the key's
+    value, read by the caller (``key_of``) for a query that reads many rows: PostgreSQL plans by a value, where a
+    subquery's key is unknown at planning (beside one large run, taken to match most rows: a whole-table scan)."""
     if "run_key" in table.c:
-        return table.c.run_key == run_key(run_id)
+        return table.c.run_key == (run_key(run_id) if key is None else key)
     return table.c.run_id == run_id
