@@ -36,7 +36,7 @@ from draftscope.store.ingest import BatchWriter
 from draftscope.web.app import create_app
 from testbed import scenarios
 from testbed.server import start_server
-from tests.fixtures.sglang_server import PROBE_WITHOUT_GENERATION
+from tests.fixtures.sglang_server import IDLE_SLEEP, PROBE_WITHOUT_GENERATION
 from tests.fixtures.wait import ended
 
 pytestmark = pytest.mark.sglang
@@ -64,7 +64,7 @@ def traced(tmp_path_factory) -> Traced:
     secret, marker = f"ds-key-{uuid.uuid4().hex}", f"ds-marker-{uuid.uuid4().hex}"
     env = {**PROBE_WITHOUT_GENERATION, "DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1",
            "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
-    with start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args,
+    with start_server(prepared.target_dir, prepared.draft_dir, [*prepared.server_args, *IDLE_SLEEP],
                       root / "server.log", env=env, api_key=secret) as server:
         # 32 tokens: with 12, the random-marker prompts' answers decoded to 5 characters at most in one run,
         # and test_default_bundle_holds_no_secret_no_prompt_no_text had no text of DISTINCT_CHARS to look for

@@ -24,6 +24,7 @@ from draftscope.findings.fix import FLAGS_FILE
 from testbed import scenarios
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from testbed.server import EAGLE3_ARGS, start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP
 
 pytestmark = [pytest.mark.sglang, pytest.mark.scenario("healthy")]
 
@@ -38,7 +39,7 @@ def accept_length(answers: list[dict]) -> float:
 
 
 def served_accept_length(target, draft, args: list[str], log) -> float:
-    with start_server(target, draft, args, log, env=NO_TRACER) as server:
+    with start_server(target, draft, [*args, *IDLE_SLEEP], log, env=NO_TRACER) as server:
         return accept_length(server.generate_many(DEMO_PROMPTS, DEMO_NEW_TOKENS))  # as healthy_demo
 
 

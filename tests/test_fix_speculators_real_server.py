@@ -23,6 +23,7 @@ from testbed.models import ensure_models
 from testbed.server import ServerStartError, start_server
 from testbed.texts import DEMO_NEW_TOKENS, DEMO_PROMPTS
 from testbed.vllm_server import start_vllm_server
+from tests.fixtures.sglang_server import IDLE_SLEEP
 from tests.fixtures.wait import ended, until
 from tests.spec_fixtures import relabel
 from tests.test_fix_real_server import accept_length
@@ -81,7 +82,7 @@ def served_sglang(draft: Path, target: Path, root: Path, name: str, prompts=DEMO
     request ends its run crashed): (SGLang's accept length or None, the run's findings)."""
     url, env = _store(root, name)
     answers = []
-    with start_server(target, draft, [], root / f"{name}.log",
+    with start_server(target, draft, IDLE_SLEEP, root / f"{name}.log",
                       env={**env, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}) as server:
         try:
             answers = [server.generate(p, DEMO_NEW_TOKENS) for p in prompts]

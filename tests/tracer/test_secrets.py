@@ -22,6 +22,7 @@ import pytest
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_dashboard, start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP
 from tests.fixtures.wait import ended, ended_in_file
 
 pytestmark = pytest.mark.sglang
@@ -80,7 +81,7 @@ def test_api_key_is_found_nowhere(sink, tmp_path):
         credentialed = url.replace("http://", f"http://alice:{password}@") + f"/?token={query_token}"
         env.update({"url": {"DRAFTSCOPE_URL": credentialed}, "db": {"DRAFTSCOPE_DB": str(store)},
                     "file": {"DRAFTSCOPE_FILE": str(tmp_path / "store" / "trace.jsonl")}}[sink])
-        with start_server(models.target, models.draft, ["--speculative-draft-model-revision", hub_url],
+        with start_server(models.target, models.draft, ["--speculative-draft-model-revision", hub_url, *IDLE_SLEEP],
                           tmp_path / "server.log", env=env, api_key=secret) as server:
             for prompt in ("The quick brown fox", "Hello world, this is"):
                 server.generate(prompt, max_new_tokens=8)

@@ -14,7 +14,8 @@ import pytest
 
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
-from testbed.server import RECORDER, free_port, server_processes, start_dashboard, start_server
+from testbed.server import free_port, start_dashboard, start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP, recorders
 from tests.fixtures.wait import ended, until
 
 pytestmark = pytest.mark.sglang
@@ -32,7 +33,7 @@ def _answers(models, log, env, after_first=None, store=None):
     """The answers to PROMPTS and the log of the server, once stopped and (with ``store``, the
     tracer's SQLite store) once the tracer's final flush has ended the run there;
     ``after_first(server)`` runs after the first answer."""
-    with start_server(models.target, models.draft, [], log, env=env) as server:
+    with start_server(models.target, models.draft, IDLE_SLEEP, log, env=env) as server:
         outs = [server.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS)]
         if after_first is not None:
             after_first(server)
@@ -141,7 +142,7 @@ def test_answers_unchanged_with_tracer(reference, traced):
 def _kill_recorder(server) -> None:
     """SIGKILL the tracer's recorder process (started by the scheduler), once it has found the dashboard down."""
     until(lambda: "HTTP sink (" in open(server.log_path).read(), "the tracer's log says the dashboard is down", 30)
-    procs = [p for p in server_processes(server.pid) if RECORDER in p.cmdline()]
+    procs = recorders(server.pid)
     assert len(procs) == 1, procs
     procs[0].kill()
 

@@ -20,6 +20,7 @@ from draftscope.store import db as store_db
 from testbed import scenarios
 from testbed.models import ensure_models
 from testbed.server import ServerStartError, start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP
 from tests.fixtures.wait import ended_in_file
 
 pytestmark = pytest.mark.sglang
@@ -33,7 +34,7 @@ def test_sigterm_ends_the_run_and_the_file_imports(tmp_path):
     models = ensure_models()
     trace = tmp_path / "trace.jsonl"
     env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "30"}
-    with start_server(models.target, models.draft, [], tmp_path / "server.log", env=env) as server:
+    with start_server(models.target, models.draft, IDLE_SLEEP, tmp_path / "server.log", env=env) as server:
         outs = [server.generate(p, max_new_tokens=12) for p in ("The quick brown fox", "Hello world")]
         t0 = time.monotonic()
         server.stop()
@@ -63,7 +64,7 @@ def test_scheduler_crash_marks_the_run_crashed(tmp_path):
     env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1"}
     # SGLang's own health check already sends a one-token request: the server may die while starting
     with pytest.raises((ServerStartError, RuntimeError, OSError)):
-        with start_server(prepared.target_dir, prepared.draft_dir, list(prepared.server_args),
+        with start_server(prepared.target_dir, prepared.draft_dir, [*prepared.server_args, *IDLE_SLEEP],
                           tmp_path / "server.log", env=env) as server:
             server.generate("The quick brown fox", max_new_tokens=8)
     assert ended_in_file(trace) == "crashed"

@@ -14,6 +14,7 @@ import pytest
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
 from testbed.server import start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP
 from tests.fixtures.wait import ended, until
 from tests.fixtures.disk import fill
 
@@ -27,7 +28,7 @@ def test_full_disk_is_said_in_sglangs_log_and_the_run_ends(tiny_disk, tmp_path):
     store_db.upgrade(f"sqlite:///{store}")
     log = tmp_path / "server.log"
     env = {"DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "0.2"}
-    with start_server(models.target, models.draft, [], log, env=env) as server:
+    with start_server(models.target, models.draft, IDLE_SLEEP, log, env=env) as server:
         first = server.generate(PROMPTS[0], max_new_tokens=8)
         until(lambda: _stored(store, first), "the first request is stored before the disk fills")
         filler = fill(tiny_disk)

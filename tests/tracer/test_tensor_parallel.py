@@ -12,7 +12,8 @@ import pytest
 
 from draftscope.store import db as store_db
 from testbed.models import ensure_models
-from testbed.server import RECORDER, server_processes, start_server
+from testbed.server import start_server
+from tests.fixtures.sglang_server import IDLE_SLEEP, recorders
 from tests.fixtures.wait import ended
 
 pytestmark = pytest.mark.sglang
@@ -27,12 +28,12 @@ def test_tp2_records_one_stream(tmp_path):
     # SGLang's CPU path binds one core group per rank; without the variable it wants a NUMA node per rank
     env = {"DRAFTSCOPE_DB": str(store), "DRAFTSCOPE_SAMPLE_RATE": "1",
            "SGLANG_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[-1]}"}
-    with start_server(models.target, models.draft, ["--tp-size", "2"], tmp_path / "server.log", env=env,
+    with start_server(models.target, models.draft, ["--tp-size", "2", *IDLE_SLEEP], tmp_path / "server.log", env=env,
                       timeout=480) as server:
-        recorders = [p for p in server_processes(server.pid) if RECORDER in p.cmdline()]
+        found = recorders(server.pid)
         outs = [server.generate(p, max_new_tokens=12) for p in PROMPTS]
     ended(store)  # the recorder's final flush
-    assert len(recorders) == 1, recorders  # only TP rank 0 records
+    assert len(found) == 1, found  # only TP rank 0 records
     conn = sqlite3.connect(store)
     (facts, args, status), = conn.execute("select facts, server_args, status from runs").fetchall()
     assert json.loads(facts)["tp_size"] == 2 and json.loads(args)["tp_size"] == 2 and status == "ended"
