@@ -4,8 +4,8 @@
 hooks (``engine/vllm/plugin.py``: the runner's ``propose_draft_token_ids``, inside it the drafter's ``propose``,
 the draft's ``combine_hidden_states`` and one ``compute_logits`` per draft position) with a real ``VLLMTracer``
 attached as on CUDA (its ``CudaStep`` built and prepared as attach does). vLLM's methods and metadata are
-stand-ins holding tensors shaped as vLLM hands them: ``sampled_token_ids [R, k + 1]`` (``-1`` rejected),
-``SpecDecodeMetadata.draft_token_ids``, the scheduler's ``-1`` placeholders for the drafts (async scheduling),
+stand-ins holding tensors shaped as vLLM hands them: the target's logits its sampler reads (through the runner's
+``_sample`` hook), ``sampled_token_ids [R, k + 1]`` (``-1`` rejected), ``SpecDecodeMetadata.draft_token_ids``, the scheduler's ``-1`` placeholders for the drafts (async scheduling),
 ``query_start_loc_cpu``, the runner's ``positions``. Every request is in decode (``k + 1`` rows each).
 
 On CUDA (``tests/gpu/test_vllm_hooks_path.py``) it runs under ``DRAFTSCOPE_SYNC_DEBUG`` with GPU work queued
@@ -119,8 +119,13 @@ class VllmStepPath:
                                         token_indices_to_sample=None, common_attn_metadata=attn,
                                         sampling_metadata=None)
 
-        plugin._around_verify(propose, self.runner, so, sampled_t, None, self.hidden_states, None, self.aux, spec,
-                              attn, None)
+        def sample_tokens(runner):  # the target's logits (each request's d + 1 rows), sampled, then the drafter
+            logits = runner.model.compute_logits(self.hidden_states[:B + sum(nd)])
+            plugin._around_target_logits(lambda runner, logits, spec: None, runner, logits, spec)
+            plugin._around_verify(propose, runner, so, sampled_t, None, self.hidden_states, None, self.aux, spec,
+                                  attn, None)
+
+        plugin._around_step(sample_tokens, self.runner)
         self.runner.positions.add_(k + 1)
 
     def finish(self, rid: str, accepted: List[int]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from draftscope_tracer.device.devicecopy import HostInts
 from draftscope_tracer.engine.vllm import step_ids
-from draftscope_tracer.engine.vllm.step_layout import Pick, draft_input_rows, step_rows
+from draftscope_tracer.engine.vllm.step_layout import Pick, draft_input_rows, logit_rows, step_rows
 from testbed.gpu.vllm_hooks_path import VllmStepPath
 
 K = 3
@@ -28,6 +28,38 @@ def test_rows_come_from_the_cpu_metadata_alone():
     assert draft_input_rows(qsl, picks) == [range(0, 4), range(12, 44), range(44, 48)]
     assert draft_input_rows(qsl, picks, prompt_rows=8) == [range(0, 4), range(36, 44), range(44, 48)]
     assert step_rows(["a"], {"a": 7}, None)[0].drafts == 0  # a prompt-only step has no spec metadata
+
+
+def test_verify_rows_match_the_logits_rows_vllms_sampler_reads():
+    """vLLM 0.32's own example (``GPUModelRunner._calc_spec_decode_metadata``): a verify's rows of the target's input
+    are its last d + 1 and its rows of the logits follow each other, d + 1 per request (a prompt chunk's one)."""
+    cu_scheduled, drafts = [4, 104, 107, 207, 209], [3, 0, 2, 0, 1]
+    logits_indices = [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]  # vLLM's, for these
+    tokens = [b - a for a, b in zip([0, *cu_scheduled], cu_scheduled)]
+    rows = step_rows(list("abcde"), dict(zip("abcde", tokens)), drafts)
+    assert [logits_indices[i] for r in rows for i in r.logits] == [i for r in rows for i in r.verified]
+    assert logit_rows(rows) == len(logits_indices)
+    assert [list(r.verified) for r in rows if r.drafts] == [[0, 1, 2, 3], [104, 105, 106], [207, 208]]
+
+
+def test_the_targets_top_k_is_read_from_the_logits_vllm_sampled():
+    """The target's logits are not computed again: the runner's compute_logits is called once per step (vLLM's own,
+    for the sampler) and the records' target top-k is the held logits' at each verify's rows."""
+    path = VllmStepPath(3, device="cpu", k=K, vocab=64)
+    calls, compute = [], path.runner.model.compute_logits
+    path.runner.model.compute_logits = lambda h: calls.append(h.shape[0]) or compute(h)
+    path.step(num_drafts=[K, 0, K])  # req-1 runs a decode step without drafts: one row of logits
+    path.step(num_drafts=[K, K, 0])
+    report = path.close()
+    assert report["errors"] == {} and report["relay_error"] is None, report
+    assert calls == [2 * (K + 1) + 1] * 2
+    logits = compute(path.hidden_states)  # the stand-in's logits of every row
+    first = {("req-0", 0): 0, ("req-2", 0): K + 2, ("req-0", 1): 0, ("req-1", 0): K + 1}  # each verify's first row
+    steps = {(s["rid"], s["step_index"]): s for s in _records(path, "verify")}
+    assert sorted(steps) == sorted(first)
+    for key, row in first.items():
+        assert [k[0][0] for k in steps[key]["target_topk"]] == \
+            logits[row:row + K].argmax(-1).tolist(), key
 
 
 def _records(path, probe):

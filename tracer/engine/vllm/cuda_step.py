@@ -23,7 +23,7 @@ from draftscope_tracer.engine.sampling import step_sampled
 from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
 from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import Pick, Verify, step_rows
+from draftscope_tracer.engine.vllm.step_layout import Pick, Verify, logit_rows, step_rows
 from draftscope_tracer.engine.vllm.verify_steps import VerifySteps
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.outbox import Transport
@@ -45,9 +45,10 @@ class CudaStep:
         return self.summaries.prepare(device, dtype, hidden, aux, vocab, draft_hidden, num_spec, max_requests)
 
     # -- the runner's propose_draft_token_ids ------------------------------------------------------
-    def before_propose(self, runner, a: Dict[str, Any], context) -> Optional[Any]:
+    def before_propose(self, runner, a: Dict[str, Any], context, logits=None) -> Optional[Any]:
         """As ``StepProbes.before_propose``: every request's verify counted (once its ids are read), the sampled
-        verify rows summarised; the ids copied without blocking. ``context``: ``step.StepContext``."""
+        verify rows summarised (the target's top-k from ``logits``, the step's target logits); the ids copied
+        without blocking. ``context``: ``step.StepContext``."""
         now, rate, stride = time.time(), self.config.sample_rate, self.config.step_stride
         so, spec = a["scheduler_output"], a["spec_decode_metadata"]
         book = self.requests
@@ -55,9 +56,10 @@ class CudaStep:
         done = [rid for rid in so.finished_req_ids if rid in book.first_seen]
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             self.verify_steps.ended(done)
-        counted, picks, verify, rows = [], [], [], []
-        for r in step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
-                           spec.num_draft_tokens if spec is not None else None):
+        counted, picks, verify, rows, logit_at = [], [], [], [], []
+        layout = step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
+                           spec.num_draft_tokens if spec is not None else None)
+        for r in layout:
             book.see(r.rid, now, rate)
             if r.drafts:
                 counted.append((r.index, r.rid, r.drafts))
@@ -70,11 +72,12 @@ class CudaStep:
                 continue
             picks.append(Pick(r.index, r.rid, step, "draft_extend" if r.drafts else "prefill"))
             if r.drafts:
-                verify.append(Verify(r.index, r.rid, step, list(range(len(rows), len(rows) + r.tokens)), r.start,
-                                     r.draft_offset, r.drafts, book.proposed.pop(r.rid, None)))
-                rows.extend(range(r.start, r.start + r.tokens))
+                verify.append(Verify(r.index, r.rid, step, list(range(len(rows), len(rows) + r.drafts + 1)),
+                                     r.verified.start, r.draft_offset, r.drafts, book.proposed.pop(r.rid, None)))
+                rows.extend(r.verified)
+                logit_at.extend(r.logits)
         if counted:
-            self.verify_steps.add(runner, a, counted, verify, rows, now)
+            self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(layout)), now)
         if not picks:
             return None
         return context(picks, [], None, (None, 0, None), now)

@@ -16,6 +16,7 @@ from draftscope_tracer.device.devicecopy import device_index
 from draftscope_tracer.device.summaries import Summaries, capacity
 from draftscope_tracer.engine.core import dtype_name
 from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, draft_input_rows
+from draftscope_tracer.engine.vllm.target_logits import held, target_logits
 from draftscope_tracer.health import Health
 
 PREPARED_REQUESTS = 64  # sampled requests per step the summary buffers are built for at attach (more: built late)
@@ -48,15 +49,18 @@ class CudaSummaries:
         self.summaries.prepare(device, layouts)
         return {"prepared_rows": rows, "layouts": len(layouts)}
 
-    def target(self, runner, a: Dict[str, Any], rows: List[int]) -> tuple:
+    def target(self, runner, a: Dict[str, Any], rows: List[int], logits: Optional[torch.Tensor], logit_at: List[int],
+               logit_count: int) -> tuple:
         """(summary, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
-        target's top-k there, its logits recomputed off the forward pass on these rows only."""
+        target's top-k there (the step's ``logits``, ``[logit_count, vocab]``, at ``logit_at``: ``target_logits``)."""
         hidden = a["hidden_states"]
         index = device_index(rows, hidden.device)
-        if index is None:
+        logits = held(logits, logit_count)
+        at = index if logits is None or index is None or logit_at == rows else device_index(logit_at, hidden.device)
+        if at is None:
             self.health.drop("host_slots_full")
             return None, (None, 0, None)
-        logits = runner.model.compute_logits(hidden.index_select(0, index))
+        logits = target_logits(runner, hidden, logits, index, at)
         aux = a["aux_hidden_states"]
         if not aux:
             return (self.summaries.launch(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,

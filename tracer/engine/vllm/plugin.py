@@ -40,6 +40,7 @@ TARGETS = {
     "finish": f"{SCHEDULER}._free_request",
     "execute": f"{RUNNER}.execute_model",
     "sample": f"{RUNNER}.sample_tokens",
+    "target_logits": f"{RUNNER}._sample",
     "engine_dead": "vllm.v1.engine.core.EngineCoreProc._send_engine_dead",
 }
 # the positional parameters of the hooked methods after ``self`` (vLLM 0.32)
@@ -164,12 +165,23 @@ def _around_init(orig, runner, *args, **kwargs):
     return out
 
 
+def _around_target_logits(orig, runner, logits, *args, **kwargs):
+    """The target's logits of the step (each request's verified token and drafts, in batch order), as vLLM's
+    sampler is about to read them: held for the step hooks (``propose_draft_token_ids`` runs later in the same
+    ``sample_tokens``, which lets them go), so the tracer reads the target's top-k from the rows vLLM computed
+    instead of computing them again. The sampler works on copies: these stay as the model returned them."""
+    t = _live()
+    if t is not None:
+        t.logits = logits
+    return orig(runner, logits, *args, **kwargs)
+
+
 def _around_verify(orig, runner, *args, **kwargs):
     t = _live()
     if t is None:
         return orig(runner, *args, **kwargs)
     t.health.beat("verify")
-    ctx = t.guard("verify", t.steps.before_propose, runner, _bind(VERIFY_ARGS, args, kwargs))
+    ctx = t.guard("verify", t.steps.before_propose, runner, _bind(VERIFY_ARGS, args, kwargs), t.logits)
     t.ctx = ctx
     try:
         out = orig(runner, *args, **kwargs)
@@ -238,6 +250,10 @@ def _around_step(orig, runner, *args, **kwargs):
         if t is not None:
             t.guard("engine", t.crashed, exc)
         raise
+    finally:  # the step's target logits are not held past it (``_around_target_logits``)
+        t = PLUGIN.tracer
+        if t is not None:
+            t.logits = None
 
 
 def _around_engine_dead(orig, engine_core, *args, **kwargs):
@@ -255,5 +271,6 @@ def _around_engine_dead(orig, engine_core, *args, **kwargs):
 _AROUND = {
     "init": _around_init, "init_gpu": _around_init, "verify": _around_verify, "draft": _around_draft,
     "fc": _around_fc, "draft_logits": _around_draft_logits, "spec_stats": _around_spec_stats, "finish": _around_finish,
-    "execute": _around_step, "sample": _around_step, "engine_dead": _around_engine_dead,
+    "execute": _around_step, "sample": _around_step, "target_logits": _around_target_logits,
+    "engine_dead": _around_engine_dead,
 }

@@ -18,7 +18,8 @@ from draftscope_tracer.engine.core import dtype_name
 from draftscope_tracer.engine.sampling import step_sampled
 from draftscope_tracer.engine.vllm.cuda_step import CudaStep
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, Pick
+from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, Pick, logit_rows, step_rows
+from draftscope_tracer.engine.vllm.target_logits import held, target_logits
 from draftscope_tracer.transport import records, vllm_records
 from draftscope_tracer.transport.outbox import Transport
 
@@ -58,55 +59,59 @@ class StepProbes:
                                  int(runner.model_config.get_vocab_size()), draft.get("hidden_size"),
                                  int(spec.num_speculative_tokens), int(runner.scheduler_config.max_num_seqs))
 
-    def before_propose(self, runner, a: Dict[str, Any]) -> Optional[StepContext]:
+    def before_propose(self, runner, a: Dict[str, Any], logits=None) -> Optional[StepContext]:
         """Count every request's verify step (traced totals), decide sampling, copy the sampled verify rows
-        (aux hidden states, the target's top-k), pair them with the draft's top-k of the step before; the
-        context the draft hooks fill."""
+        (aux hidden states, the target's top-k from ``logits``: the step's target logits as vLLM's sampler read
+        them, ``plugin._around_target_logits``), pair them with the draft's top-k of the step before; the context
+        the draft hooks fill."""
         if self.cuda is not None:
-            ctx = self.cuda.before_propose(runner, a, StepContext)
+            ctx = self.cuda.before_propose(runner, a, StepContext, logits)
             if ctx is not None:
                 ctx.cuda = True
             return ctx
         now, rate, stride = time.time(), self.config.sample_rate, self.config.step_stride
         so, spec, kept = a["scheduler_output"], a["spec_decode_metadata"], _host_ids(a["sampled_token_ids"])
-        drafts = spec.num_draft_tokens if spec is not None else None
         book = self.requests
         done = [rid for rid in so.finished_req_ids if rid in book.first_seen]
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             book.report_traced(done)
-        picks, verify, rows, start = [], [], [], 0
-        for i, rid in enumerate(runner.input_batch.req_ids):
-            n = so.num_scheduled_tokens.get(rid, 0)
-            book.see(rid, now, rate)
-            d = drafts[i] if drafts else 0
-            accepted = [t for t in kept[i] if t >= 0] if d and kept is not None else None  # then the bonus
+        picks, verify, rows, logit_at = [], [], [], []
+        layout = step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
+                           spec.num_draft_tokens if spec is not None else None)
+        for r in layout:
+            book.see(r.rid, now, rate)
+            accepted = [t for t in kept[r.index] if t >= 0] if r.drafts and kept is not None else None
+            if accepted:  # the accepted drafts, then the bonus token
+                book.count_traced(r.rid, accepted, r.drafts)
+            step = book.sampled.get(r.rid)
+            if step is None:
+                continue
+            if r.drafts:
+                book.sampled[r.rid] = step + 1
+            if not step_sampled(step, stride):
+                continue
+            picks.append(Pick(r.index, r.rid, step, "draft_extend" if r.drafts else "prefill"))
             if accepted:
-                book.count_traced(rid, accepted, d)
-            step = book.sampled.get(rid)
-            if step is not None:
-                if d:
-                    book.sampled[rid] = step + 1
-                if step_sampled(step, stride):
-                    picks.append(Pick(i, rid, step, "draft_extend" if d else "prefill"))
-                    if accepted:
-                        mine = list(range(len(rows), len(rows) + n))
-                        rows.extend(range(start, start + n))
-                        verify.append(vllm_records.VerifyStep(rid, step, None,
-                                                              list(so.scheduled_spec_decode_tokens.get(rid, [])),
-                                                              accepted, mine, book.proposed.pop(rid, None)))
-            start += n
+                mine = list(range(len(rows), len(rows) + r.drafts + 1))
+                rows.extend(r.verified)
+                logit_at.extend(r.logits)
+                verify.append(vllm_records.VerifyStep(r.rid, step, None,
+                                                      list(so.scheduled_spec_decode_tokens.get(r.rid, [])),
+                                                      accepted, mine, book.proposed.pop(r.rid, None)))
         if not picks:
             return None
-        return StepContext(picks, verify, *self._target_rows(runner, a, rows), now)
+        return StepContext(picks, verify, *self._target_rows(runner, a, rows, logit_at, logits, logit_rows(layout)),
+                           now)
 
-    def _target_rows(self, runner, a: Dict[str, Any], rows: List[int]) -> tuple:
+    def _target_rows(self, runner, a: Dict[str, Any], rows: List[int], logit_at: List[int], logits,
+                     logit_count: int) -> tuple:
         """(copies, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
-        target's top-k there, its logits recomputed off the forward pass (its own ``compute_logits`` on these
-        rows only)."""
+        target's top-k there (the step's ``logits`` at ``logit_at``: ``target_logits``)."""
         if not rows:
             return None, (None, 0, None)
         index = torch.tensor(rows, dtype=torch.int64)
-        logits = runner.model.compute_logits(a["hidden_states"].index_select(0, index))
+        logits = target_logits(runner, a["hidden_states"], held(logits, logit_count), index,
+                               torch.tensor(logit_at, dtype=torch.int64))
         aux = a["aux_hidden_states"]
         if not aux:
             return (host_rows(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,

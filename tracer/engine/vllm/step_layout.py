@@ -4,8 +4,10 @@ attention metadata's ``query_start_loc_cpu``): the CUDA branch of the step hooks
 find its rows.
 
 Rows: request ``i`` of ``input_batch.req_ids`` owns the target's rows ``[start_i, start_i + n_i)`` (``n_i`` its
-scheduled tokens; a verify's are the verified token, then its ``d_i`` drafts), and elements
-``[offset_i, offset_i + d_i)`` of ``draft_token_ids`` (the drafts of every request, in batch order).
+scheduled tokens; a verify's last ``d_i + 1`` are the verified token, then its ``d_i`` drafts), rows
+``[logit_i, logit_i + d_i + 1)`` of the target's logits that vLLM's sampler reads (``logits_indices``: each
+request's last ``d_i + 1`` rows, in batch order), and elements ``[offset_i, offset_i + d_i)`` of
+``draft_token_ids`` (the drafts of every request, in batch order).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Verify(NamedTuple):
 
 
 class StepRows(NamedTuple):
-    """Per request of the batch: ``(batch index, rid, first row, scheduled tokens, drafts, first draft)``."""
+    """Per request of the batch: ``(batch index, rid, first row, scheduled tokens, drafts, first draft, first row
+    of the target's logits)``."""
 
     index: int
     rid: str
@@ -46,19 +49,36 @@ class StepRows(NamedTuple):
     tokens: int
     drafts: int
     draft_offset: int
+    logit: int
+
+    @property
+    def verified(self) -> range:
+        """The target's rows of its verify: the verified token, then the drafts."""
+        return range(self.start + self.tokens - self.drafts - 1, self.start + self.tokens)
+
+    @property
+    def logits(self) -> range:
+        """The same rows of the target's logits."""
+        return range(self.logit, self.logit + self.drafts + 1)
 
 
 def step_rows(req_ids: Sequence[str], num_scheduled_tokens: dict,
               num_draft_tokens: Optional[Sequence[int]]) -> List[StepRows]:
     """Every request of the batch with its target rows and its drafts' elements (host values only)."""
-    out, start, offset = [], 0, 0
+    out, start, offset, logit = [], 0, 0, 0
     for i, rid in enumerate(req_ids):
         n = num_scheduled_tokens.get(rid, 0)
         d = num_draft_tokens[i] if num_draft_tokens else 0
-        out.append(StepRows(i, rid, start, n, d, offset))
+        out.append(StepRows(i, rid, start, n, d, offset, logit))
         start += n
         offset += d
+        logit += d + 1
     return out
+
+
+def logit_rows(rows: Sequence[StepRows]) -> int:
+    """Rows of the target's logits of a step (every request's ``d + 1``)."""
+    return rows[-1].logit + rows[-1].drafts + 1 if rows else 0
 
 
 def draft_input_rows(query_start_loc: Sequence[int], picks: Sequence[Pick],

@@ -41,6 +41,7 @@ class VLLMTracer:
         self.requests = Requests(core.transport, core.health)
         self.steps = StepProbes(config, self.requests, core.transport)
         self.ctx: Optional[StepContext] = None  # the step whose draft is running
+        self.logits = None  # the target's logits of the step being sampled (plugin._around_target_logits)
 
     # -- attach -----------------------------------------------------------------------------------
     def attach(self, hooks: List[str], runner=None, vllm_config=None) -> bool:

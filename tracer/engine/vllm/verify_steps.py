@@ -33,9 +33,10 @@ class VerifySteps:
         self.ledger = step_ids.Ledger()
 
     def add(self, runner, a: Dict[str, Any], counted: List[Tuple[int, str, int]], verify: List[Verify],
-            rows: List[int], now: float) -> None:
+            rows: List[int], logits: tuple, now: float) -> None:
         """One step's ids copied and its sampled verify ``rows`` summarised, never waiting. ``counted``: ``(batch
-        index, rid, drafts)`` of every request that verified drafts; ``verify``: the sampled ones."""
+        index, rid, drafts)`` of every request that verified drafts; ``verify``: the sampled ones; ``logits``: the
+        step's target logits, the verify rows' rows there and the rows they have (``CudaSummaries.target``)."""
         sampled, spec = a["sampled_token_ids"], a["spec_decode_metadata"]
         positions = getattr(runner, "positions", None)
         ints, with_positions = step_ids.copy(sampled, spec.draft_token_ids, positions if isinstance(
@@ -44,7 +45,7 @@ class VerifySteps:
             self.health.drop("host_slots_full", len(counted))
             self.drafts.release(verify)
             return
-        target, layout = self.summaries.target(runner, a, rows) if verify else (None, (None, 0, None))
+        target, layout = self.summaries.target(runner, a, rows, *logits) if verify else (None, (None, 0, None))
         self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), int(sampled.shape[0]),
                                          int(spec.draft_token_ids.numel()), counted, verify, with_positions,
                                          partial(self._resolved, counted, verify, target, layout, now)))
