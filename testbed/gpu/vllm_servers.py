@@ -67,21 +67,23 @@ def wait_closed(trace: Path, timeout: float = CLOSE_TIMEOUT_S) -> bool:
 def trace_summary(path: Path, counters: dict | None = None) -> dict:
     """What the tracer recorded of one server: requests, verify steps, accepted drafts per drafted position, the
     widths of each sample point, the tracer's errors and drops (a sync-debug failure is an error of its probe),
-    and its totals beside vLLM's (the requests' ``spec_*`` fields, the ``/metrics`` counters when given)."""
+    and its totals beside vLLM's over the sampled requests (the requests' ``spec_*`` fields; the ``/metrics``
+    counters when given and every request was sampled)."""
     t = traces.load(path)
     flags = [s.get("accept_flags") or [] for s in t.steps.values()]
     positions = max(map(len, flags), default=0)
     widths: dict = {}
     for (_, _, point, phase), samples in t.samples.items():
         widths.setdefault(f"{point}@{phase}", set()).update(s.get("width") for s in samples)
-    sums = lambda *fields: [sum(r.get(f) or 0 for r in t.requests.values()) for f in fields]  # noqa: E731
+    sampled = [r for r in t.requests.values() if r.get("sampled")]  # the tracer counts these only
+    sums = lambda *fields: [sum(r.get(f) or 0 for r in sampled) for f in fields]  # noqa: E731
     traced = sums("traced_verify_ct", "traced_accepted_drafts", "traced_proposed_drafts")
     counted = sums("spec_verify_ct", "spec_accepted_drafts", "spec_proposed_drafts")
     out = {**t.summary(), "verify_steps": len(t.steps),
            "accepted_per_position": [sum(1 for f in flags if len(f) > p and f[p]) for p in range(positions)],
            "widths": {k: sorted(v, key=str) for k, v in sorted(widths.items())},
            "totals": {"traced": traced, "vllm_requests": counted}}
-    if counters:
+    if counters and len(sampled) == len(t.requests):  # /metrics counts every request
         metrics = [counters.get(f"vllm:spec_decode_num_{n}") for n in ("drafts", "accepted_tokens", "draft_tokens")]
         out["totals"]["vllm_metrics"] = metrics
     out["totals"]["equal"] = traced == counted and out["totals"].get("vllm_metrics", traced) == traced

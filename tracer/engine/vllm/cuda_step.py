@@ -5,9 +5,9 @@ nothing on the hooks' path waiting for the GPU.
 - Summaries: launched by ``cuda_summaries.CudaSummaries`` (the device layer the SGLang tracer uses), built at
   attach for the server's widths (:meth:`CudaStep.prepare`), so no hook allocates pinned memory or compiles a
   kernel; the draft's top-k held for each request's next verify by ``held_drafts.HeldDrafts``.
-- Token ids (the sampler's kept ids, the drafts verified, the verified token's position): one non-blocking copy
-  per step into a pinned slot, read on this thread once its event has completed; the tracer's totals are
-  counted and the verify records queued then (``verify_steps.VerifySteps``, over ``step_ids.Ledger``).
+- Token ids of the sampled requests (the sampler's kept ids, the drafts verified, the verified token's position):
+  one non-blocking copy per step into a pinned slot, read on this thread once its event has completed; the
+  tracer's totals are counted and the verify records queued then (``verify_steps.VerifySteps``, over ``step_ids.Ledger``).
 
 Everything here runs on the model runner's thread.
 """
@@ -46,8 +46,8 @@ class CudaStep:
 
     # -- the runner's propose_draft_token_ids ------------------------------------------------------
     def before_propose(self, runner, a: Dict[str, Any], context, logits=None) -> Optional[Any]:
-        """As ``StepProbes.before_propose``: every request's verify counted (once its ids are read), the sampled
-        verify rows summarised (the target's top-k from ``logits``, the step's target logits); the ids copied
+        """As ``StepProbes.before_propose``: each sampled request's verify counted (once its ids are read), the
+        recorded verify rows summarised (the target's top-k from ``logits``, the step's target logits); the ids copied
         without blocking. ``context``: ``step.StepContext``."""
         now, rate, stride = time.time(), self.config.sample_rate, self.config.step_stride
         so, spec = a["scheduler_output"], a["spec_decode_metadata"]
@@ -61,12 +61,11 @@ class CudaStep:
                            spec.num_draft_tokens if spec is not None else None)
         for r in layout:
             book.see(r.rid, now, rate)
-            if r.drafts:
-                counted.append((r.index, r.rid, r.drafts))
             step = book.sampled.get(r.rid)
-            if step is None:
+            if step is None:  # not sampled: nothing of it is copied, counted or recorded
                 continue
             if r.drafts:
+                counted.append((r.index, r.rid, r.drafts))
                 book.sampled[r.rid] = step + 1
             if not step_sampled(step, stride):
                 continue

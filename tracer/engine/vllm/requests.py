@@ -1,5 +1,5 @@
-"""The requests one vLLM process has seen: which are sampled (and their verify steps), the tracer's own totals
-(counted by the model runner's hook) and vLLM's (counted by its scheduler's), the draft's top-k waiting for
+"""The requests one vLLM process has seen: which are sampled (and their verify steps), the tracer's own totals of
+the sampled ones (counted by the model runner's hook, as on SGLang) and vLLM's (counted by its scheduler's), the draft's top-k waiting for
 the verify that judges it, and the finished requests' records (the store merges a request's two records when
 the scheduler and the runner are two processes)."""
 
@@ -22,7 +22,7 @@ class Requests:
         self.transport, self.health = transport, health
         self.sampled: Dict[str, int] = {}  # sampled, unfinished request -> verify steps seen
         self.first_seen: Dict[str, float] = {}
-        self.traced: Dict[str, List[int]] = {}  # rid -> [verify steps, accepted drafts, proposed drafts]
+        self.traced: Dict[str, List[int]] = {}  # sampled rid -> [verify steps, accepted drafts, proposed drafts]
         self.counted: Dict[str, List[int]] = {}  # the same, as vLLM's scheduler counts them
         self.proposed: Dict[str, tuple] = {}  # sampled rid -> the draft's top-k of its next drafts (copies, row)
 
@@ -77,8 +77,11 @@ class Requests:
             traced = self.traced.pop(rid, [0, 0, 0])
             self.first_seen.pop(rid, None)
             self.proposed.pop(rid, None)
-            out.append({"rid": rid, "sampled": self.sampled.pop(rid, None) is not None, "traced_verify_ct": traced[0],
-                        "traced_accepted_drafts": traced[1], "traced_proposed_drafts": traced[2]})
+            record = {"rid": rid, "sampled": self.sampled.pop(rid, None) is not None}
+            if record["sampled"]:  # the tracer counts sampled requests only
+                record.update(traced_verify_ct=traced[0], traced_accepted_drafts=traced[1],
+                              traced_proposed_drafts=traced[2])
+            out.append(record)
         if out:
             self.transport.submit("finish", records.finished, out)
 

@@ -60,7 +60,7 @@ class StepProbes:
                                  int(spec.num_speculative_tokens), int(runner.scheduler_config.max_num_seqs))
 
     def before_propose(self, runner, a: Dict[str, Any], logits=None) -> Optional[StepContext]:
-        """Count every request's verify step (traced totals), decide sampling, copy the sampled verify rows
+        """Decide sampling, count each sampled request's verify step (traced totals), copy the recorded verify rows
         (aux hidden states, the target's top-k from ``logits``: the step's target logits as vLLM's sampler read
         them, ``plugin._around_target_logits``), pair them with the draft's top-k of the step before; the context
         the draft hooks fill."""
@@ -80,12 +80,12 @@ class StepProbes:
                            spec.num_draft_tokens if spec is not None else None)
         for r in layout:
             book.see(r.rid, now, rate)
+            step = book.sampled.get(r.rid)
+            if step is None:  # not sampled: nothing of it is counted or recorded
+                continue
             accepted = [t for t in kept[r.index] if t >= 0] if r.drafts and kept is not None else None
             if accepted:  # the accepted drafts, then the bonus token
                 book.count_traced(r.rid, accepted, r.drafts)
-            step = book.sampled.get(r.rid)
-            if step is None:
-                continue
             if r.drafts:
                 book.sampled[r.rid] = step + 1
             if not step_sampled(step, stride):

@@ -7,10 +7,10 @@ verify's first row are copied without blocking into one pinned slot (``devicecop
 hook runs. Which elements belong to which request comes from vLLM's CPU metadata alone (``step_layout``).
 
 The copy is read on the hooks' thread once its event has completed (:meth:`Ledger.drain`, called by every
-later hook: ``Event.query`` never waits), usually one engine step later: the tracer's totals of every request
-are counted then and the sampled requests' verify records are queued for the recorder. The totals must be
-known on this thread: the scheduler's hook compares them with vLLM's counters when a request ends, in the
-same process.
+later hook: ``Event.query`` never waits), usually one engine step later: the sampled requests' totals are
+counted then and their verify records queued for the recorder (an unsampled request is neither copied nor
+counted: its totals are vLLM's, as on SGLang). The totals must be known on this thread: the scheduler's hook
+compares them with vLLM's counters when a request ends, in the same process.
 
 Async scheduling (vLLM's default on CUDA) schedules step ``t + 1`` before step ``t``'s output is read, so a
 request that ends at step ``t`` also runs in step ``t + 1``, whose output vLLM discards. When the scheduler frees
@@ -31,14 +31,13 @@ from draftscope_tracer.engine.vllm.step_layout import Verify
 
 
 class StepIds(NamedTuple):
-    """One step's copies and what they mean: ``counted``: ``(batch index, rid, drafts)`` of every request that
-    verified drafts; ``verify``: the sampled ones recorded (``step_layout.Verify``); ``done``: called with the
-    resolved :class:`Resolved` once the copy has completed."""
+    """One step's copies and what they mean: ``counted``: ``(batch index, rid, drafts)`` of every sampled request that
+    verified drafts; ``verify``: those of them recorded this step (``step_layout.Verify``); ``done``: called with
+    the resolved :class:`Resolved` once the copy has completed."""
 
     ints: HostInts
     width: int  # k + 1: the sampled ids per request
-    requests: int  # R: rows of sampled_token_ids
-    drafts: int  # elements of draft_token_ids copied
+    drafts: bool  # whether the verifies' drafts were copied
     counted: List[Tuple[int, str, int]]
     verify: List[Verify]
     positions: bool  # whether the verifies' first positions were copied (after the drafts)
@@ -46,8 +45,8 @@ class StepIds(NamedTuple):
 
 
 class Resolved(NamedTuple):
-    """A step's ids as plain ints: per request its kept ids (``-1`` left out), per recorded verify its drafted
-    tokens and its first row's position."""
+    """A step's ids as plain ints: per counted request its kept ids (``-1`` left out), per recorded verify its
+    drafted tokens and its first row's position."""
 
     kept: Dict[int, List[int]]  # batch index -> accepted drafts then the bonus token
     drafted: List[List[int]]  # per ``StepIds.verify`` entry
@@ -55,31 +54,35 @@ class Resolved(NamedTuple):
 
 
 def copy(sampled: torch.Tensor, draft_ids: Optional[torch.Tensor], positions: Optional[torch.Tensor],
-         verify: List[Verify]) -> Tuple[Optional[HostInts], bool]:
-    """(the pinned copy of a step's ids, whether it holds positions), never waiting: ``sampled`` whole,
-    ``draft_ids`` whole, and ``positions`` at each recorded verify's first row (gathered on the device). The copy
-    is None when no pinned slot was free."""
-    parts = [(sampled.reshape(-1), list(range(sampled.numel())))]
-    if draft_ids is not None and draft_ids.numel():
-        parts.append((draft_ids, list(range(draft_ids.numel()))))
+         counted: List[Tuple[int, str, int]], verify: List[Verify]) -> Tuple[Optional[HostInts], bool, bool]:
+    """(the pinned copy of a step's ids, whether it holds the drafts, whether it holds positions), never waiting:
+    the ``counted`` requests' rows of ``sampled``, the ``verify`` entries' elements of ``draft_ids``, and
+    ``positions`` at each one's first row (gathered on the device). The copy is None when no pinned slot was free."""
+    W = int(sampled.shape[-1])
+    parts = [(sampled.reshape(-1), [i * W + j for i, _, _ in counted for j in range(W)])]
+    with_drafts = draft_ids is not None and draft_ids.numel() > 0
+    if with_drafts:
+        parts.append((draft_ids, [o for v in verify for o in range(v.draft_offset, v.draft_offset + v.drafts)]))
     with_positions = bool(verify) and positions is not None and positions.dim() == 1
     if with_positions:
         index = device_index([v.first_row for v in verify], positions.device)
         if index is None:
-            return None, False
+            return None, False, False
         parts.append((positions.index_select(0, index), list(range(len(verify)))))
     ints = HostInts(parts)
-    return (ints if ints.ok else None), with_positions
+    return (ints if ints.ok else None), with_drafts, with_positions
 
 
 def resolve(step: StepIds, values: List[int]) -> Resolved:
     """The flat ``HostInts`` values of ``step`` as per-request lists."""
-    W, R, D = step.width, step.requests, step.drafts
-    kept = {i: [t for t in values[i * W:(i + 1) * W] if t >= 0] for i, _, _ in step.counted}
-    kept.update({v.index: [t for t in values[v.index * W:(v.index + 1) * W] if t >= 0] for v in step.verify})
-    drafts = values[R * W:R * W + D]
-    drafted = [drafts[v.draft_offset:v.draft_offset + v.drafts] for v in step.verify]
-    positions = values[R * W + D:] if step.positions else [None] * len(step.verify)
+    W, at = step.width, len(step.counted) * step.width
+    kept = {i: [t for t in values[n * W:(n + 1) * W] if t >= 0] for n, (i, _, _) in enumerate(step.counted)}
+    drafted = []
+    for v in step.verify:
+        d = v.drafts if step.drafts else 0
+        drafted.append(values[at:at + d])
+        at += d
+    positions = values[at:] if step.positions else [None] * len(step.verify)
     return Resolved(kept, drafted, positions)
 
 

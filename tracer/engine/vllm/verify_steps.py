@@ -1,7 +1,7 @@
 """Each engine step's verifies on CUDA, from the step to its records. When the step runs: the sampler's kept ids,
 the drafts verified and the sampled verifies' positions copied without blocking into one pinned slot
 (``step_ids.copy``), the sampled verify rows summarised. Once that copy is read (``step_ids.Ledger``, usually a
-step later): every live request's verify counted in the tracer's totals, the sampled ones' records queued. A
+step later): each sampled live request's verify counted in the tracer's totals, its record queued. A
 request's end tells the ledger which of its steps still count (async scheduling's discarded step: ``step_ids``).
 The runner's thread only.
 """
@@ -35,24 +35,23 @@ class VerifySteps:
     def add(self, runner, a: Dict[str, Any], counted: List[Tuple[int, str, int]], verify: List[Verify],
             rows: List[int], logits: tuple, now: float) -> None:
         """One step's ids copied and its sampled verify ``rows`` summarised, never waiting. ``counted``: ``(batch
-        index, rid, drafts)`` of every request that verified drafts; ``verify``: the sampled ones; ``logits``: the
+        index, rid, drafts)`` of every sampled request that verified drafts; ``verify``: those recorded this step; ``logits``: the
         step's target logits, the verify rows' rows there and the rows they have (``CudaSummaries.target``)."""
         sampled, spec = a["sampled_token_ids"], a["spec_decode_metadata"]
         positions = getattr(runner, "positions", None)
-        ints, with_positions = step_ids.copy(sampled, spec.draft_token_ids, positions if isinstance(
-            positions, torch.Tensor) else None, verify)
+        ints, with_drafts, with_positions = step_ids.copy(sampled, spec.draft_token_ids, positions if isinstance(
+            positions, torch.Tensor) else None, counted, verify)
         if ints is None:  # this step's totals and records are lost (counted): the totals will differ
             self.health.drop("host_slots_full", len(counted))
             self.drafts.release(verify)
             return
         target, layout = self.summaries.target(runner, a, rows, *logits) if verify else (None, (None, 0, None))
-        self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), int(sampled.shape[0]),
-                                         int(spec.draft_token_ids.numel()), counted, verify, with_positions,
+        self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), with_drafts, counted, verify, with_positions,
                                          partial(self._resolved, counted, verify, target, layout, now)))
 
     def _resolved(self, counted: list, verify: List[Verify], target, layout: tuple, now: float,
                   res: step_ids.Resolved) -> None:
-        """A step's ids are read: every live request's verify counted, the sampled ones' records queued."""
+        """A step's ids are read: each sampled live request's verify counted, the recorded ones' records queued."""
         book, ledger = self.requests, self.ledger
         for i, rid, d in counted:
             accepted = res.kept.get(i)
