@@ -98,6 +98,9 @@ class CudaSummaries:
         rows = [p.index for p in ctx.picks]
         if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0]:
             return
+        index = device_index(rows, logits.device) if logits.dtype != torch.float32 else None
+        if index is not None:  # the picks' rows to float32 (the summary's input), not the whole batch's
+            logits, rows = logits.index_select(0, index).float(), range(len(rows))
         pending = self.summaries.launch(logits, rows, chunk_width=int(logits.shape[-1]), logits=logits, stats=False)
         if pending is None:
             for c in ctx.draft_topk:
