@@ -51,8 +51,9 @@ def test_verify_records_pair_the_drafts_with_both_top_ks():
     for pos, token in enumerate([5, 0, 2]):  # what the draft proposed
         draft[pos][0, token] = 5.0
     target = host_rows(aux, range(4), chunk_width=H, logits=target_logits, topk=2)
-    copies = tuple(host_rows(d, [0], chunk_width=V, logits=d, topk=2, stats=False) for d in draft)
-    step = VerifyStep("r1", 7, 40, [5, 0, 2], [5, 0, 3], [0, 1, 2, 3], (copies, 0))
+    drafts = torch.stack([torch.zeros(3, V), torch.cat(draft)], 1).reshape(6, V)  # position by position: 2 picks
+    copies = host_rows(drafts, range(6), chunk_width=V, logits=drafts, topk=2, stats=False)
+    step = VerifyStep("r1", 7, 40, [5, 0, 2], [5, 0, 3], [0, 1, 2, 3], (copies, [1, 3, 5]))
     out = verify(*pickle.loads(pickle.dumps(([step], target, 1.0, H, 3, "float32"))))
     [rec] = out["steps"]
     assert (rec["accept_len"], rec["accept_flags"], rec["bonus_token"]) == (3, [True, True, False], 3)

@@ -21,7 +21,8 @@ class VerifyStep(NamedTuple):
     drafted: List[int]  # the draft tokens vLLM scheduled (target ids)
     sampled: List[int]  # what the rejection sampler kept: the accepted drafts, then the bonus token
     rows: List[int]  # its rows (positions) in the step's target copies: the verified token, then the drafts
-    draft: Optional[tuple] = None  # (the draft's top-k copies, one per draft position; this request's row)
+    draft: Optional[tuple] = None  # (the draft's top-k at every draft position, one summary; this request's row
+    # there per position)
 
 
 def verify(steps: List[VerifyStep], target, now: float, H: Optional[int], chunks: int, dtype: Optional[str]) -> Records:
@@ -37,9 +38,10 @@ def verify(steps: List[VerifyStep], target, now: float, H: Optional[int], chunks
                "accept_len": a, "accept_flags": [p <= a - 1 for p in range(1, len(st.drafted) + 1)],
                "bonus_token": st.sampled[-1] if st.sampled else None}
         out["steps"].append(rec)
-        if st.draft is not None:
-            copies, row = st.draft
-            rec["draft_topk"] = [topk_list(c.result().rows[row].topk) for c in copies][:len(st.drafted)]
+        if st.draft is not None:  # one summary of every draft position: this request's row at each
+            summary, rows = st.draft
+            drafted = summary.result().rows
+            rec["draft_topk"] = [topk_list(drafted[r].topk) for r in rows][:len(st.drafted)]
         if s is not None and st.rows:
             if s.rows[st.rows[0]].topk is not None:  # the target's distribution over each drafted token
                 rec["target_topk"] = [topk_list(s.rows[r].topk) for r in st.rows[:len(st.drafted)]]

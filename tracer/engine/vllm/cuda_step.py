@@ -91,12 +91,15 @@ class CudaStep:
         self.summaries.fc(ctx, out)
 
     def on_draft_logits(self, ctx, logits: torch.Tensor) -> None:
-        """The draft's top-k at one draft position (``CudaSummaries.draft_logits``)."""
+        """The picks' rows of the draft's logits at one draft position (``CudaSummaries.draft_logits``)."""
         self.summaries.draft_logits(ctx, logits)
 
     def keep_drafts(self, ctx) -> None:
-        """The step's draft top-k held for each request's next verify (``HeldDrafts.keep``)."""
-        self.drafts.keep(ctx)
+        """The step's draft top-k, one launch for every position, held for each pick's next verify
+        (``HeldDrafts.keep``)."""
+        summary = self.summaries.draft_topk(ctx)
+        if summary is not None:
+            self.drafts.keep(ctx, summary, len(ctx.draft_topk))
 
     # -- ends --------------------------------------------------------------------------------------
     def finishing(self, rid: str) -> None:

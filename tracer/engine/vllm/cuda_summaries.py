@@ -1,7 +1,7 @@
 """The summaries the vLLM step hooks' CUDA branch launches, through the device layer the SGLang tracer uses
 (``device.summaries.Summaries``: one launch per summary into a pinned ring slot, its rows staged through a pinned
 slot): the verify rows' (the aux hidden states' chunks, the target's top-k) and the draft's (what it received,
-its ``fc`` output, its top-k per draft position). Built at attach for the server's widths (:meth:`prepare`), so
+its ``fc`` output, its top-k at every draft position in one launch). Built at attach for the server's widths (:meth:`prepare`), so
 no hook allocates pinned memory or compiles a kernel. The runner's thread only.
 """
 
@@ -42,7 +42,7 @@ class CudaSummaries:
         layouts = [(width, hidden, vocab, rows, dtype, False) if aux else (vocab, vocab, vocab, rows, torch.float32,
                                                                              False),
                    (width, hidden, None, rows, dtype, False),
-                   (vocab, vocab, vocab, capacity(requests), torch.float32, False)]
+                   (vocab, vocab, vocab, capacity(requests * num_spec), torch.float32, False)]
         if draft_hidden:
             layouts.append((draft_hidden, draft_hidden, None, rows, dtype, False))
         self.hidden = hidden
@@ -93,18 +93,25 @@ class CudaSummaries:
         ctx.fc_dtype = dtype_name(out)
 
     def draft_logits(self, ctx, logits: torch.Tensor) -> None:
-        """The draft's top-k at one draft position, at the picks' rows; a position that could not be read
-        leaves the step without the draft's top-k."""
+        """The picks' rows of the draft's logits at one draft position, gathered on the device for
+        :meth:`draft_topk`; a position that could not be gathered leaves the step without the draft's top-k."""
         rows = [p.index for p in ctx.picks]
         if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0]:
             return
-        index = device_index(rows, logits.device) if logits.dtype != torch.float32 else None
-        if index is not None:  # the picks' rows to float32 (the summary's input), not the whole batch's
-            logits, rows = logits.index_select(0, index).float(), range(len(rows))
-        pending = self.summaries.launch(logits, rows, chunk_width=int(logits.shape[-1]), logits=logits, stats=False)
-        if pending is None:
-            for c in ctx.draft_topk:
-                c.release()
+        index = device_index(rows, logits.device)
+        if index is None:
+            self.health.drop("host_slots_full")
             ctx.draft_topk = None
             return
-        ctx.draft_topk.append(pending)
+        ctx.draft_topk.append(logits.index_select(0, index))
+
+    def draft_topk(self, ctx):
+        """One summary of the draft's top-k at every position gathered (``step_layout.draft_rows``), in float32;
+        None when there is none (or it was dropped: counted)."""
+        if not ctx.draft_topk:
+            return None
+        joined = torch.cat(ctx.draft_topk) if len(ctx.draft_topk) > 1 else ctx.draft_topk[0]
+        if joined.dtype != torch.float32:
+            joined = joined.float()
+        return self.summaries.launch(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]),
+                                     logits=joined, stats=False)

@@ -1,9 +1,9 @@
-"""The draft's top-k a sampled request's next verify reads (``Requests.proposed``: rid -> (its claims on the
-summaries of one step's draft positions, the request's row in them)): kept when the draft has run, taken by the
-request's next verify record, given back when no record will read them. The requests drafted in one step share
-that step's summaries: each holds a :class:`Claim` on every one, and a summary goes back to its ring only when
-every claim on it is given back unread (a record that reads it keeps its bytes for the others). The runner's
-thread keeps and takes claims; a record dropped in the relay gives its claims back there.
+"""The draft's top-k a sampled request's next verify reads (``Requests.proposed``: rid -> (its claim on the one
+summary of a step's draft positions, the request's row there per position)): kept when the draft has run, taken by
+the request's next verify record, given back when no record will read it. The requests drafted in one step share
+that step's summary: each holds a :class:`Claim` on it, and the summary goes back to its ring only when every
+claim on it is given back unread (a record that reads it keeps its bytes for the others). The runner's thread
+keeps and takes claims; a record dropped in the relay gives its claim back there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from typing import Iterable
 
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import Verify
+from draftscope_tracer.engine.vllm.step_layout import Verify, draft_rows
 
 
 class _Launch:
@@ -62,26 +62,24 @@ class HeldDrafts:
     def __init__(self, requests: Requests):
         self.requests = requests
 
-    def keep(self, ctx) -> None:
-        """What this step drafted (``ctx``: ``step.StepContext``) is verified at each request's next step: a claim on
-        its top-k kept until then (a claim kept from an earlier step and not taken is given back)."""
-        if not ctx.draft_topk:
-            return
-        launches = [_Launch(c, len(ctx.picks)) for c in ctx.draft_topk]
+    def keep(self, ctx, summary, positions: int) -> None:
+        """What this step drafted (``ctx``: ``step.StepContext``; ``summary``: the top-k of its ``positions`` draft
+        positions, ``step_layout.draft_rows``) is verified at each pick's next step: a claim on it kept until then
+        (a claim kept from an earlier step and not taken is given back)."""
+        launch, n = _Launch(summary, len(ctx.picks)), len(ctx.picks)
         for j, p in enumerate(ctx.picks):
             self.forget(p.rid)
-            self.requests.proposed[p.rid] = (tuple(Claim(launch) for launch in launches), j)
+            self.requests.proposed[p.rid] = (Claim(launch), draft_rows(positions, n, j))
 
     def forget(self, rid: str) -> None:
-        """``rid``'s claims on a draft top-k waiting for a verify are given back."""
+        """``rid``'s claim on a draft top-k waiting for a verify is given back."""
         held = self.requests.proposed.pop(rid, None)
         if held is not None:
-            for claim in held[0]:
-                claim.release()
+            held[0].release()
 
     @staticmethod
     def release(verify: Iterable[Verify]) -> None:
         """Give back the claims the ``verify`` entries took and no record will read."""
         for v in verify:
-            for claim in (v.draft[0] if v.draft is not None else ()):
-                claim.release()
+            if v.draft is not None:
+                v.draft[0].release()

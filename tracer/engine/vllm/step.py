@@ -18,7 +18,7 @@ from draftscope_tracer.engine.core import dtype_name
 from draftscope_tracer.engine.sampling import step_sampled
 from draftscope_tracer.engine.vllm.cuda_step import CudaStep
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, Pick, logit_rows, step_rows
+from draftscope_tracer.engine.vllm.step_layout import PREFILL_ROWS, Pick, draft_rows, logit_rows, step_rows
 from draftscope_tracer.engine.vllm.target_logits import held, target_logits
 from draftscope_tracer.transport import records, vllm_records
 from draftscope_tracer.transport.outbox import Transport
@@ -33,7 +33,7 @@ class StepContext:
         self.groups: List[List[int]] = []  # per pick, its positions in ``rows``
         self.seq_pos: Dict[str, int] = {}
         self.p_in = self.p_fc = None
-        self.draft_topk: Optional[list] = []  # per draft position, the top-k copies of the picks' rows (pick order)
+        self.draft_topk: Optional[list] = []  # per draft position, the picks' rows of the draft's logits (pick order)
         self.cuda = False  # the step's tensors are on CUDA (``cuda_step``)
         self.width: Optional[int] = None
         self.dtype = self.fc_dtype = None
@@ -158,22 +158,27 @@ class StepProbes:
         ctx.fc_dtype = dtype_name(out)
 
     def on_draft_logits(self, ctx: StepContext, logits: torch.Tensor) -> None:
-        """The draft's top-k at one draft position, at the picks' rows (its ids already target ids: vLLM's
-        ``compute_logits`` spreads the draft vocabulary over the target's through ``d2t``)."""
+        """The picks' rows of the draft's logits at one draft position (its ids already target ids: vLLM's
+        ``compute_logits`` spreads the draft vocabulary over the target's through ``d2t``); summarised together
+        after the draft has run (:meth:`after_draft`)."""
         if ctx.cuda:
             return self.cuda.on_draft_logits(ctx, logits)
         rows = [p.index for p in ctx.picks]
         if rows and max(rows) < logits.shape[0]:
-            ctx.draft_topk.append(host_rows(logits, rows, chunk_width=int(logits.shape[-1]), logits=logits,
-                                            topk=self.config.topk, stats=False))
+            ctx.draft_topk.append(logits.index_select(0, torch.tensor(rows, dtype=torch.int64)))
 
     def after_draft(self, ctx: StepContext) -> None:
-        """``draft.input`` (+ ``target.aux[i]`` of a prompt) and ``draft.fc.out``, one call per phase."""
+        """The draft's top-k of every draft position in one summary, held for each pick's next verify;
+        ``draft.input`` (+ ``target.aux[i]`` of a prompt) and ``draft.fc.out``, one call per phase."""
         if ctx.cuda:
             self.cuda.keep_drafts(ctx)
         elif ctx.draft_topk:  # what this step drafted is verified at the request's next step
-            copies = tuple(ctx.draft_topk)
-            self.requests.proposed.update({p.rid: (copies, j) for j, p in enumerate(ctx.picks)})
+            joined = torch.cat(ctx.draft_topk)
+            summary = host_rows(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]), logits=joined,
+                                topk=self.config.topk, stats=False)
+            n, positions = len(ctx.picks), len(ctx.draft_topk)
+            self.requests.proposed.update({p.rid: (summary, draft_rows(positions, n, j))
+                                           for j, p in enumerate(ctx.picks)})
         if ctx.p_in is None:
             return
         H = self.hidden or ctx.width

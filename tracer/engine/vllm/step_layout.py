@@ -36,7 +36,7 @@ class Verify(NamedTuple):
     first_row: int  # its first row in the target's input (the verified token's)
     draft_offset: int  # its first element of draft_token_ids
     drafts: int
-    draft: Optional[tuple]  # the draft's top-k copies of the step before, and its row there
+    draft: Optional[tuple]  # the draft's top-k of the step before (one summary), and its rows there
 
 
 class StepRows(NamedTuple):
@@ -92,3 +92,9 @@ def draft_input_rows(query_start_loc: Sequence[int], picks: Sequence[Pick],
             lo = max(lo, hi - prompt_rows)
         spans.append(range(lo, hi))
     return spans
+
+
+def draft_rows(positions: int, picks: int, j: int) -> List[int]:
+    """Pick ``j``'s rows in one summary of a step's draft logits (``positions`` draft positions of ``picks`` rows
+    each, position after position): one per position."""
+    return [q * picks + j for q in range(positions)]

@@ -69,7 +69,7 @@ class VerifySteps:
             if target is not None:
                 target.release()
             return
-        copies = tuple(c for s in steps if s.draft is not None for c in s.draft[0])
+        copies = tuple(s.draft[0] for s in steps if s.draft is not None)
         self.transport.submit("verify", vllm_records.verify, steps, target, now, *layout, pendings=(target, *copies))
 
     def read(self) -> None:
