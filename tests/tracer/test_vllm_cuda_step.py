@@ -39,7 +39,8 @@ def test_verify_rows_match_the_logits_rows_vllms_sampler_reads():
     tokens = [b - a for a, b in zip([0, *cu_scheduled], cu_scheduled)]
     rows = step_rows(list("abcde"), dict(zip("abcde", tokens)), drafts)
     assert [logits_indices[i] for r in rows for i in r.logits] == [i for r in rows for i in r.verified]
-    assert logit_rows(rows) == len(logits_indices)
+    assert logit_rows(list("abcde"), drafts) == len(logits_indices)
+    assert step_rows(list("abcde"), dict(zip("abcde", tokens)), drafts, only=[2, 4]) == [rows[2], rows[4]]
     assert [list(r.verified) for r in rows if r.drafts] == [[0, 1, 2, 3], [104, 105, 106], [207, 208]]
 
 

@@ -7,7 +7,8 @@ nothing on the hooks' path waiting for the GPU.
   kernel; the draft's top-k held for each request's next verify by ``held_drafts.HeldDrafts``.
 - Token ids of the sampled requests (the sampler's kept ids, the drafts verified, the verified token's position):
   one non-blocking copy per step into a pinned slot, read on this thread once its event has completed; the
-  tracer's totals are counted and the verify records queued then (``verify_steps.VerifySteps``, over ``step_ids.Ledger``).
+  tracer's totals are counted and the verify records queued then (``verify_steps.VerifySteps``, over
+  ``step_ids.Ledger``).
 
 Everything here runs on the model runner's thread.
 """
@@ -57,13 +58,9 @@ class CudaStep:
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             self.verify_steps.ended(done)
         counted, picks, verify, rows, logit_at = [], [], [], [], []
-        layout = step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
-                           spec.num_draft_tokens if spec is not None else None)
-        for r in layout:
-            book.see(r.rid, now, rate)
-            step = book.sampled.get(r.rid)
-            if step is None:  # not sampled: nothing of it is copied, counted or recorded
-                continue
+        req_ids, drafts = runner.input_batch.req_ids, spec.num_draft_tokens if spec is not None else None
+        for r in step_rows(req_ids, so.num_scheduled_tokens, drafts, only=book.see(req_ids, now, rate)):
+            step = book.sampled[r.rid]  # only the sampled ones: nothing of the others is copied, counted or recorded
             if r.drafts:
                 counted.append((r.index, r.rid, r.drafts))
                 book.sampled[r.rid] = step + 1
@@ -76,7 +73,8 @@ class CudaStep:
                 rows.extend(r.verified)
                 logit_at.extend(r.logits)
         if counted:
-            self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(layout)), now)
+            self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(req_ids, drafts)),
+                                  now)
         if not picks:
             return None
         return context(picks, [], None, (None, 0, None), now)

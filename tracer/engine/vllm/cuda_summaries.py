@@ -1,8 +1,8 @@
 """The summaries the vLLM step hooks' CUDA branch launches, through the device layer the SGLang tracer uses
 (``device.summaries.Summaries``: one launch per summary into a pinned ring slot, its rows staged through a pinned
 slot): the verify rows' (the aux hidden states' chunks, the target's top-k) and the draft's (what it received,
-its ``fc`` output, its top-k at every draft position in one launch). Built at attach for the server's widths (:meth:`prepare`), so
-no hook allocates pinned memory or compiles a kernel. The runner's thread only.
+its ``fc`` output, its top-k at every draft position in one launch). Built at attach for the server's widths
+(:meth:`prepare`), so no hook allocates pinned memory or compiles a kernel. The runner's thread only.
 """
 
 from __future__ import annotations

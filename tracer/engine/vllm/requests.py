@@ -1,7 +1,7 @@
 """The requests one vLLM process has seen: which are sampled (and their verify steps), the tracer's own totals of
-the sampled ones (counted by the model runner's hook, as on SGLang) and vLLM's (counted by its scheduler's), the draft's top-k waiting for
-the verify that judges it, and the finished requests' records (the store merges a request's two records when
-the scheduler and the runner are two processes)."""
+the sampled ones (counted by the model runner's hook, as on SGLang) and vLLM's (counted by its scheduler's), the
+draft's top-k waiting for the verify that judges it, and the finished requests' records (the store merges a
+request's two records when the scheduler and the runner are two processes)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,15 @@ class Requests:
         self.counted: Dict[str, List[int]] = {}  # the same, as vLLM's scheduler counts them
         self.proposed: Dict[str, tuple] = {}  # sampled rid -> the draft's top-k of its next drafts (copies, row)
 
-    def see(self, rid: str, now: float, rate: float) -> None:
-        """A request in an engine step: sampled or not, decided the first time it is seen."""
-        if rid not in self.first_seen:
-            self.first_seen[rid] = now
+    def see(self, rids: List[str], now: float, rate: float) -> List[int]:
+        """The requests of an engine step (sampled or not, decided the first time each is seen): the batch indices
+        of the sampled ones."""
+        first_seen, sampled = self.first_seen, self.sampled
+        for rid in [rid for rid in rids if rid not in first_seen]:
+            first_seen[rid] = now
             if request_sampled(rid, rate):
-                self.sampled[rid] = 0
+                sampled[rid] = 0
+        return [i for i, rid in enumerate(rids) if rid in sampled]
 
     def count_traced(self, rid: str, accepted: List[int], drafts: int) -> None:
         """One verify step as the runner saw it: ``accepted`` the kept ids (the bonus token last) of ``drafts``."""

@@ -76,13 +76,9 @@ class StepProbes:
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             book.report_traced(done)
         picks, verify, rows, logit_at = [], [], [], []
-        layout = step_rows(runner.input_batch.req_ids, so.num_scheduled_tokens,
-                           spec.num_draft_tokens if spec is not None else None)
-        for r in layout:
-            book.see(r.rid, now, rate)
-            step = book.sampled.get(r.rid)
-            if step is None:  # not sampled: nothing of it is counted or recorded
-                continue
+        req_ids, drafts = runner.input_batch.req_ids, spec.num_draft_tokens if spec is not None else None
+        for r in step_rows(req_ids, so.num_scheduled_tokens, drafts, only=book.see(req_ids, now, rate)):
+            step = book.sampled[r.rid]  # only the sampled ones: nothing of the others is counted or recorded
             accepted = [t for t in kept[r.index] if t >= 0] if r.drafts and kept is not None else None
             if accepted:  # the accepted drafts, then the bonus token
                 book.count_traced(r.rid, accepted, r.drafts)
@@ -100,8 +96,8 @@ class StepProbes:
                                                       accepted, mine, book.proposed.pop(r.rid, None)))
         if not picks:
             return None
-        return StepContext(picks, verify, *self._target_rows(runner, a, rows, logit_at, logits, logit_rows(layout)),
-                           now)
+        target = self._target_rows(runner, a, rows, logit_at, logits, logit_rows(req_ids, drafts))
+        return StepContext(picks, verify, *target, now)
 
     def _target_rows(self, runner, a: Dict[str, Any], rows: List[int], logit_at: List[int], logits,
                      logit_count: int) -> tuple:

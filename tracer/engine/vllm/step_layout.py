@@ -12,6 +12,7 @@ request's last ``d_i + 1`` rows, in batch order), and elements ``[offset_i, offs
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import List, NamedTuple, Optional, Sequence
 
 PREFILL_ROWS = 32  # a sampled prompt's last rows summarised (as on SGLang)
@@ -62,23 +63,20 @@ class StepRows(NamedTuple):
         return range(self.logit, self.logit + self.drafts + 1)
 
 
-def step_rows(req_ids: Sequence[str], num_scheduled_tokens: dict,
-              num_draft_tokens: Optional[Sequence[int]]) -> List[StepRows]:
-    """Every request of the batch with its target rows and its drafts' elements (host values only)."""
-    out, start, offset, logit = [], 0, 0, 0
-    for i, rid in enumerate(req_ids):
-        n = num_scheduled_tokens.get(rid, 0)
-        d = num_draft_tokens[i] if num_draft_tokens else 0
-        out.append(StepRows(i, rid, start, n, d, offset, logit))
-        start += n
-        offset += d
-        logit += d + 1
-    return out
+def step_rows(req_ids: Sequence[str], num_scheduled_tokens: dict, num_draft_tokens: Optional[Sequence[int]],
+              only: Optional[Sequence[int]] = None) -> List[StepRows]:
+    """The requests of the batch (``only``: those batch indices, default all) with their target rows, logits rows
+    and drafts' elements (host values only; each list taken in one pass, not request by request)."""
+    tokens = [num_scheduled_tokens.get(rid, 0) for rid in req_ids]
+    drafts = list(num_draft_tokens) if num_draft_tokens else [0] * len(req_ids)
+    starts, offsets = [0, *accumulate(tokens)], [0, *accumulate(drafts)]
+    return [StepRows(i, req_ids[i], starts[i], tokens[i], drafts[i], offsets[i], i + offsets[i])  # d + 1 logits rows
+            for i in (range(len(req_ids)) if only is None else only)]
 
 
-def logit_rows(rows: Sequence[StepRows]) -> int:
+def logit_rows(req_ids: Sequence[str], num_draft_tokens: Optional[Sequence[int]]) -> int:
     """Rows of the target's logits of a step (every request's ``d + 1``)."""
-    return rows[-1].logit + rows[-1].drafts + 1 if rows else 0
+    return len(req_ids) + (sum(num_draft_tokens) if num_draft_tokens else 0)
 
 
 def draft_input_rows(query_start_loc: Sequence[int], picks: Sequence[Pick],

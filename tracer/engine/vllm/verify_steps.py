@@ -35,8 +35,9 @@ class VerifySteps:
     def add(self, runner, a: Dict[str, Any], counted: List[Tuple[int, str, int]], verify: List[Verify],
             rows: List[int], logits: tuple, now: float) -> None:
         """One step's ids copied and its sampled verify ``rows`` summarised, never waiting. ``counted``: ``(batch
-        index, rid, drafts)`` of every sampled request that verified drafts; ``verify``: those recorded this step; ``logits``: the
-        step's target logits, the verify rows' rows there and the rows they have (``CudaSummaries.target``)."""
+        index, rid, drafts)`` of every sampled request that verified drafts; ``verify``: those recorded this step;
+        ``logits``: the step's target logits, the verify rows' rows there and the rows they have
+        (``CudaSummaries.target``)."""
         sampled, spec = a["sampled_token_ids"], a["spec_decode_metadata"]
         positions = getattr(runner, "positions", None)
         ints, with_drafts, with_positions = step_ids.copy(sampled, spec.draft_token_ids, positions if isinstance(
