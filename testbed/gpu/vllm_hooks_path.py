@@ -5,8 +5,9 @@ hooks (``engine/vllm/plugin.py``: the runner's ``propose_draft_token_ids``, insi
 the draft's ``combine_hidden_states`` and one ``compute_logits`` per draft position) with a real ``VLLMTracer``
 attached as on CUDA (its ``CudaStep`` built and prepared as attach does). vLLM's methods and metadata are
 stand-ins holding tensors shaped as vLLM hands them: the target's logits its sampler reads (through the runner's
-``_sample`` hook), ``sampled_token_ids [R, k + 1]`` (``-1`` rejected), ``SpecDecodeMetadata.draft_token_ids``, the scheduler's ``-1`` placeholders for the drafts (async scheduling),
-``query_start_loc_cpu``, the runner's ``positions``. Every request is in decode (``k + 1`` rows each).
+``_sample`` hook), ``sampled_token_ids [R, k + 1]`` (``-1`` rejected), ``SpecDecodeMetadata.draft_token_ids``,
+the scheduler's ``-1`` placeholders for the drafts (async scheduling), ``query_start_loc_cpu``, the runner's
+``positions``. Every request is in decode (``k + 1`` rows each).
 
 On CUDA (``tests/gpu/test_vllm_hooks_path.py``) it runs under ``DRAFTSCOPE_SYNC_DEBUG`` with GPU work queued
 ahead; on a CPU (``tests/tracer/test_vllm_cuda_step.py``) the same branch runs on CPU tensors, and the records it
