@@ -61,6 +61,8 @@ class CudaSummaries:
             self.health.drop("host_slots_full")
             return None, (None, 0, None)
         logits = target_logits(runner, hidden, logits, index, at)
+        if logits.dtype != torch.float32:  # here, not in the launch: a float32 input lets it run through its plan
+            logits = logits.float()
         aux = a["aux_hidden_states"]
         if not aux:
             return (self.summaries.launch(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,
