@@ -58,6 +58,7 @@ def report(findings, obs) -> str:
             f"{obs.accept_by_time_bin}")
 
 
+@pytest.mark.side  # a server of its own (40 s in CI): the main run is the longer one
 def test_zero_acceptance_with_finite_logits_lm_head_removed(sglang_server):
     # two prompts: ~190 drafts, all rejected (20 are enough to judge), and draft.logits samples; every
     # allocation of this server is filled (MALLOC_PERTURB_), which makes each request slow

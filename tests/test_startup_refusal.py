@@ -33,6 +33,7 @@ def test_doctor_predicts_the_refusal_and_its_override():
 
 
 @pytest.mark.sglang
+@pytest.mark.side  # a server of its own (26 s in CI): the main run is the longer one
 def test_refused_start_is_a_crashed_run_with_the_reason(tmp_path):
     s = prepare("short-context")
     store = tmp_path / "trace.db"
