@@ -289,7 +289,10 @@ def describe(argv: list) -> dict:
                spec.draft_model_config.architectures, "draft_attention_backend": str(spec.attention_backend),
            "draft_load_format": spec.draft_load_config and spec.draft_load_config.load_format,
            "aux_ids_read": GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec)),
-           "v2_model_runner": cfg.use_v2_model_runner, "async_scheduling": cfg.scheduler_config.async_scheduling}
+           "v2_model_runner": cfg.use_v2_model_runner, "async_scheduling": cfg.scheduler_config.async_scheduling,
+           "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+           "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
+           "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes}
     with set_current_vllm_config(cfg):
         head = model.get_head_size()
         out["target_attention_selected"] = get_attn_backend(head, model.dtype, "auto", use_mla=model.use_mla,

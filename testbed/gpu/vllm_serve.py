@@ -30,7 +30,7 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
    matched by arrival order, ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
 
 ``--throughput``: instead of the modes (phases 0-2 as above), the tracer's overhead against vLLM without it
-(``testbed/gpu/vllm_throughput.py``).
+(``testbed/gpu/vllm_throughput.py``); with ``--kimi``, at Kimi widths (its ``kimi_phase``: an H200).
 
 ``--kimi``: the seed's case at full width (``testbed/gpu/vllm_kimi.py``): after phases 0-2, with its own models,
 architectures prewarmed and servers; no tiny mode runs unless ``--modes`` names it.
@@ -253,7 +253,7 @@ def main() -> int:
                     "of VARIANT/DRAFT, e.g. llama/kimi-aux-off), no fallback between variants")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
     ap.add_argument("--throughput", action="store_true", help="instead of the modes: the tracer's overhead against "
-                    "vLLM without it (testbed/gpu/vllm_throughput.py)")
+                    "vLLM without it (testbed/gpu/vllm_throughput.py); with --kimi, at Kimi widths (an H200)")
     ap.add_argument("--throughput-s", type=float, default=vllm_throughput.DEFAULT_BUDGET_S,
                     help="seconds after the runner starts by which the throughput rounds end (default: %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
@@ -278,10 +278,13 @@ def main() -> int:
         r = dry_run(a.kit, a.work, modes, a.throughput)
         if a.kimi:
             r["kimi"] = vllm_kimi.dry_run(a.work)
+            if a.throughput:
+                r["kimi_throughput"] = vllm_kimi.describe(
+                    vllm_throughput.kimi_command(vllm_kimi.write_configs(a.work / "kimi-configs"), 0)[3:])
             (a.work / "results.json").write_text(json.dumps(r, indent=1) + "\n")
         print(json.dumps({"imports_ok": all(m["ok"] for m in r["imports"]["modules"].values()),
                           "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"],
-                          "kimi": r.get("kimi")}, indent=1))
+                          "kimi": r.get("kimi"), "kimi_throughput": r.get("kimi_throughput")}, indent=1))
         return 0 if all(m["ok"] for m in r["imports"]["modules"].values()) else 1
     results = {"kit": json.loads((a.kit / "manifest.json").read_text()), "modes": {}}
     architectures = vllm_kimi.ARCHITECTURES if a.kimi else ARCHITECTURES
@@ -300,7 +303,14 @@ def main() -> int:
     results["prewarm"] = await_prewarm(prewarm, prewarm_t0)
     if a.throughput:
         began = deadline - a.limit_s
-        vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save)
+        if a.kimi:
+            import torch
+
+            results["kimi_models"] = made = vllm_kimi.await_models(kimi_models, a.work)
+            vllm_throughput.kimi_phase(a.kit, a.work, made, began + a.throughput_s, results, save,
+                                       torch.cuda.get_device_properties(0).total_memory)
+        else:
+            vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save)
         return 0 if "levels" in results["vllm_throughput"] else 1
     results["scenarios"] = {}
     results.update(dict.fromkeys(PAIRS))

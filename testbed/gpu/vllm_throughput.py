@@ -18,6 +18,12 @@ memory profiling assumes that no other process changes its GPU memory meanwhile,
 ``results.json``: ``vllm_throughput`` (saved after every round) and ``vllm_throughput_servers`` (start, the log's
 facts, the tracer's lines; per traced server its trace's requests, how many sampled, the tracer's errors and drops).
 ``bench/gpu_throughput.py`` prints the table again.
+
+``--throughput --kimi`` (:func:`kimi_phase`): the same three servers at production widths, the Kimi phase's Llama
+target (``vllm_kimi``: 61 layers at hidden 7168, vocabulary 163,840, bf16 dummy weights) and its healthy EAGLE-3
+draft, prompts of random token ids (``kimi_phase.prompt``: the target has no tokenizer), CUDA graphs captured up to
+the 256 tokens of 64 verifies (``KIMI_ARGS``). Three such servers need ~100 GB: on a smaller GPU the phase records
+why it did not run.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from testbed.gpu import throughput, traces, vllm_servers
+from testbed.gpu import kimi_phase as kimi_prompts, throughput, traces, vllm_kimi, vllm_servers
 from testbed.gpu.bed import Bed, Spec
 from testbed.texts import DEMO_PROMPTS
 from testbed.vllm_server import VLLMServer
@@ -45,8 +51,17 @@ START_TIMEOUT_S = 300
 DEFAULT_BUDGET_S = 440  # after the runner starts: the rounds end by then; stopping and summaries take ~30 s more
 
 
-def send(server: VLLMServer, rid: str, prompt: str, new_tokens: int) -> int:
-    """One greedy ``/v1/completions`` request of exactly ``new_tokens`` named ``rid``: its completion tokens."""
+# after vllm_kimi.command's: the last of an option counts. Each of three servers asks 0.28 of the GPU at its start
+# (vLLM refuses to start when that much is not free) and a fixed KV cache (~15,000 tokens of the 61-layer target)
+KIMI_ARGS = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.28", "--kv-cache-memory-bytes", str(4 << 30),
+             "--compilation-config", json.dumps({"custom_ops": ["none"], "max_cudagraph_capture_size": 256})]
+KIMI_VARIANT, KIMI_DRAFT = "llama", "kimi-healthy"
+KIMI_MIN_GPU_BYTES = 120 * 2**30  # three servers of ~24 GB of weights each, their KV caches, graphs and activations
+
+
+def send(server: VLLMServer, rid: str, prompt, new_tokens: int) -> int:
+    """One greedy ``/v1/completions`` request of exactly ``new_tokens`` named ``rid`` (``prompt``: text, or token
+    ids): its completion tokens."""
     return len(server.complete(prompt, new_tokens, request_id=rid, ignore_eos=True)["token_ids"])
 
 
@@ -112,9 +127,10 @@ def trace_records(trace: Path) -> dict:
 
 
 def run(bed: VLLMBed, servers: list, deadline: float, on_round: Callable | None = None,
-        levels: dict = LEVELS) -> dict:
-    """Start ``servers`` together, rounds at ``levels`` until ``deadline`` (``time.monotonic``), stop them; the
-    results' keys (``vllm_throughput_plugins``: the vLLM plugins found without and with the tracer's folder)."""
+        levels: dict = LEVELS, prompts: Callable = prompt) -> dict:
+    """Start ``servers`` together, rounds at ``levels`` until ``deadline`` (``time.monotonic``) with ``prompts(seed)``,
+    stop them; the results' keys (``vllm_throughput_plugins``: the vLLM plugins found without and with the tracer's
+    folder)."""
     plugins = {"no-tracer": general_plugins(bed.server_path),
                "traced": general_plugins(os.pathsep.join([bed.tracer_site, bed.server_path]))}
     state = bed.start_all(servers, START_TIMEOUT_S)
@@ -123,7 +139,7 @@ def run(bed: VLLMBed, servers: list, deadline: float, on_round: Callable | None 
         if failed:
             raise RuntimeError(f"not started: {failed}")
         handles = {name: s["handle"] for name, s in state.items()}
-        result = throughput.measure_levels(handles, prompt, deadline, levels, client=VLLM, on_round=on_round)
+        result = throughput.measure_levels(handles, prompts, deadline, levels, client=VLLM, on_round=on_round)
         print(throughput.levels_table(result), flush=True)
     except Exception as exc:  # noqa: BLE001 - this run's finding
         result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -136,17 +152,49 @@ def run(bed: VLLMBed, servers: list, deadline: float, on_round: Callable | None 
     return {"vllm_throughput": result, "vllm_throughput_servers": state, "vllm_throughput_plugins": plugins}
 
 
+def _saver(results: dict, save: Callable) -> Callable:
+    def on_round(summary: dict) -> None:
+        results["vllm_throughput"] = summary
+        save()
+    return on_round
+
+
+def _report(results: dict) -> None:
+    print(json.dumps({n: {k: s.get(k) for k in ("ok", "start_s", "error", "records")}
+                      for n, s in results["vllm_throughput_servers"].items()}, indent=1, default=str), flush=True)
+
+
 def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable) -> None:
     """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``; into
     ``results``, saved after every round and at the end."""
     bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_servers.command, kit, mode="graphs"))
     models = kit / "models"
-
-    def on_round(summary: dict) -> None:
-        results["vllm_throughput"] = summary
-        save()
-
-    results.update(run(bed, specs(models / "target", models / "draft", ARGS), deadline, on_round))
+    results.update(run(bed, specs(models / "target", models / "draft", ARGS), deadline, _saver(results, save)))
     save()
-    print(json.dumps({n: {k: s.get(k) for k in ("ok", "start_s", "error", "records")}
-                      for n, s in results["vllm_throughput_servers"].items()}, indent=1, default=str), flush=True)
+    _report(results)
+
+
+def kimi_command(models: Path, port: int) -> list:
+    """A Kimi-width server's command line: the Kimi phase's, then ``KIMI_ARGS``."""
+    return [*vllm_kimi.command(models, KIMI_VARIANT, KIMI_DRAFT, port), *KIMI_ARGS]
+
+
+def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: dict, save: Callable,
+               gpu_bytes: int) -> None:
+    """The runner's ``--throughput --kimi``: three Kimi-width servers (``kimi_command``) on ``models``
+    (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does. Not run on a
+    GPU of fewer than ``KIMI_MIN_GPU_BYTES`` (``gpu_bytes``), nor without the models: ``vllm_throughput`` says why."""
+    if gpu_bytes < KIMI_MIN_GPU_BYTES:
+        results["vllm_throughput"] = {"error": f"three Kimi-width servers need {KIMI_MIN_GPU_BYTES >> 30} GiB of GPU "
+                                               f"memory; this GPU has {gpu_bytes >> 30} GiB (an H200 has 139)"}
+    elif "error" in models:
+        results["vllm_throughput"] = {"error": f"the Kimi models were not made: {models['error']}"}
+    if "vllm_throughput" in results:
+        save()
+        return
+    dest = Path(models["dest"])
+    bed = VLLMBed(kit, work, *tracer_paths(), lambda port: kimi_command(dest, port))
+    servers = specs(dest / vllm_kimi.VARIANTS[KIMI_VARIANT], dest / KIMI_DRAFT, [])
+    results.update(run(bed, servers, deadline, _saver(results, save), prompts=kimi_prompts.prompt))
+    save()
+    _report(results)

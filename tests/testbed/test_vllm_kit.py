@@ -73,7 +73,7 @@ def test_a_built_kit_installs_and_dry_runs_here(tmp_path):
         tar.extractall(tree, filter="data")
     path = os.pathsep.join([str(KIT / "standins"), str(tmp_path / "root" / "tracer"), str(tree), str(KIT / "src")])
     done = subprocess.run([str(VLLM_PYTHON), "-m", "testbed.gpu.vllm_serve", "--kit", str(KIT), "--work",
-                           str(tmp_path / "work"), "--dry-run", "--kimi", "--modes", "graphs,eager"],
+                           str(tmp_path / "work"), "--dry-run", "--kimi", "--throughput", "--modes", "graphs,eager"],
                           env={**os.environ, "PYTHONPATH": path},
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -100,3 +100,10 @@ def test_a_built_kit_installs_and_dry_runs_here(tmp_path):
     assert (kimi["mla/kimi-healthy"]["target_attention_selected"], kimi["mla/kimi-healthy"]["mla_prefill_selected"]) \
         == ("TRITON_MLA", "CPU_SDPA_MLA")
     assert kimi["llama/kimi-aux-off"]["target_attention_selected"] == "TRITON_ATTN"
+    tiny = results["engine_configs"]["throughput"]  # the throughput phase's servers: a 1 GiB KV cache each
+    assert (tiny["max_num_seqs"], tiny["kv_cache_memory_bytes"]) == (64, 1 << 30)
+    wide = results["kimi_throughput"]  # --throughput --kimi: three Kimi-width servers on one H200
+    assert (wide["architectures"], wide["compile_mode"], wide["cudagraph_mode"]) == \
+        (["LlamaForCausalLM"], "3", "FULL_AND_PIECEWISE")
+    assert max(wide["capture_sizes"]) == 256 and wide["aux_ids_read"] == [20, 40, 60]  # 64 verifies of 4 tokens
+    assert (wide["max_num_seqs"], wide["gpu_memory_utilization"], wide["kv_cache_memory_bytes"]) == (64, 0.28, 4 << 30)

@@ -55,3 +55,16 @@ def test_a_trace_summary_counts_accepts_per_position_and_totals(tmp_path):
 
 def test_graphs_sync_is_graphs_under_sync_debug():
     assert MODES["graphs-sync"] == MODES["graphs"] and MODE_ENV["graphs-sync"] == {"DRAFTSCOPE_SYNC_DEBUG": "1"}
+
+
+def test_the_kimi_width_throughput_says_why_it_did_not_run(tmp_path):
+    """Three Kimi-width servers need an H200: on an H100 (or without the models) the phase records why, saved."""
+    from testbed.gpu import vllm_throughput
+
+    saved = []
+    for models, gpu_bytes, why in (({"dest": str(tmp_path)}, 80 * 2**30, "this GPU has 80 GiB"),
+                                   ({"error": "kimi_models exit code 1"}, 141 * 2**30, "exit code 1")):
+        results: dict = {}
+        vllm_throughput.kimi_phase(tmp_path, tmp_path, models, 0.0, results, lambda: saved.append(1), gpu_bytes)
+        assert why in results["vllm_throughput"]["error"], results
+    assert len(saved) == 2
