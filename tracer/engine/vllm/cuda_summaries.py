@@ -30,6 +30,7 @@ class CudaSummaries:
         self.summaries = Summaries(health, topk)
         self.hidden: Optional[int] = None  # the target's hidden size (one aux chunk)
         self.rows_cap: Optional[int] = None  # rows per launch the prepared Summarizers take
+        self.num_spec = 1  # draft positions per step
 
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
                 draft_hidden: Optional[int], num_spec: int, max_requests: int) -> dict:
@@ -45,7 +46,7 @@ class CudaSummaries:
                    (vocab, vocab, vocab, capacity(requests * num_spec), torch.float32, False)]
         if draft_hidden:
             layouts.append((draft_hidden, draft_hidden, None, rows, dtype, False))
-        self.hidden = hidden
+        self.hidden, self.num_spec = hidden, num_spec
         self.summaries.prepare(device, layouts)
         return {"prepared_rows": rows, "layouts": len(layouts)}
 
@@ -95,25 +96,32 @@ class CudaSummaries:
         ctx.fc_dtype = dtype_name(out)
 
     def draft_logits(self, ctx, logits: torch.Tensor) -> None:
-        """The picks' rows of the draft's logits at one draft position, gathered on the device for
-        :meth:`draft_topk`; a position that could not be gathered leaves the step without the draft's top-k."""
-        rows = [p.index for p in ctx.picks]
-        if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0]:
+        """The picks' rows of the draft's logits at one draft position, gathered on the device into one float32
+        buffer of every position (``ctx.draft_buf``, position after position) for :meth:`draft_topk`; a position
+        that could not be gathered leaves the step without the draft's top-k."""
+        rows, done = [p.index for p in ctx.picks], len(ctx.draft_topk or ())
+        if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0] or done >= self.num_spec:
             return
         index = device_index(rows, logits.device)
         if index is None:
             self.health.drop("host_slots_full")
             ctx.draft_topk = None
             return
-        ctx.draft_topk.append(logits.index_select(0, index))
+        n = len(rows)
+        if ctx.draft_buf is None:
+            ctx.draft_buf = torch.empty(self.num_spec * n, logits.shape[-1], dtype=torch.float32, device=logits.device)
+        into = ctx.draft_buf[done * n:(done + 1) * n]
+        if logits.dtype == torch.float32:
+            torch.index_select(logits, 0, index, out=into)
+        else:  # the picks' rows only turned float32, not the batch's
+            into.copy_(logits.index_select(0, index))
+        ctx.draft_topk.append(into)
 
     def draft_topk(self, ctx):
-        """One summary of the draft's top-k at every position gathered (``step_layout.draft_rows``), in float32;
-        None when there is none (or it was dropped: counted)."""
+        """One summary of the draft's top-k at every position gathered (``step_layout.draft_rows``); None when
+        there is none (or it was dropped: counted)."""
         if not ctx.draft_topk:
             return None
-        joined = torch.cat(ctx.draft_topk) if len(ctx.draft_topk) > 1 else ctx.draft_topk[0]
-        if joined.dtype != torch.float32:
-            joined = joined.float()
+        joined = ctx.draft_buf[:len(ctx.draft_topk) * len(ctx.picks)]
         return self.summaries.launch(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]),
                                      logits=joined, stats=False)
