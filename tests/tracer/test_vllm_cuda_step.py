@@ -52,6 +52,7 @@ def test_the_targets_top_k_is_read_from_the_logits_vllm_sampled():
     path.runner.model.compute_logits = lambda h: calls.append(h.shape[0]) or compute(h)
     path.step(num_drafts=[K, 0, K])  # req-1 runs a decode step without drafts: one row of logits
     path.step(num_drafts=[K, K, 0])
+    assert path.tracer.logits is None  # not held past the step's sample_tokens
     report = path.close()
     assert report["errors"] == {} and report["relay_error"] is None, report
     assert calls == [2 * (K + 1) + 1] * 2
