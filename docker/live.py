@@ -33,6 +33,10 @@ ENGINES = ("sglang", "vllm")
 LOGS = Path("/tmp/draftscope-live")
 
 
+# a server still starting is waited for: on a busy or small machine vLLM on CPU took over 300 s to start
+START_TIMEOUT_S = 900.0
+
+
 def say(message: str) -> None:
     print(f"live: {message}", flush=True)
 
@@ -42,13 +46,14 @@ def start(engine: str, name: str) -> ServerHandle:
     log_path = LOGS / f"{engine}-{name}.log"
     if engine == "vllm":
         say(f"starting vLLM for {name}")
-        server = start_vllm_server(prepared.target_dir, prepared.draft_dir, log_path, python=sys.executable)
+        server = start_vllm_server(prepared.target_dir, prepared.draft_dir, log_path, timeout=START_TIMEOUT_S,
+                                   python=sys.executable)
     else:
         say(f"starting SGLang for {name} ({' '.join(prepared.server_args) or 'default EAGLE3 flags'})")
         # The readiness probe must not generate: a crashing scenario would die on it, not on a request.
         env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
         server = start_server(prepared.target_dir, prepared.draft_dir, prepared.server_args, log_path, env=env,
-                              python=sys.executable)
+                              timeout=START_TIMEOUT_S, python=sys.executable)
     say(f"{name} serving at {server.url} (log {server.log_path})")
     return server
 

@@ -27,6 +27,8 @@ import pytest
 from tests.fixtures.compose import REPO, Docker
 
 OFFLINE_HINT = "scripts/wheelhouse && DRAFTSCOPE_PIP_NO_INDEX=1 docker compose up --build"
+# a live profile's two runs (each server's start, docker/live.py's START_TIMEOUT_S at most, then its requests)
+WAIT_RUNS_S = 1200
 pytestmark = pytest.mark.compose
 
 
@@ -170,7 +172,7 @@ def _a_healthy_and_a_broken_run(url: str, docker: Docker, project: str, profile:
                                 engine: str) -> None:
     """The profile's two traced servers appear as runs of ``engine`` with requests: the broken one (aux-off)
     with ``fc-bypassed``, the healthy one with no error."""
-    demo, deadline = _demo_run_ids(), time.monotonic() + 600
+    demo, deadline = _demo_run_ids(), time.monotonic() + WAIT_RUNS_S
     while True:
         runs = [r for r in json.loads(_get(f"{url}/api/v1/runs")[1]) if r["id"] not in demo]
         rules = {r["id"]: _error_rules(url, r["id"]) for r in runs}
@@ -179,7 +181,7 @@ def _a_healthy_and_a_broken_run(url: str, docker: Docker, project: str, profile:
         exited = docker.compose(project, "--profile", profile, "ps", "-a", "--status", "exited", "--format",
                                 "{{.Service}}").stdout.split()
         assert time.monotonic() < deadline and service not in exited, (
-            f"{profile} runs after {600 - deadline + time.monotonic():.0f} s ({service} "
+            f"{profile} runs after {WAIT_RUNS_S - deadline + time.monotonic():.0f} s ({service} "
             f"{'exited' if service in exited else 'running'}): {runs} {rules}\n"
             + docker.compose(project, "--profile", profile, "logs", "--no-color", service).stdout[-4000:])
         time.sleep(5)
