@@ -169,7 +169,8 @@ def _around_target_logits(orig, runner, logits, *args, **kwargs):
     """The target's logits of the step (each request's verified token and drafts, in batch order), as vLLM's
     sampler is about to read them: held for the step hooks (``propose_draft_token_ids`` runs later in the same
     ``sample_tokens``, which lets them go), so the tracer reads the target's top-k from the rows vLLM computed
-    instead of computing them again. The sampler works on copies: these stay as the model returned them."""
+    instead of computing them again. The sampler works on copies: these stay as it received them (after the grammar
+    bitmask vLLM applies in place for structured output, before the sampler)."""
     t = _live()
     if t is not None:
         t.logits = logits
