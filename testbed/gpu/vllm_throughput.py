@@ -21,9 +21,9 @@ facts, the tracer's lines; per traced server its trace's requests, how many samp
 
 ``--throughput --kimi`` (:func:`kimi_phase`): the same three servers at production widths, the Kimi phase's Llama
 target (``vllm_kimi``: 61 layers at hidden 7168, vocabulary 163,840, bf16 dummy weights) and its healthy EAGLE-3
-draft, prompts of random token ids (``kimi_phase.prompt``: the target has no tokenizer), CUDA graphs captured up to
-the 256 tokens of 64 verifies (``KIMI_ARGS``). Three such servers need ~100 GB: on a smaller GPU the phase records
-why it did not run.
+draft, prompts of random token ids (``kimi_phase.prompt``: the target has no tokenizer), CUDA graphs captured at
+the token counts of 1, 8 and 64 verifies and the powers of two between (``KIMI_ARGS``). Three such servers need
+~100 GB: on a smaller GPU the phase records why it did not run.
 """
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ DEFAULT_BUDGET_S = 440  # after the runner starts: the rounds end by then; stopp
 
 
 # after vllm_kimi.command's: the last of an option counts. Each of three servers asks 0.28 of the GPU at its start
-# (vLLM refuses to start when that much is not free) and a fixed KV cache (~15,000 tokens of the 61-layer target)
+# (vLLM refuses to start when that much is not free) and a fixed KV cache (~15,000 tokens of the 61-layer target);
+# graphs captured at the token counts a level's full batch of verifies takes (1, 8 and 64 requests x 4 tokens) and
+# the powers of two between (vLLM pads a step to the next one): 7 sizes, not the ~35 of a default list to 256, which
+# three 61-layer servers capturing at once would take minutes over
+KIMI_CAPTURE_SIZES = [4, 8, 16, 32, 64, 128, 256]
 KIMI_ARGS = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.28", "--kv-cache-memory-bytes", str(4 << 30),
-             "--compilation-config", json.dumps({"custom_ops": ["none"], "max_cudagraph_capture_size": 256})]
+             "--compilation-config", json.dumps({"custom_ops": ["none"], "cudagraph_capture_sizes": KIMI_CAPTURE_SIZES})]
+KIMI_START_TIMEOUT_S = 420  # three Kimi-width servers building and capturing at once
 KIMI_VARIANT, KIMI_DRAFT = "llama", "kimi-healthy"
 KIMI_MIN_GPU_BYTES = 120 * 2**30  # three servers of ~24 GB of weights each, their KV caches, graphs and activations
 
@@ -127,13 +132,13 @@ def trace_records(trace: Path) -> dict:
 
 
 def run(bed: VLLMBed, servers: list, deadline: float, on_round: Callable | None = None,
-        levels: dict = LEVELS, prompts: Callable = prompt) -> dict:
+        levels: dict = LEVELS, prompts: Callable = prompt, start_timeout: float = START_TIMEOUT_S) -> dict:
     """Start ``servers`` together, rounds at ``levels`` until ``deadline`` (``time.monotonic``) with ``prompts(seed)``,
     stop them; the results' keys (``vllm_throughput_plugins``: the vLLM plugins found without and with the tracer's
     folder)."""
     plugins = {"no-tracer": general_plugins(bed.server_path),
                "traced": general_plugins(os.pathsep.join([bed.tracer_site, bed.server_path]))}
-    state = bed.start_all(servers, START_TIMEOUT_S)
+    state = bed.start_all(servers, start_timeout)
     failed = [name for name, s in state.items() if not s["ok"]]
     try:
         if failed:
@@ -195,6 +200,7 @@ def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: di
     dest = Path(models["dest"])
     bed = VLLMBed(kit, work, *tracer_paths(), lambda port: kimi_command(dest, port))
     servers = specs(dest / vllm_kimi.VARIANTS[KIMI_VARIANT], dest / KIMI_DRAFT, [])
-    results.update(run(bed, servers, deadline, _saver(results, save), prompts=kimi_prompts.prompt))
+    results.update(run(bed, servers, deadline, _saver(results, save), prompts=kimi_prompts.prompt,
+                       start_timeout=KIMI_START_TIMEOUT_S))
     save()
     _report(results)
