@@ -11,7 +11,8 @@ installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runn
    same summary. Results: the Triton path (default on CUDA) must equal the pure-torch path (top-k ids
    exactly, statistics and probabilities to 1e-5) and float64 references (every selected row:
    ``torch.topk`` ids, softmax probabilities, L2/mean/std/absmax), also on adversarial inputs (NaN,
-   Inf, ties, all winners in one block, a vocabulary that is not a multiple of the block).
+   Inf, ties, all winners in one block, a vocabulary that is not a multiple of the block), and bf16 logits
+   read in place at rows of their own must equal the float32 rows gathered.
 2. GPU microseconds per verify step at Kimi-K2.5 widths (hidden 7168, 3 aux layers, 163,840-vocab fp32
    logits, top-8), batch 1/8/64 x 4 draft tokens, for every row and for 1 request in 16 (launches queued
    behind a GPU sleep, so that host time stays out, timed by CUDA events): the Triton path as a graph
@@ -274,6 +275,23 @@ def adversarial() -> list[str]:
     assert_same(a, b)
     check_against_reference(a, hidden, logits, [0, 5, 7, 1])
     done.append(f"vocab {vocab} (partial last block), winner in the last column")
+
+    hidden, logits = inputs(2)
+    logits = torch.cat([logits, logits.flip(0) * 0.5]).to(torch.bfloat16)           # 16 rows, hidden has 8
+    logits[13, 4096:4104] = 60.0                                                      # tied winners in one block
+    rows = torch.tensor([0, 5, -1, 7, 1], device="cuda")
+    at = torch.tensor([13, 2, -1, 9, 15], device="cuda")                             # the logits' own rows
+    gathered = torch.zeros(hidden.shape[0], V, device="cuda")
+    gathered[rows[rows >= 0]] = logits[at[at >= 0]].float()
+    for be in ("triton", "torch"):
+        summ = make(5, be)
+        want = summ.summarize(hidden, rows, gathered).result()
+        for _ in range(3):  # the Triton path's first launch compiles, the next ones launch directly
+            got = summ.summarize(hidden, rows, logits, logit_rows=at).result()
+            assert got.rows == want.rows, f"{be}: bf16 logits read at logit_rows differ from the float32 rows gathered"
+        assert summ.backend == be and summ.fallbacks == 0, summ.fallback_error
+    assert [i for i, _ in got.rows[0].topk] == list(range(4096, 4104))
+    done.append("bf16 logits read in place at rows of their own equal the float32 rows gathered")
     return done
 
 

@@ -66,7 +66,7 @@ class VllmStepPath:
         self.runner = SimpleNamespace(
             device=dev, input_batch=SimpleNamespace(req_ids=[f"req-{i}" for i in range(batch)]),
             positions=torch.zeros(batch * (k + 1), dtype=torch.int64, device=dev),
-            model=SimpleNamespace(compute_logits=lambda h: (h @ self.target_head).float()),
+            model=SimpleNamespace(compute_logits=lambda h: h @ self.target_head),  # the model's dtype, as vLLM's
             model_config=SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab),
             speculative_config=SimpleNamespace(num_speculative_tokens=k),
             scheduler_config=SimpleNamespace(max_num_seqs=batch))

@@ -144,7 +144,7 @@ def test_a_launch_repeated_on_the_same_buffers_is_planned_and_reads_their_new_va
     first = summaries.launch(hidden, rows, chunk_width=7168, logits=logits).result()  # through the JITFunction
     summaries.launch(hidden, rows, chunk_width=7168, logits=logits).result()  # direct: leaves its plan
     assert len(summaries._plans) == 1
-    (summ, plan, _), = summaries._plans.values()
+    (summ, plan, *_), = summaries._plans.values()
     calls = []
     summ.launch_plan = lambda p, tag=None, f=summ.launch_plan: calls.append(p) or f(p, tag)
     hidden.mul_(2)
@@ -154,3 +154,31 @@ def test_a_launch_repeated_on_the_same_buffers_is_planned_and_reads_their_new_va
     for a, b in zip(again.rows[:4], first.rows[:4]):
         assert a.row == b.row and a.chunks[1].l2 == pytest.approx(2 * b.chunks[1].l2, rel=1e-3)
         assert a.topk[0] == (5, pytest.approx(1.0))
+
+
+def test_bf16_logits_are_read_in_place_at_their_own_rows_through_the_plan():
+    """The vLLM target's launch: bf16 logits of more rows than the hidden states read at rows of their own
+    (``logit_rows``, another order), through the JITFunction, then directly (the plan reads the logits rows' index
+    tensor), give what the same rows gathered and made float32 give, and read what the logits hold at each launch."""
+    from draftscope_tracer.device.summaries import Summaries
+    from draftscope_tracer.health import Health
+
+    summaries = Summaries(Health(), topk=8)
+    hidden = torch.randn(64, 3 * 7168, dtype=torch.bfloat16, device="cuda")
+    logits = (torch.randn(256, 163_840, device="cuda") * 4).to(torch.bfloat16)
+    rows, at = [3, 17, 40, 63], [200, 7, 131, 64]
+    gathered = torch.zeros(64, 163_840, device="cuda")
+    gathered[rows] = logits[at].float()
+    want = summaries.launch(hidden, rows, chunk_width=7168, logits=gathered).result()
+    # through the JITFunction (a new variant: bf16 logits), then directly (leaves its plan), then through the plan
+    got = [summaries.launch(hidden, rows, chunk_width=7168, logits=logits, logit_rows=at).result() for _ in range(2)]
+    (summ, plan, *_), = summaries._plans.values()
+    calls = []
+    summ.launch_plan = lambda p, tag=None, f=summ.launch_plan: calls.append(p) or f(p, tag)
+    got.append(summaries.launch(hidden, rows, chunk_width=7168, logits=logits, logit_rows=at).result())
+    assert calls == [plan] and summ.fallbacks == 0
+    assert all(g.rows[:4] == want.rows[:4] for g in got)
+    logits[200, 5] = 1e4  # token 5 now wins the first row
+    again = summaries.launch(hidden, rows, chunk_width=7168, logits=logits, logit_rows=at).result()
+    assert calls == [plan, plan]
+    assert again.rows[0].topk[0] == (5, pytest.approx(1.0)) and again.rows[1:4] == want.rows[1:4]

@@ -87,6 +87,24 @@ def test_summaries_choose_where_cpu_tensors_are_reduced(reduce, kind):
     assert [r.row for r in out.result().rows] == [1, 2]
 
 
+@pytest.mark.parametrize("reduce", ["auto", "device"])
+def test_summaries_read_logits_at_rows_of_their_own(reduce):
+    """``Summaries.launch(..., logit_rows=...)``: the logits (bf16, more rows than hidden) are read at each row's own
+    logits row, on the host (``host_rows``) as through the Summarizer, and give what the rows gathered and made
+    float32 give; a logits-only launch (hidden = logits) reads its rows of them, as the vLLM hooks' aux-less one."""
+    h = torch.randn(12, 3 * 16, generator=torch.Generator().manual_seed(10))
+    logits = (torch.randn(20, 300, generator=torch.Generator().manual_seed(9)) * 3).to(torch.bfloat16)
+    rows, at = [5, 2, 0, 11], [17, 3, 19, 0]
+    s = Summaries(Health(), topk=4, reduce=reduce)
+    got = s.launch(h, rows, chunk_width=16, logits=logits, logit_rows=at).result()
+    gathered = torch.zeros(12, 300)
+    gathered[rows] = logits[at].float()
+    want = s.launch(h, rows, chunk_width=16, logits=gathered).result()
+    assert [r.row for r in got.rows] == rows and got.rows == want.rows
+    alone = s.launch(logits, at, chunk_width=300, logits=logits, stats=False).result()
+    assert [r.topk for r in alone.rows] == [r.topk for r in got.rows]
+
+
 def test_unknown_reduce_mode_is_refused():
     with pytest.raises(ValueError, match="reduce must be one of"):
         Summaries(Health(), topk=4, reduce="gpu")

@@ -154,15 +154,30 @@ def test_ring_reuse_is_counted_as_drops_not_blocking():
     (lambda s: s.summarize(torch.zeros(3, 2 * H), torch.tensor([0, 1])), r"hidden must be \[n>0, 192\]"),
     (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1], dtype=torch.int32)), "rows must be int64"),
     (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0])), r"rows must be int64 \[2\]"),
-    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1])), "logits must be float32"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1])), r"logits must be \[3, 100\], got None"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(5, 100)),
+     r"logits must be \[3, 100\], got \[5, 100\]"),
     (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(3, 100, dtype=torch.float64)),
-     "logits must be float32"),
+     "logits must be float32, bfloat16 or float16, got torch.float64"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(0, 100),
+                           logit_rows=torch.tensor([0, 1])), r"logits must be \[n>0, 100\]"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(5, 100),
+                           logit_rows=torch.tensor([4, 1], dtype=torch.int32)), r"logit_rows must be int64 \[2\]"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(5, 100),
+                           logit_rows=torch.tensor([4])), r"logit_rows must be int64 \[2\] \(-1 where rows is\)"),
+    (lambda s: s.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(5, 100),
+                           logit_rows=torch.tensor([[4, 1]])), r"logit_rows must be int64 \[2\]"),
 ])
 def test_bad_inputs_name_what_is_wrong(call, message):
     summ = Summarizer(max_rows=2, width=K * H, chunk_width=H, vocab_size=100)
     with pytest.raises(ValueError, match=message):
         call(summ)
     assert summ.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(3, 100)) is not None
+    assert summ.summarize(torch.zeros(3, K * H), torch.tensor([0, 1]), torch.zeros(5, 100, dtype=torch.bfloat16),
+                          logit_rows=torch.tensor([4, 1])) is not None
+    with pytest.raises(ValueError, match="logit_rows given but the Summarizer was built without vocab_size"):
+        Summarizer(max_rows=2, width=K * H, chunk_width=H).summarize(torch.zeros(3, K * H), torch.tensor([0, 1]),
+                                                                      logit_rows=torch.tensor([0, 1]))
 
 
 def test_bad_layout_is_refused():
@@ -252,6 +267,7 @@ def _triton_matches_torch() -> None:
     _check_topk(lg, [0, 1], k=8, block=128, backend="triton")
     _check_topk(lg, [1, 0], k=8, backend="triton")                      # default block
     _gathered_ints_match("triton")
+    _logit_rows_match("triton")
     ties = torch.zeros(2, 1024)
     ties[1, ::3] = 2.0
     summary = _check_topk(ties, [0, 1], k=8, block=64, exact_ids=False, backend="triton")
@@ -344,6 +360,34 @@ def _gathered_ints_match(backend: str) -> None:
     assert got == want
 
 
+def _logit_rows_match(backend: str) -> None:
+    """Logits read in place at rows of their own (``logit_rows``: more logits rows than hidden rows, in another
+    order, -1 where ``rows`` pads), in float32, bfloat16 or float16, summarise exactly as today's launch on those
+    rows gathered and made float32 first (the casts to float32 are exact): for a vocabulary a multiple of the
+    block and one that is not, twice (the second launch reuses the first's compiled kernel and scratch)."""
+    hidden = _hidden(6)
+    rows = torch.tensor([4, 0, -1, 5, 2, 2, -1])
+    at = torch.tensor([9, 3, -1, 0, 10, 10, -1])
+    for vocab in (3001, 2048):
+        logits = torch.randn(11, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+        logits[9, vocab - 1] = 40.0                                      # max in the last column
+        summ = Summarizer(max_rows=7, width=K * H, chunk_width=H, vocab_size=vocab, block=256, backend=backend)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            lg = logits.to(dtype)
+            gathered = torch.zeros(6, vocab)
+            gathered[rows[rows >= 0]] = lg[at[at >= 0]].float()
+            want = summ.summarize(hidden, rows, gathered).result()
+            for _ in range(2):
+                got = summ.summarize(hidden, rows, lg, logit_rows=at).result()
+                assert got.rows == want.rows, (backend, vocab, dtype)
+            assert [i for i, _ in got.rows[0].topk][0] == int(lg[9].float().argmax()) == vocab - 1
+    assert summ.backend == backend and summ.fallbacks == 0
+
+
+def test_logits_are_read_in_place_at_rows_of_their_own():
+    _logit_rows_match("torch")
+
+
 def test_a_verify_summary_gathers_its_token_ids():
     _gathered_ints_match("torch")
     with pytest.raises(ValueError, match="ints missing"):
@@ -373,19 +417,22 @@ def test_ring_slots_give_kernels_their_fields_at_one_alignment():
 
 def test_a_launch_plan_is_keyed_by_everything_its_arguments_come_from():
     """``Summaries._plan_key``: a launch reuses a plan only for the same tensors (address, shape, strides, dtype),
-    rows and chunk width; a launch that converts its logits (a new tensor each time) is never planned."""
+    rows, logits rows and chunk width; logits of any dtype are read as they are, so every launch can be planned."""
     from draftscope_tracer.device.summaries import Summaries
 
     key = Summaries._plan_key
     h, lg = torch.zeros(8, 2 * H), torch.zeros(8, 50)
     ints = (torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int32), torch.zeros(2), torch.zeros(2), 4)
-    base = key(h, [0, 1], H, lg, ints)
-    assert base == key(h, range(2), H, lg, ints)
-    assert key(h, [0, 1], H, lg.half(), ints) is None
-    others = [key(h, [1, 0], H, lg, ints), key(h[:4], [0, 1], H, lg, ints), key(h, [0, 1], 2 * H, lg, ints),
-              key(h.view(16, H), [0, 1], H, lg, ints), key(h.to(torch.bfloat16), [0, 1], H, lg, ints),
-              key(h, [0, 1], H, lg[:, :25], ints), key(h, [0, 1], H, None, ints), key(h, [0, 1], H, lg, None),
-              key(h, [0, 1], H, lg, (*ints[:4], 2)), key(h, [0, 1], H, lg, (ints[1], ints[0], *ints[2:])),
-              key(h.t().contiguous().t(), [0, 1], H, lg, ints)]
+    base = key(h, [0, 1], H, lg, ints, None)
+    assert base == key(h, range(2), H, lg, ints, None)
+    assert key(h, [0, 1], H, lg, ints, [3, 2]) == key(h, [0, 1], H, lg, ints, range(3, 1, -1))
+    others = [key(h, [1, 0], H, lg, ints, None), key(h[:4], [0, 1], H, lg, ints, None),
+              key(h, [0, 1], 2 * H, lg, ints, None), key(h.view(16, H), [0, 1], H, lg, ints, None),
+              key(h.to(torch.bfloat16), [0, 1], H, lg, ints, None), key(h, [0, 1], H, lg[:, :25], ints, None),
+              key(h, [0, 1], H, None, ints, None), key(h, [0, 1], H, lg, None, None),
+              key(h, [0, 1], H, lg, (*ints[:4], 2), None), key(h, [0, 1], H, lg, (ints[1], ints[0], *ints[2:]), None),
+              key(h.t().contiguous().t(), [0, 1], H, lg, ints, None),
+              key(h, [0, 1], H, lg.view(torch.int32), ints, None),
+              key(h, [0, 1], H, lg, ints, [0, 1]), key(h, [0, 1], H, lg, ints, [3, 2])]
     assert all(k is not None and k != base for k in others)
     assert len(set(others)) == len(others)

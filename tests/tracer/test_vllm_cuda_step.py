@@ -44,10 +44,13 @@ def test_verify_rows_match_the_logits_rows_vllms_sampler_reads():
     assert [list(r.verified) for r in rows if r.drafts] == [[0, 1, 2, 3], [104, 105, 106], [207, 208]]
 
 
-def test_the_targets_top_k_is_read_from_the_logits_vllm_sampled():
+@pytest.mark.parametrize("reduce", ["auto", "device"])
+def test_the_targets_top_k_is_read_from_the_logits_vllm_sampled(reduce):
     """The target's logits are not computed again: the runner's compute_logits is called once per step (vLLM's own,
-    for the sampler) and the records' target top-k is the held logits' at each verify's rows."""
+    for the sampler) and the records' target top-k is the held logits' at each verify's rows (copied on the host, or
+    read in place by the Summarizer: ``reduce="device"``, its torch path on CPU tensors)."""
     path = VllmStepPath(3, device="cpu", k=K, vocab=64)
+    path.tracer.steps.cuda.summaries.summaries.reduce = reduce
     calls, compute = [], path.runner.model.compute_logits
     path.runner.model.compute_logits = lambda h: calls.append(h.shape[0]) or compute(h)
     path.step(num_drafts=[K, 0, K])  # req-1 runs a decode step without drafts: one row of logits
@@ -63,6 +66,39 @@ def test_the_targets_top_k_is_read_from_the_logits_vllm_sampled():
     for key, row in first.items():
         assert [k[0][0] for k in steps[key]["target_topk"]] == \
             logits[row:row + K].argmax(-1).tolist(), key
+
+
+@pytest.mark.parametrize("reduce", ["auto", "device"])
+@pytest.mark.parametrize("aux", [0, 2])
+def test_the_target_summary_reads_the_held_logits_or_computes_them_at_the_verify_rows(reduce, aux):
+    """``CudaSummaries.target`` with and without aux hidden states: the held logits (bf16, as a bf16 model's) read at
+    the verify's logits rows; a step without them has ``compute_logits`` run on the verify rows only. Either gives
+    each verify row's top-k of its own logits."""
+    from types import SimpleNamespace
+
+    from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
+    from draftscope_tracer.health import Health
+
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(12, 16, generator=g).to(torch.bfloat16)
+    head = torch.randn(16, 40, generator=g).to(torch.bfloat16)
+    calls = []
+    runner = SimpleNamespace(model=SimpleNamespace(compute_logits=lambda h: calls.append(h.shape[0]) or h @ head))
+    a = {"hidden_states": hidden, "aux_hidden_states": [hidden * (i + 1) for i in range(aux)]}
+    rows, logit_at = [9, 10, 11, 2], [6, 7, 8, 1]  # the sampler's logits: fewer rows than the hidden states
+    held = (hidden @ head)[[0, 2, 3, 4, 5, 6, 9, 10, 11]]
+    summaries = CudaSummaries(Health(), topk=3)
+    summaries.summaries.reduce = reduce
+    want = torch.softmax((hidden @ head)[rows].float(), -1).topk(3)
+    for logits in (held, None):
+        summary, layout = summaries.target(runner, a, rows, logits, logit_at, held.shape[0])
+        s = summary.result()
+        assert [[i for i, _ in r.topk] for r in s.rows] == want.indices.tolist()
+        assert [p for r in s.rows for _, p in r.topk] == pytest.approx(want.values.flatten().tolist(), rel=1e-5)
+        assert layout == ((16, aux, "bfloat16") if aux else (None, 0, None))
+        if aux:
+            assert [len(r.chunks) for r in s.rows] == [aux] * len(rows)
+    assert calls == [len(rows)]  # only without held logits, on the verify rows
 
 
 def _records(path, probe):

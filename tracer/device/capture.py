@@ -71,12 +71,16 @@ class Capture:
         requests = min(max_requests, PREPARED_REQUESTS)
         rows = capacity(requests * draft_tokens)
         self.prepared_rows = rows
-        # (width, chunk, vocab, rows, dtype, gather): the verify's (with aux, and with one layer's hidden states when
-        # aux capture is off; its token ids gathered), the draft's features and fc output, the draft's logits
-        layouts = [(aux * hidden, hidden, vocab, rows, dtype, True), (hidden, hidden, vocab, rows, dtype, True),
-                   (aux * hidden, hidden, None, rows, dtype, False), (hidden, hidden, None, rows, dtype, False)]
+        # (width, chunk, vocab, rows, dtype, logits dtype, gather): the verify's (with aux, and with one layer's hidden
+        # states when aux capture is off; its token ids gathered), the draft's features and fc output, the draft's
+        # logits
+        f32 = torch.float32
+        layouts = [(aux * hidden, hidden, vocab, rows, dtype, f32, True),
+                   (hidden, hidden, vocab, rows, dtype, f32, True),
+                   (aux * hidden, hidden, None, rows, dtype, None, False),
+                   (hidden, hidden, None, rows, dtype, None, False)]
         if draft_vocab:
-            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), torch.float32, False))
+            layouts.append((draft_vocab, draft_vocab, draft_vocab, capacity(requests), f32, f32, False))
         self.summaries.prepare(device, layouts)
         if draft_model is not None:
             self._capture_recomputes(draft_model, device, dtype, hidden, aux, requests, rows)

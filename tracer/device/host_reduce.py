@@ -22,14 +22,17 @@ from draftscope_tracer.stats import RowCopies
 
 
 def host_rows(hidden: torch.Tensor, rows: Union[Sequence[int], torch.Tensor], *, chunk_width: int,
-              logits: Optional[torch.Tensor], topk: int, stats: bool = True, tag: Any = None) -> RowCopies:
-    """Rows ``rows`` of ``hidden`` copied now (with the top-k of those rows of ``logits``).
-    ``stats=False`` keeps only the top-k (rows without chunk statistics)."""
+              logits: Optional[torch.Tensor], topk: int, stats: bool = True, tag: Any = None,
+              logit_rows: Optional[Sequence[int]] = None) -> RowCopies:
+    """Rows ``rows`` of ``hidden`` copied now (with the top-k of ``logits`` at ``logit_rows``, the logits' row of
+    each entry of ``rows``; default ``rows``). ``stats=False`` keeps only the top-k (rows without chunk
+    statistics)."""
     rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
     x = _rows_of(hidden, rows) if stats else None
     probs = ids = None
     if logits is not None:
-        rows_l = x if logits is hidden and stats else _rows_of(logits, rows)
+        at = rows if logit_rows is None else list(logit_rows)
+        rows_l = x if logits is hidden and stats and at == rows else _rows_of(logits, at)
         top = torch.softmax(torch.from_numpy(rows_l), -1).topk(min(topk, rows_l.shape[-1]), dim=-1)
         probs, ids = top.values.numpy(), top.indices.numpy()
     return RowCopies(rows, chunk_width, x, probs, ids, tag)

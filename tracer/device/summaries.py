@@ -1,12 +1,12 @@
 """The hooks' side of the summaries: where each launch is reduced.
 
-A launch takes the rows to summarise (a host list) and returns a handle whose
-``result()`` the recorder process reads (the handle is pickled to it: see ``stats.py``). CUDA tensors
-go to a ``summarize.Summarizer`` per tensor layout (created lazily): the rows are padded into its
-static ``rows`` buffer and reduced on the device; a launch on the same buffers and rows as an earlier one goes
-through that launch's plan (``Summarizer.launch_plan``). CPU tensors are copied by ``host_reduce.host_rows``
-and reduced in the recorder (``reduce="device"`` sends them through the Summarizer's torch path
-instead). ``records.py`` turns each ``Summary`` into records.
+A launch takes the rows to summarise (a host list; the logits are read in place, at those rows or at rows of
+their own) and returns a handle whose ``result()`` the recorder process reads (the handle is pickled to it: see
+``stats.py``). CUDA tensors go to a ``summarize.Summarizer`` per tensor layout (created lazily): the rows are
+padded into its static ``rows`` buffer and reduced on the device; a launch on the same buffers and rows as an
+earlier one goes through that launch's plan (``Summarizer.launch_plan``). CPU tensors are copied by
+``host_reduce.host_rows`` and reduced in the recorder (``reduce="device"`` sends them through the Summarizer's
+torch path instead). ``records.py`` turns each ``Summary`` into records.
 """
 
 from __future__ import annotations
@@ -53,18 +53,18 @@ class Summaries:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self.health, self.topk, self.reduce = health, topk, reduce
         self._by_shape: Dict[tuple, Summarizer] = {}
-        self._plans: Dict[tuple, tuple] = {}  # plan key -> (Summarizer, its plan, the index tensor the plan reads)
+        self._plans: Dict[tuple, tuple] = {}  # plan key -> (Summarizer, its plan, the index tensors the plan reads)
 
     def prepare(self, device: torch.device, layouts: Sequence[tuple]) -> None:
-        """Build each ``(width, chunk width, vocab or None, rows, dtype, gather)`` layout's Summarizer on
-        ``device`` (CUDA) and run it once on zeros: its kernels compile and its buffers exist before the first
+        """Build each ``(width, chunk width, vocab or None, rows, dtype, logits dtype, gather)`` layout's Summarizer
+        on ``device`` (CUDA) and run it once on zeros: its kernels compile and its buffers exist before the first
         request (``gather``: with a verify's token ids, see ``Summarizer.summarize``)."""
         device = torch.device(device)
         if device.type != "cuda" and self.reduce == "auto":
             return
-        for width, chunk, vocab, rows, dtype, gather in layouts:
+        for width, chunk, vocab, rows, dtype, logits_dtype, gather in layouts:
             hidden = torch.zeros(1, width, dtype=dtype, device=device)
-            logits = None if vocab is None else torch.zeros(1, vocab, dtype=torch.float32, device=device)
+            logits = None if vocab is None else torch.zeros(1, vocab, dtype=logits_dtype, device=device)
             ints = (*(torch.zeros(1, dtype=torch.int64, device=device) for _ in range(4)), 1) if gather else None
             pending = self.launch(hidden, [0] * rows, chunk_width=chunk, logits=logits, ints=ints)
             if pending is not None:
@@ -83,19 +83,22 @@ class Summaries:
 
     def launch(self, hidden: torch.Tensor, rows: Sequence[int], *,
                chunk_width: Optional[int] = None, logits: Optional[torch.Tensor] = None,
-               stats: bool = True, tag=None, ints: Optional[tuple] = None) -> Optional[Union[Pending, RowCopies]]:
-        """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``); None when dropped (counted).
-        ``stats=False``: only the top-k is read (the device path computes the statistics anyway). ``ints``: a
-        verify's token ids, read at ``rows`` on the device (``Summarizer.summarize``; device tensors only)."""
+               stats: bool = True, tag=None, ints: Optional[tuple] = None,
+               logit_rows: Optional[Sequence[int]] = None) -> Optional[Union[Pending, RowCopies]]:
+        """Summarise ``rows`` of ``hidden`` (and their top-k of ``logits``, read in place at ``logit_rows``: the
+        logits' row of each entry of ``rows``, default ``rows``); None when dropped (counted). ``stats=False``: only
+        the top-k is read (the device path computes the statistics anyway). ``ints``: a verify's token ids, read at
+        ``rows`` on the device (``Summarizer.summarize``; device tensors only)."""
         n = len(rows)
         if n == 0 or hidden.shape[0] == 0:
             return None
         width = int(hidden.shape[-1])
         chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
         if hidden.device.type == "cpu" and self.reduce == "auto":
-            return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag)
-        key = self._plan_key(hidden, rows, chunk_width, logits, ints)
-        planned = self._plans.get(key) if key is not None else None
+            return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag,
+                             logit_rows=logit_rows)
+        key = self._plan_key(hidden, rows, chunk_width, logits, ints, logit_rows)
+        planned = self._plans.get(key)
         # a plan calls its Triton kernel's launcher: not after that Summarizer fell back to torch, nor with a
         # launch hook set (a profiler: every launch through the JITFunction)
         if planned is not None and planned[0].backend == "triton" and not hooked():
@@ -108,33 +111,31 @@ class Summaries:
                     self.health.drop("summary_ring_full")
                 return pending
         vocab = None if logits is None else int(logits.shape[-1])
-        if logits is not None and logits.dtype != torch.float32:
-            logits = logits.float()
         summ = self._summarizer(width, chunk, vocab, n, hidden.device, ints is not None)
-        # the padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
+        # each padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
         index = device_index(rows, hidden.device, pad=summ.max_rows)
-        if index is None:
+        at = None if logit_rows is None else device_index(logit_rows, hidden.device, pad=summ.max_rows)
+        if index is None or (logit_rows is not None and at is None):
             self.health.drop("host_slots_full")
             return None
         if hidden.requires_grad:
             hidden = hidden.detach()
         if logits is not None and logits.requires_grad:
             logits = logits.detach()
-        pending = summ.summarize(hidden, index, logits=logits, tag=tag, ints=ints)
+        pending = summ.summarize(hidden, index, logits=logits, tag=tag, ints=ints, logit_rows=at)
         if pending is None:
             self.health.drop("summary_ring_full")
-        elif key is not None and (plan := summ.last_plan()) is not None:
+        elif (plan := summ.last_plan()) is not None:
             if len(self._plans) >= PLANS:
                 self._plans.clear()
-            self._plans[key] = (summ, plan, index)  # the index tensor held: the plan reads its address
+            self._plans[key] = (summ, plan, index, at)  # the index tensors held: the plan reads their addresses
         return pending
 
     @staticmethod
-    def _plan_key(hidden, rows, chunk_width, logits, ints) -> Optional[tuple]:
-        """What a launch's plan depends on: each tensor's address, shape, strides and dtype, the rows, the chunk
-        width; None when a launch makes a tensor of its own (logits not float32) and so cannot be planned."""
-        if logits is not None and logits.dtype != torch.float32:
-            return None
+    def _plan_key(hidden, rows, chunk_width, logits, ints, logit_rows) -> tuple:
+        """What a launch's plan depends on: each tensor's address, shape, strides and dtype, the rows (and the
+        logits' rows), the chunk width."""
         return (hidden.data_ptr(), hidden.shape, hidden.stride(), hidden.dtype, chunk_width, tuple(rows),
-                None if logits is None else (logits.data_ptr(), logits.shape, logits.stride()),
+                None if logits is None else (logits.data_ptr(), logits.shape, logits.stride(), logits.dtype),
+                None if logit_rows is None else tuple(logit_rows),
                 None if ints is None else (*((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in ints[:4]), ints[4]))

@@ -5,11 +5,14 @@ device** and brings them to the host without blocking (written straight into pin
 
 * ``hidden [n, K*H]`` (any float dtype; bf16 in SGLang): for every selected row and every aux chunk
   of width ``H``: L2 norm, mean, std, absmax, NaN and Inf counts, computed in fp32;
-* ``logits [n, V]`` (optional, fp32 logits): top-k token ids and their softmax probabilities
-  over the full row (two-stage top-k: per block of the row first, then over the blocks' candidates).
+* ``logits [m, V]`` (optional; fp32, bf16 or fp16, read in place and computed in fp32): top-k token ids
+  and their softmax probabilities over the full row (two-stage top-k: per block of the row first, then
+  over the blocks' candidates).
 
 Rows are chosen by ``rows``, an int64 tensor on the tensors' device of fixed length ``max_rows``
 (pad with ``-1``): its shape never depends on data, so a launch can be captured in a CUDA graph.
+The logits are read at the same rows (``m == n``), or at rows of their own: ``logit_rows``, shaped like
+``rows`` (``-1`` where it is), so that a step's logits need not be gathered or converted first.
 Nothing on the launch path synchronises with the host (no ``.item()``, ``.tolist()``, ``.cpu()``).
 A launch goes launch -> ring slot -> record: it takes a free slot of a ring of pinned host buffers as its
 :class:`Pending`; the Triton kernel writes the results straight into the slot (the device addresses pinned memory
@@ -155,20 +158,23 @@ class Summarizer:
         return self._dev_buf
 
     def summarize(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
-                  tag: Any = None, ints: Optional[tuple] = None) -> Optional[Pending]:
+                  tag: Any = None, ints: Optional[tuple] = None,
+                  logit_rows: Optional[torch.Tensor] = None) -> Optional[Pending]:
         """Launch the summary of one step; returns a :class:`Pending`, or ``None`` if dropped.
 
         ``hidden [n, width]``; ``rows [max_rows]`` int64 row indices into ``hidden`` (and
-        ``logits [n, vocab_size]``), ``-1`` for unused slots. ``tag`` is handed back unchanged in
-        the ``Summary``. With ``gather``: ``ints = (draft tokens, target tokens, sequence lengths, accept
-        lengths, N)`` of a verify step (tokens per node, the others per request, node ``i`` belonging to
-        request ``i // N``), read at each selected row into ``Summary.ints``. Never synchronises with the host.
+        ``logits [n, vocab_size]``), ``-1`` for unused slots; or, with ``logit_rows [max_rows]`` (int64,
+        ``-1`` where ``rows`` is), slot r's logits row is ``logit_rows[r]`` of ``logits [m, vocab_size]``.
+        ``logits`` float32, bfloat16 or float16. ``tag`` is handed back unchanged in the ``Summary``. With
+        ``gather``: ``ints = (draft tokens, target tokens, sequence lengths, accept lengths, N)`` of a verify step
+        (tokens per node, the others per request, node ``i`` belonging to request ``i // N``), read at each
+        selected row into ``Summary.ints``. Never synchronises with the host.
         """
         pending = self._ring.take(tag)
         if pending is None:
             return None
         try:
-            into_slot = self._run(hidden, rows, logits, ints, pending.outputs)
+            into_slot = self._run(hidden, rows, logits, logit_rows, ints, pending.outputs)
         except BaseException:
             pending.release()
             raise
@@ -207,15 +213,16 @@ class Summarizer:
         return pending.issue(None if copied else self._dev_buf)
 
     def compute(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
-                ints: Optional[tuple] = None) -> None:
+                ints: Optional[tuple] = None, logit_rows: Optional[torch.Tensor] = None) -> None:
         """Write the summary into the device buffer only (capturable in a CUDA graph)."""
-        self._run(hidden, rows, logits, ints, None)
+        self._run(hidden, rows, logits, logit_rows, ints, None)
 
-    def _run(self, hidden, rows, logits, ints, slot: Optional[Outputs]) -> bool:
+    def _run(self, hidden, rows, logits, logit_rows, ints, slot: Optional[Outputs]) -> bool:
         """Compute one summary: into ``slot`` (a ring slot's outputs) when the Triton path takes it, True; else
         into the device buffer, False."""
-        self._check(hidden, rows, logits, ints)
-        return self._paths.run(hidden, rows, logits, ints, self._dev if slot is None else slot, self._dev)
+        self._check(hidden, rows, logits, ints, logit_rows)
+        return self._paths.run(hidden, rows, logits, logit_rows, ints, self._dev if slot is None else slot,
+                               self._dev)
 
 
 class SummaryPaths:
@@ -234,24 +241,24 @@ class SummaryPaths:
         self.fallback_error: Optional[str] = None
         self.copy_kernel = shape["device"].type == "cuda"  # Summarizer.publish copies out by a Triton kernel
 
-    def run(self, hidden, rows, logits, ints, out: Outputs, device: Outputs) -> bool:
+    def run(self, hidden, rows, logits, logit_rows, ints, out: Outputs, device: Outputs) -> bool:
         """Compute one summary into ``out`` (a ring slot's outputs, or ``device``: the device buffer's) when the
         Triton path takes it; else the torch path writes ``device``. True when a ring slot holds the results (no
         copy needed), False when the device buffer does."""
         if self.triton is not None:
             try:
-                if self.triton.run(hidden, rows, logits, out, ints):
+                if self.triton.run(hidden, rows, logits, out, ints, logit_rows):
                     return out is not device
                 self.fallbacks += 1
-                self.fallback_error = "inputs the Triton path does not take (hidden/logits rows not contiguous, " \
-                                      "or ints not 1-D int32/int64)"
+                self.fallback_error = "inputs the Triton path does not take (hidden/logits rows or row indices " \
+                                      "not contiguous, or ints not 1-D int32/int64)"
             except Exception as exc:  # noqa: BLE001 - never raise into the serving process
                 self.fallbacks += 1
                 self.fallback_error = f"{type(exc).__name__}: {exc}"
                 self.triton = None
         if self.torch is None:
             self.torch = TorchPath(**self._shape)
-        self.torch.run(hidden, rows, logits, device.views, ints)
+        self.torch.run(hidden, rows, logits, device.views, ints, logit_rows)
         return False
 
     def copy(self, device_buf: torch.Tensor, out: Outputs) -> bool:

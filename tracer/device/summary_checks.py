@@ -10,6 +10,8 @@ import torch
 
 from draftscope_tracer.device.summary_triton import triton
 
+LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # read as they are, summarised in fp32
+
 
 def check_arguments(max_rows: int, width: int, chunk_width: int, vocab_size: Optional[int], topk: int,
                     ring_size: int, backend: str, gather: bool) -> None:
@@ -40,20 +42,22 @@ class LaunchCheck:
             max_rows, width, vocab_size, device, gather
 
     def __call__(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor],
-                 ints: Optional[tuple]) -> None:
+                 ints: Optional[tuple], logit_rows: Optional[torch.Tensor]) -> None:
         kind = self.device.type
         if (hidden.dim() == 2 and hidden.shape[1] == self.width and hidden.shape[0] > 0 and hidden.is_floating_point()
                 and rows.shape[0] == self.max_rows and rows.dim() == 1 and rows.dtype == torch.int64
                 and hidden.device.type == kind and rows.device.type == kind
-                and (logits is None if self.vocab_size is None else
-                     (logits is not None and logits.dim() == 2 and logits.shape[0] == hidden.shape[0]
-                      and logits.shape[1] == self.vocab_size and logits.dtype == torch.float32
-                      and logits.device.type == kind))
+                and (logits is None and logit_rows is None if self.vocab_size is None else
+                     (logits is not None and logits.dim() == 2 and logits.shape[1] == self.vocab_size
+                      and logits.dtype in LOGITS_DTYPES and logits.device.type == kind
+                      and (logits.shape[0] == hidden.shape[0] if logit_rows is None else
+                           (logits.shape[0] > 0 and logit_rows.dim() == 1 and logit_rows.shape[0] == self.max_rows
+                            and logit_rows.dtype == torch.int64 and logit_rows.device.type == kind))))
                 and (ints is not None) == self.gather):
             return
-        self._explain(hidden, rows, logits, ints)
+        self._explain(hidden, rows, logits, ints, logit_rows)
 
-    def _explain(self, hidden, rows, logits, ints) -> None:
+    def _explain(self, hidden, rows, logits, ints, logit_rows) -> None:
         """Raise a ValueError naming the first argument refused."""
         def need(ok: bool, what) -> None:  # ``what``: a callable, so the message is built only on failure
             if not ok:
@@ -64,16 +68,23 @@ class LaunchCheck:
         need(hidden.is_floating_point(), lambda: f"hidden must be a float tensor, got {hidden.dtype}")
         need(rows.shape == (self.max_rows,) and rows.dtype == torch.int64,
              lambda: f"rows must be int64 [{self.max_rows}] (pad with -1), got {rows.dtype} {list(rows.shape)}")
-        for name, t in (("hidden", hidden), ("rows", rows), ("logits", logits)):
+        for name, t in (("hidden", hidden), ("rows", rows), ("logits", logits), ("logit_rows", logit_rows)):
             need(t is None or t.device.type == self.device.type,
                  lambda: f"{name} is on {t.device if t is not None else None}, the Summarizer on {self.device}")
         if self.vocab_size is None:
             need(logits is None, lambda: "logits given but the Summarizer was built without vocab_size")
+            need(logit_rows is None, lambda: "logit_rows given but the Summarizer was built without vocab_size")
         else:
-            need(logits is not None and list(logits.shape) == [hidden.shape[0], self.vocab_size]
-                 and logits.dtype == torch.float32,
-                 lambda: f"logits must be float32 [{hidden.shape[0]}, {self.vocab_size}], got "
-                 f"{None if logits is None else (logits.dtype, list(logits.shape))}")
+            n = "n>0" if logit_rows is not None else hidden.shape[0]
+            need(logits is not None and logits.dim() == 2 and logits.shape[1] == self.vocab_size
+                 and (logits.shape[0] == hidden.shape[0] if logit_rows is None else logits.shape[0] > 0),
+                 lambda: f"logits must be [{n}, {self.vocab_size}], got "
+                 f"{None if logits is None else list(logits.shape)}")
+            need(logits.dtype in LOGITS_DTYPES,
+                 lambda: f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+            need(logit_rows is None or (logit_rows.shape == (self.max_rows,) and logit_rows.dtype == torch.int64),
+                 lambda: f"logit_rows must be int64 [{self.max_rows}] (-1 where rows is), got {logit_rows.dtype} "
+                 f"{list(logit_rows.shape)}")
         need((ints is not None) == self.gather,
              lambda: f"ints {'missing' if self.gather else 'given'}: this layout was built with gather={self.gather}")
         raise ValueError(f"Summarizer: arguments refused: hidden {hidden.dtype} {list(hidden.shape)}, rows "

@@ -1,5 +1,6 @@
 """The Summarizer's per-op torch path: every device, and the fallback when the Triton path fails.
-Its scratch is preallocated, so a launch allocates nothing and never synchronises with the host."""
+Its scratch is preallocated: a launch allocates only its gathers of the selected hidden rows and, unless they are
+float32 and a multiple of the block wide, logits rows; it never synchronises with the host."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ class TorchPath:
         self.block = block or pick_block(vocab_size, topk)
         nb = -(-vocab_size // self.block)
         self.nb, self.kb = nb, min(topk, nb)
-        self.lg = None if nb * self.block == vocab_size else torch.full(
-            (R, nb * self.block), -math.inf, dtype=torch.float32, device=dev)
+        self.lrows_c = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.lg = torch.full((R, nb * self.block), -math.inf, dtype=torch.float32, device=dev)  # the rows, fp32
         self.bmax = torch.zeros(R, nb, device=dev)
         self.bval = torch.zeros(R, self.kb, device=dev)
         self.bidx = torch.zeros(R, self.kb, dtype=torch.int64, device=dev)
@@ -57,13 +58,15 @@ class TorchPath:
         self.tpos = torch.zeros(R, topk, dtype=torch.int64, device=dev)
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: dict,
-            ints: Optional[tuple] = None) -> None:
+            ints: Optional[tuple] = None, logit_rows: Optional[torch.Tensor] = None) -> None:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device views), and the verify's
-        ``ints`` at them (see ``Summarizer.summarize``)."""
+        ``ints`` at them (see ``Summarizer.summarize``: ``logit_rows``, the logits' row of each selected row,
+        default ``rows``)."""
         out["rows"].copy_(rows)
         torch.clamp(rows, 0, hidden.shape[0] - 1, out=self.rows_c)
         self._hidden_stats(hidden, out["sums"], out["absmax"])
         if self.vocab_size is not None:
+            torch.clamp(rows if logit_rows is None else logit_rows, 0, logits.shape[0] - 1, out=self.lrows_c)
             self._topk(logits, out["topk_p"], out["topk_id"])
         if ints is not None:
             *tensors, n = ints
@@ -91,14 +94,15 @@ class TorchPath:
         torch.amax(part, dim=-1, out=absmax.view(-1))
 
     def _topk(self, logits: torch.Tensor, probs: torch.Tensor, ids: torch.Tensor) -> None:
-        """Two-stage top-k with exact softmax probabilities over the full row."""
-        R, B, k = self.max_rows, self.block, self.topk
-        if self.lg is None:
-            lg = logits[self.rows_c]
-        else:  # vocab not a multiple of the block: copy into the -inf padded buffer
-            lg = self.lg
-            lg[:, :self.vocab_size].copy_(logits[self.rows_c])
-            lg[:, self.vocab_size:].fill_(-math.inf)  # the last launch's exp left zeros there
+        """Two-stage top-k with exact softmax probabilities over the full row (the logits rows ``lrows_c``, in fp32
+        in ``lg``, padded with -inf to a multiple of the block)."""
+        R, B, k, V = self.max_rows, self.block, self.topk, self.vocab_size
+        lg = self.lg
+        if logits.dtype == torch.float32 and lg.shape[1] == V:
+            torch.index_select(logits, 0, self.lrows_c, out=lg)
+        else:
+            lg[:, :V].copy_(logits.index_select(0, self.lrows_c))
+            lg[:, V:].fill_(-math.inf)  # the last launch's exp left zeros there
         torch.amax(lg.view(R, self.nb, B), dim=-1, out=self.bmax)
         torch.topk(self.bmax, self.kb, dim=-1, sorted=False, out=(self.bval, self.bidx))
         torch.amax(self.bmax, dim=-1, keepdim=True, out=self.rmax)

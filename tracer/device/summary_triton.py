@@ -207,9 +207,10 @@ if triton is not None:
     @triton.jit
     def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB,
                       TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
-        """Chunk b of selected row r (GROUPS groups of GROUP columns), read once: its max, sum of exp(x - max) and
-        the order keys of its top TOPK. Those lie in the TOPK_P2 groups whose maxima rank highest (a value in any
-        other group is outranked by the maxima of those), so only they are read again, from cache, and ranked."""
+        """Chunk b of selected row r (GROUPS groups of GROUP columns; its logits row ``rows[r]``, any float dtype,
+        fp32 from the load on), read once: its max, sum of exp(x - max) and the order keys of its top TOPK. Those
+        lie in the TOPK_P2 groups whose maxima rank highest (a value in any other group is outranked by the maxima
+        of those), so only they are read again, from cache, and ranked."""
         row = tl.load(rows + r)
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         base = logits + row * stride_row
@@ -217,7 +218,7 @@ if triton is not None:
         g = tl.arange(0, GROUPS)
         e = tl.arange(0, GROUP)
         cols = start + g[:, None] * GROUP + e[None, :]
-        x = tl.load(base + cols, mask=cols < V, other=float("-inf"))
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         gmax = tl.max(x, axis=1)
         m = tl.max(gmax, axis=0)
         s = tl.sum(tl.sum(tl.exp(x - m), axis=1), axis=0)
@@ -231,7 +232,7 @@ if triton is not None:
             picked = tl.where(k == j, _key_id(best), picked)
             gkeys = tl.where(gkeys == best, _NONE, gkeys)
         cols = start + picked[:, None] * GROUP + e[None, :]
-        keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")), cols)
+        keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32), cols)
         out = keys_out + (r * NB + b) * TOPK
         for j in tl.static_range(TOPK):
             best = tl.max(tl.max(keys, axis=1), axis=0)
@@ -275,20 +276,20 @@ if triton is not None:
     # the int32 word counts of the gathered ints are never specialised (1 for int32 sources, 2 for int64): one
     # compiled kernel for every mix of dtypes
     @triton.jit(do_not_specialize=["ma", "mb", "mseq", "macc"])
-    def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, rows_out, sums, absmax,
+    def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, logit_rows, rows_out, sums, absmax,
                         hpart, bmax, bsum, keys, topk_p, topk_id, tickets, ia, ma, ib, mb, iseq, mseq, iacc, macc,
                         ints_out, NODES, R, K, H, S, HS, V, NB,
                         BLOCK_HS: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr,
                         GROUP: tl.constexpr, K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr,
                         NC_P2: tl.constexpr, GATHER: tl.constexpr):
         """The whole summary in one launch, every input byte read once. Program (j, r) of selected row r: for
-        j < K * S, slice j of its hidden chunks (``_hidden_part``), else logits chunk j - K * S
-        (``_logits_chunk``). The last program of a row to finish (a ticket per row, taken with an acquire-release
-        atomic, so the others' partial results are visible) merges them (``_row_final``) and resets the ticket for
-        the next launch (graph replays included). Program (0, r) also copies rows[r] out and, with ``GATHER``,
-        reads the verify's token ids at row r (``_gather_ints``). A padding row (-1) does nothing but mark itself:
-        a layout's capacity (256 rows at 64 requests x 4 draft tokens) costs next to nothing when a launch uses
-        4 of them."""
+        j < K * S, slice j of its hidden chunks (``_hidden_part``), else logits chunk j - K * S of its logits row
+        ``logit_rows[r]`` (``_logits_chunk``). The last program of a row to finish (a ticket per row, taken with an
+        acquire-release atomic, so the others' partial results are visible) merges them (``_row_final``) and resets
+        the ticket for the next launch (graph replays included). Program (0, r) also copies rows[r] out and, with
+        ``GATHER``, reads the verify's token ids at row r (``_gather_ints``). A padding row (-1) does nothing but
+        mark itself: a layout's capacity (256 rows at 64 requests x 4 draft tokens) costs next to nothing when a
+        launch uses 4 of them."""
         j = tl.program_id(0)
         r = tl.program_id(1)
         P = K * S
@@ -304,16 +305,16 @@ if triton is not None:
                     if GATHER:
                         _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
             else:
-                _logits_chunk(logits, stride_l, n_l, rows, bmax, bsum, keys, r, j - P, V, NB, TOPK, TOPK_P2, GROUPS,
-                              GROUP)
+                _logits_chunk(logits, stride_l, n_l, logit_rows, bmax, bsum, keys, r, j - P, V, NB, TOPK, TOPK_P2,
+                              GROUPS, GROUP)
             if tl.atomic_add(tickets + r, 1) == P + NB - 1:
                 _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK, K_P2, S_P2,
                            NB_P2, NC_P2)
                 tl.atomic_xchg(tickets + r, 0)
 
 class TritonPath:
-    """Scratch and the one launch of a Summarizer layout. ``run`` returns False for
-    inputs it does not take (rows not contiguous) and raises on failure; the Summarizer then runs the
+    """Scratch and the one launch of a Summarizer layout. ``run`` returns False for inputs it does not take (a
+    hidden or logits row, or a row index, not contiguous) and raises on failure; the Summarizer then runs the
     torch path (for that launch, or from then on)."""
 
     def __init__(self, *, max_rows: int, num_chunks: int, chunk_width: int, vocab_size: Optional[int],
@@ -381,11 +382,14 @@ class TritonPath:
             self._copy_plan(out)
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
-            ints: Optional[tuple] = None) -> bool:
+            ints: Optional[tuple] = None, logit_rows: Optional[torch.Tensor] = None) -> bool:
         """Write rows, statistics and top-k of the selected rows into ``out`` (the device buffer's or a ring slot's
-        outputs), and the verify's ``ints`` at them (``Summarizer.summarize``)."""
+        outputs), and the verify's ``ints`` at them (``Summarizer.summarize``: ``logit_rows``, the logits' row of
+        each selected row, default ``rows``)."""
         self.plan = None
-        if hidden.stride(1) != 1 or (logits is not None and logits.stride(1) != 1):
+        lrows = rows if logit_rows is None else logit_rows
+        if hidden.stride(1) != 1 or rows.stride(0) != 1 or lrows.stride(0) != 1 \
+                or (logits is not None and logits.stride(1) != 1):
             return False
         R, K = self.max_rows, self.num_chunks
         sh, nh = hidden.stride(0), hidden.shape[0]
@@ -405,9 +409,9 @@ class TritonPath:
             return True
         nb, k = self.nb, self.topk
         S, HS, consts = self.geometry()
-        sl, nl, lp = logits.stride(0), logits.shape[0], logits.data_ptr()
-        key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0), _int_key(sh),
-               _int_key(nh), _int_key(sl), _int_key(nl), consts)
+        sl, nl, lp, lrp = logits.stride(0), logits.shape[0], logits.data_ptr(), lrows.data_ptr()
+        key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0),
+               (lrows.dtype, lrp % 16 == 0), _int_key(sh), _int_key(nh), _int_key(sl), _int_key(nl), consts)
         if ints is not None:  # each source as int32 words (its address), and the words per element
             *tensors, nodes = ints
             words = []
@@ -425,13 +429,13 @@ class TritonPath:
             tensors = [t.view(torch.int32) for t in ints[:4]] if ints is not None else [rows] * 4
             words = [x for t, m in zip(tensors, words[1::2]) for x in (t, m)]
             v = out.views
-            self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, v["rows"], v["sums"],
+            self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, lrows, v["rows"], v["sums"],
                                 v["absmax"], self.hpart, self.bmax, self.bsum, self.keys, v["topk_p"], v["topk_id"],
                                 self.tickets, *words, v.get("ints", rows), *sizes)
         else:
             scratch, middle = self._scratch, (self._tickets, *words)
             self.plan = Launches.planned(
-                compiled, grid, hidden.device.index, (hp, sh, nh, lp, sl, nl, rp),
+                compiled, grid, hidden.device.index, (hp, sh, nh, lp, sl, nl, rp, lrp),
                 lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, *sizes))
             self.plan(out)
         return True

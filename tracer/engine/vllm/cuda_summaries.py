@@ -40,12 +40,14 @@ class CudaSummaries:
         requests = max(1, min(max_requests, PREPARED_REQUESTS))
         rows = self.rows_cap = capacity(requests * (num_spec + 1))
         width = aux * hidden if aux else hidden
-        layouts = [(width, hidden, vocab, rows, dtype, False) if aux else (vocab, vocab, vocab, rows, torch.float32,
-                                                                             False),
-                   (width, hidden, None, rows, dtype, False),
-                   (vocab, vocab, vocab, capacity(requests * num_spec), torch.float32, False)]
+        # (width, chunk, vocab, rows, dtype, logits dtype, gather); the target's logits are the model's dtype
+        f32 = torch.float32
+        layouts = [(width, hidden, vocab, rows, dtype, dtype, False) if aux else
+                   (vocab, vocab, vocab, rows, dtype, dtype, False),
+                   (width, hidden, None, rows, dtype, None, False),
+                   (vocab, vocab, vocab, capacity(requests * num_spec), f32, f32, False)]
         if draft_hidden:
-            layouts.append((draft_hidden, draft_hidden, None, rows, dtype, False))
+            layouts.append((draft_hidden, draft_hidden, None, rows, dtype, None, False))
         self.hidden, self.num_spec = hidden, num_spec
         self.summaries.prepare(device, layouts)
         return {"prepared_rows": rows, "layouts": len(layouts)}
@@ -53,24 +55,21 @@ class CudaSummaries:
     def target(self, runner, a: Dict[str, Any], rows: List[int], logits: Optional[torch.Tensor], logit_at: List[int],
                logit_count: int) -> tuple:
         """(summary, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
-        target's top-k there (the step's ``logits``, ``[logit_count, vocab]``, at ``logit_at``: ``target_logits``)."""
+        target's top-k there (the step's ``logits``, ``[logit_count, vocab]``, read in place at ``logit_at``:
+        ``target_logits``)."""
         hidden = a["hidden_states"]
         index = device_index(rows, hidden.device)
-        logits = held(logits, logit_count)
-        at = index if logits is None or index is None or logit_at == rows else device_index(logit_at, hidden.device)
-        if at is None:
+        if index is None:
             self.health.drop("host_slots_full")
             return None, (None, 0, None)
-        logits = target_logits(runner, hidden, logits, index, at)
-        if logits.dtype != torch.float32:  # here, not in the launch: a float32 input lets it run through its plan
-            logits = logits.float()
+        logits, at = target_logits(runner, hidden, held(logits, logit_count), index, logit_at)
         aux = a["aux_hidden_states"]
-        if not aux:
-            return (self.summaries.launch(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,
-                                          stats=False), (None, 0, None))
+        if not aux:  # the logits' own rows summarised
+            return (self.summaries.launch(logits, at, chunk_width=int(logits.shape[-1]), logits=logits, stats=False),
+                    (None, 0, None))
         joined = torch.cat([h.index_select(0, index) for h in aux], -1)
         H = int(aux[0].shape[-1])
-        return (self.summaries.launch(joined, range(len(rows)), chunk_width=H, logits=logits),
+        return (self.summaries.launch(joined, range(len(rows)), chunk_width=H, logits=logits, logit_rows=at),
                 (H, len(aux), dtype_name(aux[0])))
 
     def draft_input(self, ctx, a: Dict[str, Any]) -> None:

@@ -107,16 +107,15 @@ class StepProbes:
         if not rows:
             return None, (None, 0, None)
         index = torch.tensor(rows, dtype=torch.int64)
-        logits = target_logits(runner, a["hidden_states"], held(logits, logit_count), index,
-                               torch.tensor(logit_at, dtype=torch.int64))
+        logits, at = target_logits(runner, a["hidden_states"], held(logits, logit_count), index, logit_at)
         aux = a["aux_hidden_states"]
         if not aux:
-            return (host_rows(logits, range(len(rows)), chunk_width=int(logits.shape[-1]), logits=logits,
-                              topk=self.config.topk, stats=False), (None, 0, None))
+            return (host_rows(logits, at, chunk_width=int(logits.shape[-1]), logits=logits, topk=self.config.topk,
+                              stats=False), (None, 0, None))
         joined = torch.cat([h.index_select(0, index) for h in aux], -1)
         H = int(aux[0].shape[-1])
-        return (host_rows(joined, range(len(rows)), chunk_width=H, logits=logits, topk=self.config.topk),
-                (H, len(aux), dtype_name(aux[0])))
+        return (host_rows(joined, range(len(rows)), chunk_width=H, logits=logits, topk=self.config.topk,
+                          logit_rows=at), (H, len(aux), dtype_name(aux[0])))
 
     def after_propose(self, ctx: StepContext) -> None:
         if not ctx.verify:

@@ -1,11 +1,11 @@
 """The target's logits at a step's sampled verify rows, for their top-k: vLLM's own (the sampler's input, held by
-``plugin._around_target_logits``) at those rows, read on the device; a step that came without them (a runner whose
+``plugin._around_target_logits``), read in place at those rows; a step that came without them (a runner whose
 sampler hook did not run, or logits shaped otherwise than ``step_layout`` expects) has them computed again from the
 hidden states by the model's ``compute_logits``, on those rows only."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -16,9 +16,10 @@ def held(logits: Optional[torch.Tensor], logit_count: int) -> Optional[torch.Ten
 
 
 def target_logits(runner, hidden: torch.Tensor, logits: Optional[torch.Tensor], rows: torch.Tensor,
-                  logit_rows: torch.Tensor) -> torch.Tensor:
-    """``[len(rows), vocab]``: the step's ``logits`` (:func:`held`) at ``logit_rows``, or, without them,
-    ``compute_logits`` of ``hidden`` at ``rows`` (the same tokens)."""
+                  logit_rows: Sequence[int]) -> Tuple[torch.Tensor, Sequence[int]]:
+    """``(logits, their row of each verify row)``: the step's ``logits`` (:func:`held`) as they are, at
+    ``logit_rows``; without them, ``compute_logits`` of ``hidden`` at ``rows`` (the same tokens), row i for
+    ``rows[i]``."""
     if logits is not None:
-        return logits.index_select(0, logit_rows)
-    return runner.model.compute_logits(hidden.index_select(0, rows))
+        return logits, logit_rows
+    return runner.model.compute_logits(hidden.index_select(0, rows)), range(len(logit_rows))
