@@ -12,7 +12,7 @@ installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runn
    exactly, statistics and probabilities to 1e-5) and float64 references (every selected row:
    ``torch.topk`` ids, softmax probabilities, L2/mean/std/absmax), also on adversarial inputs (NaN,
    Inf, ties, all winners in one block, a vocabulary that is not a multiple of the block), and bf16 logits
-   read in place at rows of their own must equal the float32 rows gathered.
+   read in place at rows of their own must give what the float32 rows gathered give.
 2. GPU microseconds per verify step at Kimi-K2.5 widths (hidden 7168, 3 aux layers, 163,840-vocab fp32
    logits, top-8), batch 1/8/64 x 4 draft tokens, for every row and for 1 request in 16 (launches queued
    behind a GPU sleep, so that host time stays out, timed by CUDA events): the Triton path as a graph
@@ -288,10 +288,10 @@ def adversarial() -> list[str]:
         want = summ.summarize(hidden, rows, gathered).result()
         for _ in range(3):  # the Triton path's first launch compiles, the next ones launch directly
             got = summ.summarize(hidden, rows, logits, logit_rows=at).result()
-            assert got.rows == want.rows, f"{be}: bf16 logits read at logit_rows differ from the float32 rows gathered"
+            assert_same(got, want)  # the kernel compiled for bf16 loads may sum in another order: floats to 1e-5
         assert summ.backend == be and summ.fallbacks == 0, summ.fallback_error
     assert [i for i, _ in got.rows[0].topk] == list(range(4096, 4104))
-    done.append("bf16 logits read in place at rows of their own equal the float32 rows gathered")
+    done.append("bf16 logits read in place at rows of their own give what the float32 rows gathered give")
     return done
 
 
