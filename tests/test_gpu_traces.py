@@ -1,11 +1,14 @@
 """What the dashboard reads from traces recorded on the GPU (``tests/gpu_traces/``, their provenance in its
 README): the cross-engine compare of one draft served by SGLang and by vLLM with CUDA graphs on, and the seed's
-case (7168-wide features where the draft was trained on 21504) read from vLLM at Kimi-K2.5's widths."""
+case (7168-wide features where the draft was trained on 21504) read from vLLM at Kimi-K2.5's widths, on a Llama
+target and on DeepSeek-V3's MLA, and the healthy MLA run read as trained."""
 
 from __future__ import annotations
 
 import gzip
 from pathlib import Path
+
+import pytest
 
 from draftscope.store import db
 from draftscope.store.importer import import_files
@@ -50,8 +53,9 @@ def test_cross_engine_compare_of_gpu_runs(store_url, make_client, tmp_path):
     assert page.status_code == 200 and 'id="engines-fed"' in page.text and 'id="engines-note"' in page.text
 
 
-def test_seed_case_read_from_vllm_at_kimi_width(store_url, make_client, tmp_path):
-    _import(store_url, tmp_path, "vllm-kimi-width-aux-off.jsonl.gz")
+@pytest.mark.parametrize("trace", ["vllm-kimi-width-aux-off.jsonl.gz", "vllm-mla-kimi-aux-off.jsonl.gz"])
+def test_seed_case_read_from_vllm_at_kimi_width(store_url, make_client, tmp_path, trace):
+    _import(store_url, tmp_path, trace)
     client = make_client()
     settle(client)
     run_id = _runs(client)["vllm"]
@@ -60,3 +64,19 @@ def test_seed_case_read_from_vllm_at_kimi_width(store_url, make_client, tmp_path
     assert findings["fc-bypassed"]["severity"] == "error"
     page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200 and "7168 instead of 21504" in page.text
+
+
+def test_healthy_kimi_shaped_mla_run_on_vllm_reads_as_trained(store_url, make_client, tmp_path):
+    _import(store_url, tmp_path, "vllm-mla-kimi-healthy.jsonl.gz")
+    client = make_client()
+    settle(client)
+    run_id = _runs(client)["vllm"]
+    run = client.get(f"/api/v1/runs/{run_id}").json()
+    facts = run["run"]["facts"]
+    assert facts["target"]["aux_layer_ids"] == [20, 40, 60] and facts["draft"]["fc_in_features"] == 21504
+    # random weights on both sides: nothing is accepted, and the run says so without blaming the wiring
+    findings = {f["rule_id"]: f for f in run["findings"]}
+    assert set(findings) == {"acceptance-collapse-quality"}, findings
+    assert "every plumbing check passed" in findings["acceptance-collapse-quality"]["message"]
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200 and "instead of 21504" not in page.text

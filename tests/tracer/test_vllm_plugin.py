@@ -61,3 +61,42 @@ def test_verify_records_pair_the_drafts_with_both_top_ks():
     assert [k[0][0] for k in rec["draft_topk"]] == [5, 0, 2]
     assert [(s["point"], s["width"], s["rows"]) for s in out["samples"]] == \
         [(f"target.aux[{c}]", H, 4) for c in range(3)]
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    """A target as the facts read it: its decoder stack holds the aux layers vLLM captures."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.aux_hidden_state_layers = (2, 4, 6)
+        self.lm_head = torch.nn.Linear(8, 16, bias=False)
+
+
+class CUDAGraphWrapper:
+    """What vLLM 0.32 puts in ``runner.model`` with CUDA graphs on (``vllm.compilation.cuda_graph``): not a
+    module; attributes reach the wrapped model, ``unwrap()`` returns it, as ``GPUModelRunner.get_model`` does."""
+
+    def __init__(self, runnable):
+        self.runnable = runnable
+
+    def __getattr__(self, key):
+        return getattr(self.runnable, key)
+
+    def unwrap(self):
+        return self.runnable
+
+
+def test_target_facts_name_the_model_inside_vllms_cuda_graph_wrapper():
+    from types import SimpleNamespace
+
+    from draftscope_tracer.engine.vllm.facts import target_facts
+
+    wrapped = CUDAGraphWrapper(LlamaForCausalLM())
+    config = SimpleNamespace(model="/models/target", hf_config=SimpleNamespace(num_hidden_layers=8, hidden_size=8,
+                                                                               vocab_size=16))
+    runner = SimpleNamespace(model=wrapped, get_model=wrapped.unwrap, model_config=config,
+                             use_aux_hidden_state_outputs=True)
+    facts = target_facts(runner)
+    assert facts["architecture"] == "LlamaForCausalLM"  # not the wrapper's class (recorded so until 2026-12-06)
+    assert facts["layers_to_capture"] == [2, 4, 6] and facts["capture_aux_hidden_states"] is True

@@ -32,6 +32,19 @@ SPEC_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parall
                "disable_padded_drafter_batch", "parallel_drafting")
 
 
+def target_model(runner) -> Any:
+    """The target model itself: with CUDA graphs on, vLLM wraps ``runner.model`` (``CUDAGraphWrapper``), and
+    ``get_model`` unwraps it."""
+    get = getattr(runner, "get_model", None)
+    return get() if callable(get) else runner.model
+
+
+def draft_model(runner) -> Any:
+    """The draft model itself (``get_draft_model`` unwraps vLLM's CUDA-graph wrapper where the drafter has one)."""
+    get = getattr(runner, "get_draft_model", None)
+    return get() if callable(get) else runner.drafter.model
+
+
 def _holder(model) -> Any:
     """The module that owns ``aux_hidden_state_layers`` (the decoder stack of a Llama-family target)."""
     inner = getattr(model, "model", None)
@@ -39,7 +52,7 @@ def _holder(model) -> Any:
 
 
 def target_facts(runner) -> Dict[str, Any]:
-    model, cfg = runner.model, runner.model_config.hf_config
+    model, cfg = target_model(runner), runner.model_config.hf_config
     capture = bool(getattr(runner, "use_aux_hidden_state_outputs", False))
     layers = getattr(_holder(model), "aux_hidden_state_layers", None)
     return {
@@ -57,14 +70,14 @@ def target_facts(runner) -> Dict[str, Any]:
 
 
 def draft_facts(runner) -> Dict[str, Any]:
-    model = runner.drafter.model
+    model, target = draft_model(runner), target_model(runner)
     cfg = runner.speculative_config.draft_model_config.hf_config
     path = _safe(lambda: runner.speculative_config.draft_model_config.model)
     inner = getattr(model, "model", None)
     fc, embed = getattr(inner, "fc", None), getattr(inner, "embed_tokens", None)
-    lm_head, target_head = getattr(model, "lm_head", None), getattr(runner.model, "lm_head", None)
+    lm_head, target_head = getattr(model, "lm_head", None), getattr(target, "lm_head", None)
     uses_aux = getattr(inner, "use_aux_hidden_state", None)
-    weights = _safe(weights_check, model, path, runner.model)
+    weights = _safe(weights_check, model, path, target)
     if weights:  # d2t is a buffer-like parameter in vLLM, filled from the checkpoint's "d2t"
         weights["not_in_checkpoint"] = [n for n in weights["not_in_checkpoint"] if not n.endswith(D2T_PARAMETER)]
     return {
