@@ -40,12 +40,12 @@ class CudaSummaries:
         requests = max(1, min(max_requests, PREPARED_REQUESTS))
         rows = self.rows_cap = capacity(requests * (num_spec + 1))
         width = aux * hidden if aux else hidden
-        # (width, chunk, vocab, rows, dtype, logits dtype, gather); the target's logits are the model's dtype
-        f32 = torch.float32
+        # (width, chunk, vocab, rows, dtype, logits dtype, gather); the target's and the draft's logits are the
+        # model's dtype
         layouts = [(width, hidden, vocab, rows, dtype, dtype, False) if aux else
                    (vocab, vocab, vocab, rows, dtype, dtype, False),
                    (width, hidden, None, rows, dtype, None, False),
-                   (vocab, vocab, vocab, capacity(requests * num_spec), f32, f32, False)]
+                   (vocab, vocab, vocab, capacity(requests * num_spec), dtype, dtype, False)]
         if draft_hidden:
             layouts.append((draft_hidden, draft_hidden, None, rows, dtype, None, False))
         self.hidden, self.num_spec = hidden, num_spec
@@ -95,9 +95,10 @@ class CudaSummaries:
         ctx.fc_dtype = dtype_name(out)
 
     def draft_logits(self, ctx, logits: torch.Tensor) -> None:
-        """The picks' rows of the draft's logits at one draft position, gathered on the device into one float32
-        buffer of every position (``ctx.draft_buf``, position after position) for :meth:`draft_topk`; a position
-        that could not be gathered leaves the step without the draft's top-k."""
+        """The picks' rows of the draft's logits at one draft position, gathered on the device into one buffer of
+        every position (``ctx.draft_buf``, position after position, in the first position's dtype: the summary
+        reads bf16 as it is) for :meth:`draft_topk`; a position that could not be gathered leaves the step without
+        the draft's top-k."""
         rows, done = [p.index for p in ctx.picks], len(ctx.draft_topk or ())
         if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0] or done >= self.num_spec:
             return
@@ -108,11 +109,11 @@ class CudaSummaries:
             return
         n = len(rows)
         if ctx.draft_buf is None:
-            ctx.draft_buf = torch.empty(self.num_spec * n, logits.shape[-1], dtype=torch.float32, device=logits.device)
+            ctx.draft_buf = torch.empty(self.num_spec * n, logits.shape[-1], dtype=logits.dtype, device=logits.device)
         into = ctx.draft_buf[done * n:(done + 1) * n]
-        if logits.dtype == torch.float32:
+        if logits.dtype == into.dtype:
             torch.index_select(logits, 0, index, out=into)
-        else:  # the picks' rows only turned float32, not the batch's
+        else:  # a position in another dtype than the first: its rows converted on the way
             into.copy_(logits.index_select(0, index))
         ctx.draft_topk.append(into)
 
