@@ -22,6 +22,8 @@ installed, or the GPU kit's tracer wheel on ``PYTHONPATH`` as ``testbed/gpu/runn
    all in the same run, with the Triton path's ratio to the floor and whether it meets the target: within
    3x of the floor, or 8 µs where the floor is below the launch cost, and no slower than the torch path.
    Any failed check raises; the last line says "ALL CHECKS PASSED".
+3. A bf16 model's logits (every row of the step) summarised at the picked rows: gathered and made float32 before
+   the launch, against read in place at their own rows (``logit_rows``), GPU µs per step.
 """
 
 from __future__ import annotations
@@ -326,6 +328,33 @@ def variants(sweep: bool) -> list[dict]:
     return out
 
 
+def in_place() -> list[dict]:
+    """A bf16 model's logits (vLLM's target at Kimi widths: every row of the step, bf16) summarised at the picked
+    rows, GPU µs per step: gathered and made float32 first (``index_select`` + ``.float()`` + the launch, as the vLLM
+    tracer did before ``facea7a``) against read in place (``logit_rows``), every row and 1 in 16, batch 1/8/64,
+    the results equal (ids and statistics exactly, probabilities to 1e-5)."""
+    out = []
+    for every in (None, SAMPLE_EVERY):
+        for batch in BATCHES:
+            hidden, logits = inputs(batch)
+            logits = logits.to(torch.bfloat16)
+            picked = sampled_rows(batch, every)
+            at = torch.tensor(picked, dtype=torch.int64, device="cuda")
+            first = torch.arange(len(picked), dtype=torch.int64, device="cuda")
+            joined = hidden.index_select(0, at)  # the verify rows' aux, gathered as the tracer gathers them
+            summ = make(len(picked), "auto", ring_size=17)
+            gathered = summ.summarize(joined, first, logits.index_select(0, at).float()).result()
+            read = summ.summarize(joined, first, logits, logit_rows=at).result()
+            assert summ.backend == "triton", summ.fallback_error
+            assert_same(read, gathered)
+            r = {"batch": batch, "rows": len(picked), "sampling": "all rows" if every is None else f"1 in {every}",
+                 "gathered_us": queued_us(lambda: summ.summarize(joined, first, logits.index_select(0, at).float())),
+                 "in_place_us": queued_us(lambda: summ.summarize(joined, first, logits, logit_rows=at))}
+            out.append(r)
+            print(json.dumps(r), flush=True)
+    return out
+
+
 def profile() -> str:
     """Per-kernel GPU times of the Triton path (batch 64, 1 in 16), from torch.profiler."""
     hidden, logits = inputs(64)
@@ -367,6 +396,8 @@ def main() -> None:
             print(json.dumps(r), flush=True)
     checks.append("every case: graph replay bytes == eager bytes; Triton == torch path; == float64/torch.topk")
     extra = variants(sweep)
+    placed = in_place()
+    checks.append("bf16 logits read in place == gathered and made float32, every in_place case")
     prof = profile()
     print(prof)
 
@@ -380,10 +411,15 @@ def main() -> None:
               f"| {r['triton_host_us']:.0f} / {r['torch_host_us']:.0f} |")
     for e in extra:
         print(f"batch {e['batch']}, {e['sampling']}, {e['variant']}: {e['us']:.1f} us")
+    print("\n| batch | rows | sampling | bf16 logits gathered + float32 + launch | read in place (logit_rows) |")
+    print("|---|---|---|---|---|")
+    for r in placed:
+        print(f"| {r['batch']} | {r['rows']} | {r['sampling']} | {r['gathered_us']:.1f} | {r['in_place_us']:.1f} |")
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_summarize.json").write_text(json.dumps(
-            {"info": info, "cases": cases, "variants": extra, "checks": checks, "profile": prof}, indent=1))
+            {"info": info, "cases": cases, "variants": extra, "in_place": placed, "checks": checks, "profile": prof},
+            indent=1))
     print("ALL CHECKS PASSED")
 
 
