@@ -2,7 +2,7 @@
 
     python -m testbed.gpu.vllm_serve --kit KIT --work DIR [--modes graphs,eager,graphs-sync] [--no-hooks]
                                      [--scenarios aux-off,weights-dropped,ids-0-1-2]
-                                     [--limit-s S] [--throughput [--throughput-s S]]
+                                     [--limit-s S] [--throughput [--throughput-s S] [--throughput-servers A,B]]
 
 Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
 
@@ -30,7 +30,8 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
    matched by arrival order, ``testbed/gpu/traces.py``'s comparison, as the SGLang bed's ``graphs on == eager``).
 
 ``--throughput``: instead of the modes (phases 0-2 as above), the tracer's overhead against vLLM without it
-(``testbed/gpu/vllm_throughput.py``); with ``--kimi``, at Kimi widths (its ``kimi_phase``: an H200).
+(``testbed/gpu/vllm_throughput.py``); with ``--kimi``, at Kimi widths (its ``kimi_phase``: an H200 for three servers,
+an H100 for two: ``--throughput-servers no-tracer,every``).
 
 ``--kimi``: the seed's case at full width (``testbed/gpu/vllm_kimi.py``): after phases 0-2, with its own models,
 architectures prewarmed and servers; no tiny mode runs unless ``--modes`` names it.
@@ -125,6 +126,17 @@ def engine_config(kit: Path, mode: str, extra: list = ()) -> dict:
             "async_scheduling": cfg.scheduler_config.async_scheduling, "max_num_seqs": cfg.scheduler_config.max_num_seqs,
             "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes,
             "fusion_passes_on": sorted(k for k, v in vars(cc.pass_config).items() if k.startswith("fuse") and v)}
+
+
+def throughput_servers(text: str) -> tuple:
+    """``--throughput-servers``: two or more of ``throughput.CONFIGS``, no-tracer (the baseline) among them."""
+    from testbed.gpu.throughput import CONFIGS
+
+    names = tuple(n for n in text.split(",") if n)
+    if set(names) - set(CONFIGS) or "no-tracer" not in names or len(names) < 2:
+        raise ValueError(f"--throughput-servers {text!r}: two or more of {list(CONFIGS)}, no-tracer among them "
+                         "(the baseline)")
+    return names
 
 
 def dry_run(kit: Path, work: Path, modes: list, throughput: bool = False) -> dict:
@@ -237,7 +249,7 @@ def hooks_check(work: Path) -> dict:
 
 
 def main() -> int:
-    from testbed.gpu import vllm_throughput  # it builds on this module
+    from testbed.gpu import throughput, vllm_throughput  # they build on this module
 
     ap = argparse.ArgumentParser(description="vLLM on CUDA from the kit: imports, then one server per mode.")
     ap.add_argument("--kit", type=Path, required=True)
@@ -253,9 +265,12 @@ def main() -> int:
                     "of VARIANT/DRAFT, e.g. llama/kimi-aux-off), no fallback between variants")
     ap.add_argument("--limit-s", type=float, default=500, help="stop starting work after this many seconds")
     ap.add_argument("--throughput", action="store_true", help="instead of the modes: the tracer's overhead against "
-                    "vLLM without it (testbed/gpu/vllm_throughput.py); with --kimi, at Kimi widths (an H200)")
+                    "vLLM without it (testbed/gpu/vllm_throughput.py); with --kimi, at Kimi widths")
     ap.add_argument("--throughput-s", type=float, default=vllm_throughput.DEFAULT_BUDGET_S,
                     help="seconds after the runner starts by which the throughput rounds end (default: %(default)s)")
+    ap.add_argument("--throughput-servers", default=",".join(throughput.CONFIGS),
+                    help="with --throughput: the servers measured, no-tracer among them (default: %(default)s; "
+                    "with --kimi an H100 takes two, e.g. no-tracer,every)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
                                                             "configurations only (see the module's docstring)")
     a = ap.parse_args()
@@ -272,6 +287,10 @@ def main() -> int:
              [[v, d] for v in vllm_kimi.VARIANTS for d in vllm_kimi.DRAFTS]]
     if wrong:
         ap.error(f"unknown Kimi server(s) {wrong}: VARIANT/DRAFT of {list(vllm_kimi.VARIANTS)} x {list(vllm_kimi.DRAFTS)}")
+    try:
+        measured = throughput_servers(a.throughput_servers)
+    except ValueError as exc:
+        ap.error(str(exc))
     deadline = time.monotonic() + a.limit_s
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
@@ -279,8 +298,8 @@ def main() -> int:
         if a.kimi:
             r["kimi"] = vllm_kimi.dry_run(a.work)
             if a.throughput:
-                r["kimi_throughput"] = vllm_kimi.describe(
-                    vllm_throughput.kimi_command(vllm_kimi.write_configs(a.work / "kimi-configs"), 0)[3:])
+                r["kimi_throughput"] = vllm_kimi.describe(vllm_throughput.kimi_command(
+                    vllm_kimi.write_configs(a.work / "kimi-configs"), 0, len(measured))[3:])
             (a.work / "results.json").write_text(json.dumps(r, indent=1) + "\n")
         print(json.dumps({"imports_ok": all(m["ok"] for m in r["imports"]["modules"].values()),
                           "platform": r["imports"]["platform"], "engine_configs": r["engine_configs"],
@@ -308,9 +327,9 @@ def main() -> int:
 
             results["kimi_models"] = made = vllm_kimi.await_models(kimi_models, a.work)
             vllm_throughput.kimi_phase(a.kit, a.work, made, began + a.throughput_s, results, save,
-                                       torch.cuda.get_device_properties(0).total_memory)
+                                       torch.cuda.get_device_properties(0).total_memory, measured)
         else:
-            vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save)
+            vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save, measured)
         return 0 if "levels" in results["vllm_throughput"] else 1
     results["scenarios"] = {}
     results.update(dict.fromkeys(PAIRS))

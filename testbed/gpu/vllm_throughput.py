@@ -23,7 +23,8 @@ facts, the tracer's lines; per traced server its trace's requests, how many samp
 target (``vllm_kimi``: 61 layers at hidden 7168, vocabulary 163,840, bf16 dummy weights) and its healthy EAGLE-3
 draft, prompts of random token ids (``kimi_phase.prompt``: the target has no tokenizer), CUDA graphs captured at
 the token counts of 1, 8 and 64 verifies and the powers of two between (``KIMI_ARGS``). Three such servers need
-~100 GB: on a smaller GPU the phase records why it did not run.
+~100 GB: on a smaller GPU the phase records why it did not run. ``--throughput-servers no-tracer,every`` (or
+``no-tracer,1/16``) starts two of them, which an H100 takes.
 """
 
 from __future__ import annotations
@@ -51,17 +52,20 @@ START_TIMEOUT_S = 300
 DEFAULT_BUDGET_S = 440  # after the runner starts: the rounds end by then; stopping and summaries take ~30 s more
 
 
-# after vllm_kimi.command's: the last of an option counts. Each of three servers asks 0.28 of the GPU at its start
-# (vLLM refuses to start when that much is not free) and a fixed KV cache (~15,000 tokens of the 61-layer target);
+# after vllm_kimi.command's: the last of an option counts. Each server asks its share of KIMI_GPU_SHARE of the GPU at
+# its start (vLLM refuses to start when that much is not free: 0.28 each of three) and a fixed KV cache (~15,000
+# tokens of the 61-layer target);
 # graphs captured at the token counts a level's full batch of verifies takes (1, 8 and 64 requests x 4 tokens) and
 # the powers of two between (vLLM pads a step to the next one): 7 sizes, not the ~35 of a default list to 256, which
 # three 61-layer servers capturing at once would take minutes over
 KIMI_CAPTURE_SIZES = [4, 8, 16, 32, 64, 128, 256]
-KIMI_ARGS = ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.28", "--kv-cache-memory-bytes", str(4 << 30),
+KIMI_ARGS = ["--max-num-seqs", "64", "--kv-cache-memory-bytes", str(4 << 30),
              "--compilation-config", json.dumps({"custom_ops": ["none"], "cudagraph_capture_sizes": KIMI_CAPTURE_SIZES})]
+KIMI_GPU_SHARE = 0.84
 KIMI_START_TIMEOUT_S = 420  # three Kimi-width servers building and capturing at once
 KIMI_VARIANT, KIMI_DRAFT = "llama", "kimi-healthy"
-KIMI_MIN_GPU_BYTES = 120 * 2**30  # three servers of ~24 GB of weights each, their KV caches, graphs and activations
+# a server's ~24 GB of weights, its KV cache, graphs and activations: three need an H200, two fit an H100 (80 GiB)
+KIMI_GPU_BYTES_PER_SERVER = 36 * 2**30
 
 
 def send(server: VLLMServer, rid: str, prompt, new_tokens: int) -> int:
@@ -121,8 +125,9 @@ def general_plugins(path: str) -> list:
     return json.loads(out.stdout) if out.returncode == 0 else [out.stderr[-500:]]
 
 
-def specs(target: Path, draft: Path, args: list) -> list:
-    return [Spec(name, target, draft, args, tracer) for name, tracer in throughput.CONFIGS.items()]
+def specs(target: Path, draft: Path, args: list, names: tuple = tuple(throughput.CONFIGS)) -> list:
+    """The servers of ``names`` (``throughput.CONFIGS``: no tracer, 1 in 16, every request)."""
+    return [Spec(name, target, draft, args, throughput.CONFIGS[name]) for name in names]
 
 
 def trace_records(trace: Path) -> dict:
@@ -169,37 +174,44 @@ def _report(results: dict) -> None:
                       for n, s in results["vllm_throughput_servers"].items()}, indent=1, default=str), flush=True)
 
 
-def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable) -> None:
-    """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``; into
-    ``results``, saved after every round and at the end."""
+def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable,
+          names: tuple = tuple(throughput.CONFIGS)) -> None:
+    """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``, the
+    servers of ``names``; into ``results``, saved after every round and at the end."""
     bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_servers.command, kit, mode="graphs"))
     models = kit / "models"
-    results.update(run(bed, specs(models / "target", models / "draft", ARGS), deadline, _saver(results, save)))
+    results.update(run(bed, specs(models / "target", models / "draft", ARGS, names), deadline,
+                       _saver(results, save)))
     save()
     _report(results)
 
 
-def kimi_command(models: Path, port: int) -> list:
-    """A Kimi-width server's command line: the Kimi phase's, then ``KIMI_ARGS``."""
-    return [*vllm_kimi.command(models, KIMI_VARIANT, KIMI_DRAFT, port), *KIMI_ARGS]
+def kimi_command(models: Path, port: int, servers: int = len(throughput.CONFIGS)) -> list:
+    """A Kimi-width server's command line, one of ``servers`` on the GPU: the Kimi phase's, then ``KIMI_ARGS`` and
+    its share of the GPU."""
+    share = f"{KIMI_GPU_SHARE / servers:.2f}"
+    return [*vllm_kimi.command(models, KIMI_VARIANT, KIMI_DRAFT, port), *KIMI_ARGS, "--gpu-memory-utilization", share]
 
 
 def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: dict, save: Callable,
-               gpu_bytes: int) -> None:
-    """The runner's ``--throughput --kimi``: three Kimi-width servers (``kimi_command``) on ``models``
-    (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does. Not run on a
-    GPU of fewer than ``KIMI_MIN_GPU_BYTES`` (``gpu_bytes``), nor without the models: ``vllm_throughput`` says why."""
-    if gpu_bytes < KIMI_MIN_GPU_BYTES:
-        results["vllm_throughput"] = {"error": f"three Kimi-width servers need {KIMI_MIN_GPU_BYTES >> 30} GiB of GPU "
-                                               f"memory; this GPU has {gpu_bytes >> 30} GiB (an H200 has 139)"}
+               gpu_bytes: int, names: tuple = tuple(throughput.CONFIGS)) -> None:
+    """The runner's ``--throughput --kimi``: Kimi-width servers (``kimi_command``) of ``names`` (``throughput.CONFIGS``)
+    on ``models`` (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does.
+    Not run on a GPU of fewer than ``KIMI_GPU_BYTES_PER_SERVER`` a server (``gpu_bytes``), nor without the models:
+    ``vllm_throughput`` says why."""
+    need = len(names) * KIMI_GPU_BYTES_PER_SERVER
+    if gpu_bytes < need:
+        results["vllm_throughput"] = {"error": f"{len(names)} Kimi-width servers need {need >> 30} GiB of GPU memory; "
+                                               f"this GPU has {gpu_bytes >> 30} GiB (an H200 has 139 for three; an "
+                                               "H100 takes two: --throughput-servers no-tracer,every)"}
     elif "error" in models:
         results["vllm_throughput"] = {"error": f"the Kimi models were not made: {models['error']}"}
     if "vllm_throughput" in results:
         save()
         return
     dest = Path(models["dest"])
-    bed = VLLMBed(kit, work, *tracer_paths(), lambda port: kimi_command(dest, port))
-    servers = specs(dest / vllm_kimi.VARIANTS[KIMI_VARIANT], dest / KIMI_DRAFT, [])
+    bed = VLLMBed(kit, work, *tracer_paths(), lambda port: kimi_command(dest, port, len(names)))
+    servers = specs(dest / vllm_kimi.VARIANTS[KIMI_VARIANT], dest / KIMI_DRAFT, [], names)
     results.update(run(bed, servers, deadline, _saver(results, save), prompts=kimi_prompts.prompt,
                        start_timeout=KIMI_START_TIMEOUT_S))
     save()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testbed.gpu.vllm_serve import MODE_ENV, MODES, compare_records, trace_summary
+import pytest
+
+from testbed.gpu.vllm_serve import MODE_ENV, MODES, compare_records, throughput_servers, trace_summary
 
 STATS = {"l2_mean": 3.0, "l2_max": 4.0, "mean": 0.1, "std": 1.0, "absmax": 5.0}
 
@@ -58,13 +60,36 @@ def test_graphs_sync_is_graphs_under_sync_debug():
 
 
 def test_the_kimi_width_throughput_says_why_it_did_not_run(tmp_path):
-    """Three Kimi-width servers need an H200: on an H100 (or without the models) the phase records why, saved."""
+    """Three Kimi-width servers need an H200, two an H100: on a smaller GPU (or without the models) the phase records
+    why, saved."""
     from testbed.gpu import vllm_throughput
 
     saved = []
-    for models, gpu_bytes, why in (({"dest": str(tmp_path)}, 80 * 2**30, "this GPU has 80 GiB"),
-                                   ({"error": "kimi_models exit code 1"}, 141 * 2**30, "exit code 1")):
+    for models, gpu_bytes, names, why in (
+            ({"dest": str(tmp_path)}, 80 * 2**30, ("no-tracer", "1/16", "every"), "3 Kimi-width servers need 108 GiB"),
+            ({"dest": str(tmp_path)}, 64 * 2**30, ("no-tracer", "every"), "this GPU has 64 GiB"),
+            ({"error": "kimi_models exit code 1"}, 141 * 2**30, ("no-tracer", "every"), "exit code 1")):
         results: dict = {}
-        vllm_throughput.kimi_phase(tmp_path, tmp_path, models, 0.0, results, lambda: saved.append(1), gpu_bytes)
+        vllm_throughput.kimi_phase(tmp_path, tmp_path, models, 0.0, results, lambda: saved.append(1), gpu_bytes,
+                                   names)
         assert why in results["vllm_throughput"]["error"], results
-    assert len(saved) == 2
+    assert len(saved) == 3
+
+
+def test_kimi_width_servers_share_the_gpu_among_those_started(tmp_path):
+    from testbed.gpu import vllm_throughput
+
+    def share(servers: int) -> str:
+        args = vllm_throughput.kimi_command(tmp_path, 8000, servers)
+        return args[len(args) - 1 - args[::-1].index("--gpu-memory-utilization") + 1]  # the last one counts
+
+    assert (share(3), share(2)) == ("0.28", "0.42")
+    assert [s.name for s in vllm_throughput.specs(tmp_path, tmp_path, [], ("no-tracer", "every"))] == \
+        ["no-tracer", "every"]
+
+
+@pytest.mark.parametrize("servers", ["every", "no-tracer", "no-tracer,every,sometimes"])
+def test_throughput_servers_need_the_baseline_and_one_more(servers):
+    with pytest.raises(ValueError, match="no-tracer among them"):
+        throughput_servers(servers)
+    assert throughput_servers("no-tracer,every") == ("no-tracer", "every")
