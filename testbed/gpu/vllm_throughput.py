@@ -62,7 +62,7 @@ KIMI_CAPTURE_SIZES = [4, 8, 16, 32, 64, 128, 256]
 KIMI_ARGS = ["--max-num-seqs", "64", "--kv-cache-memory-bytes", str(4 << 30),
              "--compilation-config", json.dumps({"custom_ops": ["none"], "cudagraph_capture_sizes": KIMI_CAPTURE_SIZES})]
 KIMI_GPU_SHARE = 0.84
-KIMI_START_TIMEOUT_S = 420  # three Kimi-width servers building and capturing at once
+KIMI_START_TIMEOUT_S = 420  # the Kimi-width servers building and capturing graphs at once
 KIMI_VARIANT, KIMI_DRAFT = "llama", "kimi-healthy"
 # a server's ~24 GB of weights, its KV cache, graphs and activations: three need an H200, two fit an H100 (80 GiB)
 KIMI_GPU_BYTES_PER_SERVER = 36 * 2**30
