@@ -343,6 +343,60 @@ def test_split_rows_and_ranked_groups_match_references_in_the_interpreter():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def _triton_row_merge_ranks_groups() -> None:
+    """Run under TRITON_INTERPRET=1: each logits chunk hands on its best groups (by their maxima), and the row's last
+    program ranks them across chunks and then their columns; torch.topk's order (value, then smaller id) whichever
+    chunk and group the winners sit in, for k of and not of a power of 2, one chunk with fewer candidates than the
+    ranking takes, and +-inf."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    vocab = 2000                                                         # 8 chunks of 256, groups of 16
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(11))
+    tied = [1990, 1500, 700, 300, 299, 5, 1024, 1025, 1800, 260, 33]     # 11 tied in 10 groups of 7 chunks
+    logits[0, tied] = 7.0
+    logits[1, :] = -3.0                                                  # a tied row but for a few higher values
+    logits[1, [1999, 1998, 16, 17, 18, 1040, 1041]] = torch.tensor([4.0, 4.0, 2.0, 4.0, 2.0, 4.0, 3.0])
+    logits[2, 256:272] = torch.arange(16, dtype=torch.float32) + 30     # one group holds every winner
+    logits[2, 1700] = 44.5                                               # but one, in another chunk
+    logits[3, [3, 600, 1999]] = math.inf                                 # +inf ranks first, by id
+    logits[3, 1000:1100] = -math.inf
+    logits[4, :] = -math.inf
+    logits[4, 1777] = 0.0                                                # one finite value
+    logits[5, ::7] = 6.0                                                 # tied maxima in every group
+    for k in (8, 5, 1):
+        summ = {b: Summarizer(max_rows=6, width=H, vocab_size=vocab, topk=k, block=256, backend=b)
+                for b in ("triton", "torch")}
+        summ["triton"].triton_tuning.update(group=16)
+        got, want = (summ[b].summarize(torch.zeros(6, H), torch.arange(6), logits).result() for b in ("triton", "torch"))
+        for r, w in zip(got.rows, want.rows):
+            row = logits[r.row].tolist()
+            assert [i for i, _ in r.topk] == sorted(range(vocab), key=lambda i: (-row[i], i))[:k], (k, r.row)
+            if r.row != 3:                                               # +inf: every probability NaN, in both paths
+                assert [p for _, p in r.topk] == pytest.approx([p for _, p in w.topk], rel=1e-5), (k, r.row)
+        assert all(math.isnan(p) for _, p in got.rows[3].topk) and all(math.isnan(p) for _, p in want.rows[3].topk)
+    assert [i for i, _ in got.rows[0].topk] == [5]
+    top = Summarizer(max_rows=6, width=H, vocab_size=vocab, block=256, backend="triton").summarize(
+        torch.zeros(6, H), torch.arange(6), logits).result()
+    assert [i for i, _ in top.rows[0].topk] == [5, 33, 260, 299, 300, 700, 1024, 1025]
+    assert [i for i, _ in top.rows[1].topk] == [17, 1040, 1998, 1999, 1041, 16, 18, 0]
+    assert [i for i, _ in top.rows[2].topk] == [271, 1700, 270, 269, 268, 267, 266, 265]
+    assert [i for i, _ in top.rows[3].topk][:3] == [3, 600, 1999]
+    assert [i for i, _ in top.rows[4].topk] == [1777, 0, 1, 2, 3, 4, 5, 6] and top.rows[4].topk[0][1] == 1.0
+    small = torch.full((2, 10), -math.inf)                             # one chunk, 5 candidates for 8 places
+    small[1, 9] = 1.0
+    got = Summarizer(max_rows=2, width=H, vocab_size=10, topk=5, backend="triton").summarize(
+        torch.zeros(2, H), torch.arange(2), small).result()
+    assert [[i for i, _ in r.topk] for r in got.rows] == [[0, 1, 2, 3, 4], [9, 0, 1, 2, 3]]
+
+
+def test_row_merge_ranks_groups_across_chunks_in_the_interpreter():
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_row_merge_ranks_groups()"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def _gathered_ints_match(backend: str) -> None:
     """A verify's token ids read at the summary's rows (``gather``): what indexing on the host gives, -1 for
     padding rows, from int32 and int64 tensors alike."""
