@@ -1,12 +1,10 @@
 """The Summarizer's fast path on CUDA: one Triton launch per summary, every input byte read once, and its
 scratch. Each selected row is split over many programs (slices of its hidden chunks: fp32 sums, counts and
-absmax; chunks of its logits: max, exp-sum and their best groups of columns, ranked by the groups' maxima), and the
-last program of the row to finish merges them: the row's statistics, softmax denominator and top-k (the best groups
-across chunks, then their columns). Every ranking is a bitonic top-k (Triton >= 3.4; with an older Triton the
-kernel does not compile and the Summarizer falls back to torch), mostly within threads and warps, so that a
-program waits on few block-wide reductions. A launch through Triton's ``JITFunction`` costs ~30 µs of host time
-(argument binding and specialisation); :class:`Launches` keeps each compiled kernel and launches it directly after
-the first time, which costs a few µs."""
+absmax; chunks of its logits: max, exp-sum and top-k candidates, found by ranking the maxima of small column
+groups rather than the columns), and the last program of the row to finish merges them: the row's statistics,
+softmax denominator and top-k. A launch through Triton's ``JITFunction`` costs ~30 µs of host time (argument
+binding and specialisation); :class:`Launches` keeps each compiled kernel and launches it directly after the
+first time, which costs a few µs."""
 
 from __future__ import annotations
 
@@ -102,12 +100,6 @@ def _launcher(compiled) -> tuple:
 
 if triton is not None:
     @triton.jit
-    def _stats_combine(s1, n1, f1, q1, a1, s2, n2, f2, q2, a2):
-        """Partial hidden statistics (sum, NaN count, Inf count, sum of squares, absmax) as one: the five in one
-        block-wide reduction."""
-        return s1 + s2, n1 + n2, f1 + f2, q1 + q2, tl.maximum(a1, a2)
-
-    @triton.jit
     def _hidden_stats(hidden, stride_row, n_rows, rows, rows_out, sums, absmax, r, c, R, K, H,
                       BLOCK_H: tl.constexpr):
         """Chunk c of selected row r in one fp32 pass; also copies rows[r] out (at c == 0)."""
@@ -132,14 +124,14 @@ if triton is not None:
             acc_nan += is_nan.to(tl.float32)
             acc_inf += (ax == float("inf")).to(tl.float32)
             acc_max = tl.maximum(acc_max, tl.where(is_nan, 0.0, ax))
-        total, nan, inf, sq, amax = tl.reduce((acc_sum, acc_nan, acc_inf, acc_sq, acc_max), 0, _stats_combine)
+        nan = tl.sum(acc_nan, axis=0)
         out = r * K + c
         plane = R * K
-        tl.store(sums + out, total)
+        tl.store(sums + out, tl.sum(acc_sum, axis=0))
         tl.store(sums + plane + out, nan)
-        tl.store(sums + 2 * plane + out, nan + inf)
-        tl.store(sums + 3 * plane + out, sq)
-        tl.store(absmax + out, tl.where(nan > 0, float("nan"), amax))
+        tl.store(sums + 2 * plane + out, nan + tl.sum(acc_inf, axis=0))
+        tl.store(sums + 3 * plane + out, tl.sum(acc_sq, axis=0))
+        tl.store(absmax + out, tl.where(nan > 0, float("nan"), tl.max(acc_max, axis=0)))
 
     @triton.jit
     def _hidden_stats_kernel(hidden, stride_row, n_rows, rows, rows_out, sums, absmax,
@@ -192,20 +184,9 @@ if triton is not None:
         return 0x7FFFFFFF - key.to(tl.int32)
 
     @triton.jit
-    def _top(keys, N: tl.constexpr):
-        """The N largest of the 1-D ``keys`` (a power of 2 of them), largest first: a bitonic top-k (``tl.topk``,
-        Triton >= 3.4, which takes N >= 2), one max for N == 1."""
-        if N == 1:
-            top = tl.max(tl.reshape(keys, [1, keys.numel]), axis=1)
-        else:
-            top = tl.topk(keys, N)
-        return top
-
-    @triton.jit
     def _hidden_part(hidden, stride_row, n_rows, rows, hpart, r, p, R, P, H, S, HS, BLOCK_HS: tl.constexpr):
         """Part p of selected row r (chunk p // S, its slice p % S of width HS) in one read, fp32: sum, NaN count,
-        non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``; the five in one
-        block-wide reduction."""
+        non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``."""
         row = tl.load(rows + r)
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         lo = (p % S) * HS
@@ -214,78 +195,55 @@ if triton is not None:
                     other=0.0).to(tl.float32)
         is_nan = x != x
         ax = tl.abs(x)
-        total, nan, inf, sq, amax = tl.reduce((x, is_nan.to(tl.float32), (ax == float("inf")).to(tl.float32), x * x,
-                                               tl.where(is_nan, 0.0, ax)), 0, _stats_combine)
+        nan = tl.sum(is_nan.to(tl.float32), axis=0)
         at = r * P + p
         plane = R * P
-        tl.store(hpart + at, total)
+        tl.store(hpart + at, tl.sum(x, axis=0))
         tl.store(hpart + plane + at, nan)
-        tl.store(hpart + 2 * plane + at, nan + inf)
-        tl.store(hpart + 3 * plane + at, sq)
-        tl.store(hpart + 4 * plane + at, amax)
-
-    @triton.jit
-    def _softmax_combine(m1, s1, m2, s2):
-        """Two partial softmax denominators (a max and the sum of exp(x - max) under it) as one; a side whose max
-        is -inf holds no mass (exp(-inf - -inf) would be NaN), a NaN carries through."""
-        m = tl.maximum(m1, m2)
-        return m, tl.where(m1 == float("-inf"), 0.0, s1 * tl.exp(m1 - m)) + \
-            tl.where(m2 == float("-inf"), 0.0, s2 * tl.exp(m2 - m))
+        tl.store(hpart + 2 * plane + at, nan + tl.sum((ax == float("inf")).to(tl.float32), axis=0))
+        tl.store(hpart + 3 * plane + at, tl.sum(x * x, axis=0))
+        tl.store(hpart + 4 * plane + at, tl.max(tl.where(is_nan, 0.0, ax), axis=0))
 
     @triton.jit
     def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB,
                       TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
         """Chunk b of selected row r (GROUPS groups of GROUP columns; its logits row ``rows[r]``, any float dtype,
-        fp32 from the load on), read once: its max and sum of exp(x - max) (one block-wide reduction over the
-        groups' own), and the order keys of its TOPK groups whose maxima rank highest (group ids of the row, by a
-        bitonic top-k): the row's top TOPK columns lie in the row's top TOPK groups, which lie among these
-        (``_row_topk`` ranks their columns)."""
+        fp32 from the load on), read once: its max, sum of exp(x - max) and the order keys of its top TOPK. Those
+        lie in the TOPK_P2 groups whose maxima rank highest (a value in any other group is outranked by the maxima
+        of those), so only they are read again, from cache, and ranked."""
         row = tl.load(rows + r)
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
+        base = logits + row * stride_row
         start = b * (GROUPS * GROUP)
         g = tl.arange(0, GROUPS)
-        cols = start + g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        x = tl.load(logits + row * stride_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        e = tl.arange(0, GROUP)
+        cols = start + g[:, None] * GROUP + e[None, :]
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         gmax = tl.max(x, axis=1)
-        gsum = tl.where(gmax == float("-inf"), 0.0, tl.sum(tl.exp(x - gmax[:, None]), axis=1))
-        m, s = tl.reduce((gmax, gsum), 0, _softmax_combine)
+        m = tl.max(gmax, axis=0)
+        s = tl.sum(tl.sum(tl.exp(x - m), axis=1), axis=0)
         tl.store(bmax + r * NB + b, m)
-        tl.store(bsum + r * NB + b, s)
-        # tl.topk compares and swaps entries whose indices differ in their low log2(TOPK_P2) bits, and a layout spreads
-        # a tensor's low index bits over threads: in this order those bits are the group's high bits, which one thread
-        # holds, so that only its halving rounds cross threads (warp shuffles; block-wide only across warps: 2 at 4)
-        gkeys = tl.reshape(tl.permute(tl.reshape(_order_keys(gmax, b * GROUPS + g), [TOPK_P2, GROUPS // TOPK_P2]),
-                                      [1, 0]), [GROUPS])
-        top = _top(gkeys, TOPK_P2)
+        tl.store(bsum + r * NB + b, tl.where(m == float("-inf"), 0.0, s))
+        gkeys = _order_keys(gmax, g)
         k = tl.arange(0, TOPK_P2)
-        tl.store(keys_out + (r * NB + b) * TOPK + k, top, mask=k < TOPK)
+        picked = tl.zeros([TOPK_P2], dtype=tl.int32)
+        for j in tl.static_range(TOPK_P2):
+            best = tl.max(gkeys, axis=0)
+            picked = tl.where(k == j, _key_id(best), picked)
+            gkeys = tl.where(gkeys == best, _NONE, gkeys)
+        cols = start + picked[:, None] * GROUP + e[None, :]
+        keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32), cols)
+        out = keys_out + (r * NB + b) * TOPK
+        for j in tl.static_range(TOPK):
+            best = tl.max(tl.max(keys, axis=1), axis=0)
+            tl.store(out + j, best)
+            keys = tl.where(keys == best, _NONE, keys)
 
     @triton.jit
-    def _row_topk(logits, stride_row, n_rows, rows, keys, topk_p, topk_id, m, denom, r, V, NB, TOPK: tl.constexpr,
-                  TOPK_P2: tl.constexpr, GROUP: tl.constexpr, NC_P2: tl.constexpr):
-        """Row r's top TOPK and their probabilities (``m``, ``denom``: its max and softmax denominator): its top
-        TOPK_P2 groups among the chunks' candidates, then their columns, read again (from cache), each by a
-        bitonic top-k. A group's key orders it by its max, then its first column, so every column of a group
-        outside the top TOPK is outranked by the maxima of those TOPK: torch.topk's values and tie order."""
-        oc = tl.arange(0, NC_P2)
-        best = _top(tl.load(keys + r * NB * TOPK + oc, mask=oc < NB * TOPK, other=_NONE), TOPK_P2)
-        group = tl.where(best != _NONE, _key_id(best), -1)[:, None]  # -1: fewer candidates than TOPK_P2 (one chunk)
-        row = tl.load(rows + r)
-        row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
-        cols = group * GROUP + tl.arange(0, GROUP)[None, :]
-        ok = (group >= 0) & (cols < V)
-        x = tl.load(logits + row * stride_row + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        top = _top(tl.reshape(tl.where(ok, _order_keys(x, cols), _NONE), [TOPK_P2 * GROUP]), TOPK_P2)
-        k = tl.arange(0, TOPK_P2)
-        tl.store(topk_id + r * TOPK + k, _key_id(top).to(tl.int64), mask=k < TOPK)
-        tl.store(topk_p + r * TOPK + k, tl.exp(_key_value(top) - m) / denom, mask=k < TOPK)
-
-    @triton.jit
-    def _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, logits, stride_l, n_l, logit_rows, r, R,
-                   K, S, V, NB, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUP: tl.constexpr, K_P2: tl.constexpr,
-                   S_P2: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
+    def _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK: tl.constexpr,
+                   K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
         """Row r from its parts: each chunk's statistics (over its slices), the logits max and softmax denominator
-        (over the chunks', in one reduction), the top TOPK (``_row_topk``) and their probabilities."""
+        (over the chunks'), the top TOPK of the chunks' candidates and their probabilities."""
         c = tl.arange(0, K_P2)
         s = tl.arange(0, S_P2)
         ok = (c[:, None] < K) & (s[None, :] < S)
@@ -305,10 +263,15 @@ if triton is not None:
         ob = tl.arange(0, NB_P2)
         bm = tl.load(bmax + r * NB + ob, mask=ob < NB, other=float("-inf"))
         bs = tl.load(bsum + r * NB + ob, mask=ob < NB, other=0.0)
-        has = bm > float("-inf")  # a chunk of -inf (or, as before, of NaN only) adds nothing
-        m, denom = tl.reduce((tl.where(has, bm, float("-inf")), tl.where(has, bs, 0.0)), 0, _softmax_combine)
-        _row_topk(logits, stride_l, n_l, logit_rows, keys, topk_p, topk_id, m, denom, r, V, NB, TOPK, TOPK_P2, GROUP,
-                  NC_P2)
+        m = tl.max(bm, axis=0)
+        denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
+        oc = tl.arange(0, NC_P2)
+        ck = tl.load(keys + r * NB * TOPK + oc, mask=oc < NB * TOPK, other=_NONE)
+        for j in tl.static_range(TOPK):
+            best = tl.max(ck, axis=0)
+            tl.store(topk_id + r * TOPK + j, _key_id(best).to(tl.int64))
+            tl.store(topk_p + r * TOPK + j, tl.exp(_key_value(best) - m) / denom)
+            ck = tl.where(ck == best, _NONE, ck)
 
     # the int32 word counts of the gathered ints are never specialised (1 for int32 sources, 2 for int64): one
     # compiled kernel for every mix of dtypes
@@ -345,8 +308,8 @@ if triton is not None:
                 _logits_chunk(logits, stride_l, n_l, logit_rows, bmax, bsum, keys, r, j - P, V, NB, TOPK, TOPK_P2,
                               GROUPS, GROUP)
             if tl.atomic_add(tickets + r, 1) == P + NB - 1:
-                _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, logits, stride_l, n_l, logit_rows,
-                           r, R, K, S, V, NB, TOPK, TOPK_P2, GROUP, K_P2, S_P2, NB_P2, NC_P2)
+                _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK, K_P2, S_P2,
+                           NB_P2, NC_P2)
                 tl.atomic_xchg(tickets + r, 0)
 
 class TritonPath:
