@@ -68,8 +68,8 @@ def trace_specs(models: Path) -> dict:
 
 
 def throughput_specs(models: Path) -> list:
-    return [Spec(name, models / "target", models / "kimi-healthy", THROUGHPUT_ARGS, tracer)
-            for name, tracer in throughput.CONFIGS.items()]
+    return [Spec(name, models / "target", models / "kimi-healthy", THROUGHPUT_ARGS, throughput.CONFIGS[name])
+            for name in throughput.SERVERS]
 
 
 def prompt(seed: int) -> list[int]:

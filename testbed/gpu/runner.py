@@ -90,7 +90,7 @@ def cross_engine_specs(kit: Path) -> list:
 
 
 def throughput_specs(kit: Path) -> list:
-    return [eagle3(kit, name, "draft", *CHAIN, tracer=tracer) for name, tracer in throughput.CONFIGS.items()]
+    return [eagle3(kit, name, "draft", *CHAIN, tracer=throughput.CONFIGS[name]) for name in throughput.SERVERS]
 
 
 def ask(handle: ServerHandle, text: str, rid: str, new_tokens: int) -> dict:

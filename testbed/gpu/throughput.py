@@ -31,8 +31,12 @@ from typing import Callable
 from testbed.overhead import bootstrap_interval, request_id
 
 WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
-CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"}}
-LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request"}
+CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"},
+           "unsampled": {"DRAFTSCOPE_SAMPLE_RATE": "0"}}
+# the servers a phase starts unless told which: "unsampled" (the tracer installed, nothing sampled: what every
+# unsampled request pays) is asked for by name, beside no-tracer (issue 33 item 4)
+SERVERS = ("no-tracer", "1/16", "every")
+LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request", "unsampled": "installed, nothing sampled"}
 LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -> (requests a round, new tokens)
 # The runner's --kimi-workload: "short" (LEVELS) weighs what the tracer does once per request (a sampled prompt's
 # summaries and recomputes, its finish record) against 16-32 tokens; "long" against 6x more, as production

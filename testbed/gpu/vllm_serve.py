@@ -268,9 +268,9 @@ def main() -> int:
                     "vLLM without it (testbed/gpu/vllm_throughput.py); with --kimi, at Kimi widths")
     ap.add_argument("--throughput-s", type=float, default=vllm_throughput.DEFAULT_BUDGET_S,
                     help="seconds after the runner starts by which the throughput rounds end (default: %(default)s)")
-    ap.add_argument("--throughput-servers", default=",".join(throughput.CONFIGS),
+    ap.add_argument("--throughput-servers", default=",".join(throughput.SERVERS),
                     help="with --throughput: the servers measured, no-tracer among them (default: %(default)s; "
-                    "with --kimi an H100 takes two, e.g. no-tracer,every)")
+                    "with --kimi an H100 takes two, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
                                                             "configurations only (see the module's docstring)")
     a = ap.parse_args()

@@ -125,8 +125,8 @@ def general_plugins(path: str) -> list:
     return json.loads(out.stdout) if out.returncode == 0 else [out.stderr[-500:]]
 
 
-def specs(target: Path, draft: Path, args: list, names: tuple = tuple(throughput.CONFIGS)) -> list:
-    """The servers of ``names`` (``throughput.CONFIGS``: no tracer, 1 in 16, every request)."""
+def specs(target: Path, draft: Path, args: list, names: tuple = throughput.SERVERS) -> list:
+    """The servers of ``names`` (of ``throughput.CONFIGS``; by default no tracer, 1 in 16, every request)."""
     return [Spec(name, target, draft, args, throughput.CONFIGS[name]) for name in names]
 
 
@@ -175,7 +175,7 @@ def _report(results: dict) -> None:
 
 
 def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable,
-          names: tuple = tuple(throughput.CONFIGS)) -> None:
+          names: tuple = throughput.SERVERS) -> None:
     """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``, the
     servers of ``names``; into ``results``, saved after every round and at the end."""
     bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_servers.command, kit, mode="graphs"))
@@ -186,7 +186,7 @@ def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable,
     _report(results)
 
 
-def kimi_command(models: Path, port: int, servers: int = len(throughput.CONFIGS)) -> list:
+def kimi_command(models: Path, port: int, servers: int = len(throughput.SERVERS)) -> list:
     """A Kimi-width server's command line, one of ``servers`` on the GPU: the Kimi phase's, then ``KIMI_ARGS`` and
     its share of the GPU."""
     share = f"{KIMI_GPU_SHARE / servers:.2f}"
@@ -194,8 +194,8 @@ def kimi_command(models: Path, port: int, servers: int = len(throughput.CONFIGS)
 
 
 def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: dict, save: Callable,
-               gpu_bytes: int, names: tuple = tuple(throughput.CONFIGS)) -> None:
-    """The runner's ``--throughput --kimi``: Kimi-width servers (``kimi_command``) of ``names`` (``throughput.CONFIGS``)
+               gpu_bytes: int, names: tuple = throughput.SERVERS) -> None:
+    """The runner's ``--throughput --kimi``: Kimi-width servers (``kimi_command``) of ``names`` (of ``throughput.CONFIGS``)
     on ``models`` (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does.
     Not run on a GPU of fewer than ``KIMI_GPU_BYTES_PER_SERVER`` a server (``gpu_bytes``), nor without the models:
     ``vllm_throughput`` says why."""

@@ -139,7 +139,7 @@ def test_kimi_phase_starts_no_wave_it_cannot_finish(bed, tmp_path):
 
 
 def test_throughput_levels_interleave_the_servers_and_sample_1_in_16(bed, tmp_path):
-    state = bed.start_all([Spec(name, tmp_path, tmp_path, []) for name in throughput.CONFIGS], timeout_s=60)
+    state = bed.start_all([Spec(name, tmp_path, tmp_path, []) for name in throughput.SERVERS], timeout_s=60)
     try:
         handles = {name: s["handle"] for name, s in state.items()}
         result = throughput.measure_levels(handles, kimi_phase.prompt, time.monotonic() + 10.0,
@@ -148,7 +148,7 @@ def test_throughput_levels_interleave_the_servers_and_sample_1_in_16(bed, tmp_pa
         bed.stop_all(state)
     assert len(result["rounds"]) >= 2 and all(set(r) == {"1", "8"} for r in result["rounds"]), result["rounds"]
     for level in ("1", "8"):
-        assert set(result["levels"][level]["median_tokens_per_s"]) == set(throughput.CONFIGS)
+        assert set(result["levels"][level]["median_tokens_per_s"]) == set(throughput.SERVERS)
         assert set(result["levels"][level]["cost_vs_no_tracer"]) == {"1/16", "every"}
     assert "| 8 | every request |" in throughput.levels_table(result)
     rids = (tmp_path / "state" / "rids").read_text().split()

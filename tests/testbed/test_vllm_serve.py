@@ -93,3 +93,16 @@ def test_throughput_servers_need_the_baseline_and_one_more(servers):
     with pytest.raises(ValueError, match="no-tracer among them"):
         throughput_servers(servers)
     assert throughput_servers("no-tracer,every") == ("no-tracer", "every")
+
+
+def test_the_unsampled_server_is_asked_for_by_name_and_samples_nothing():
+    from draftscope_tracer.config import TracerConfig
+    from draftscope_tracer.engine.sampling import request_sampled
+    from testbed.gpu import throughput
+
+    assert "unsampled" not in throughput.SERVERS
+    assert throughput_servers("no-tracer,unsampled") == ("no-tracer", "unsampled")
+    config = TracerConfig.from_env({"DRAFTSCOPE_FILE": "t.jsonl", **throughput.CONFIGS["unsampled"]})
+    picked = [throughput.request_id(f"kt0-c8-{j}", j % 16 == 0) for j in range(32)]
+    assert not any(request_sampled(rid, config.sample_rate) for rid in picked)
+    assert sum(request_sampled(rid, 1 / 16) for rid in picked) == 2
