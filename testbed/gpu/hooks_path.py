@@ -136,7 +136,8 @@ class HooksPath:
                                               sync_debug=sync_debug), "0.5.23")
         t.recording, t.capture.target_hidden, t.num_draft_tokens = True, H, N
         self.relay = t.transport.writer = PathRelay()
-        reqs = [SimpleNamespace(rid=f"req-{i}", is_retracted=False, finished=lambda: False) for i in range(batch)]
+        reqs = [SimpleNamespace(rid=f"req-{i}", is_retracted=False, finished_reason=None, finished=lambda: False)
+                for i in range(batch)]
         t.sampled.live = {r.rid: 0 for r in reqs[::sample_every]}
         rows = batch * N
         bf16 = dict(device=dev, dtype=torch.bfloat16)

@@ -37,3 +37,27 @@ def test_nested_blocks_hand_the_signal_on_once_at_the_outer_end():
             chain(signal.SIGTERM, None)
         assert events == []
     assert events == ["ended"]
+
+
+def test_a_block_on_another_thread_does_not_hold_the_signal():
+    """The signal interrupts the main thread only: a block entered elsewhere leaves it to close at once."""
+    import threading
+
+    events = []
+    chain = SigtermChain(lambda status, deadline: events.append(status))
+    chain.previous = signal.SIG_IGN
+    inside, leave = threading.Event(), threading.Event()
+
+    def result_processing():
+        with chain.deferred():
+            inside.set()
+            leave.wait(5)
+
+    worker = threading.Thread(target=result_processing)
+    worker.start()
+    inside.wait(5)
+    chain(signal.SIGTERM, None)
+    assert events == ["ended"]
+    leave.set()
+    worker.join(5)
+    assert events == ["ended"]

@@ -92,11 +92,9 @@ class Summaries:
         n = len(rows)
         if n == 0 or hidden.shape[0] == 0:
             return None
-        width = int(hidden.shape[-1])
-        chunk = chunk_width if chunk_width and width % chunk_width == 0 else width
-        if hidden.device.type == "cpu" and self.reduce == "auto":
-            return host_rows(hidden, rows, chunk_width=chunk, logits=logits, topk=self.topk, stats=stats, tag=tag,
-                             logit_rows=logit_rows)
+        if hidden.is_cpu and self.reduce == "auto":
+            return host_rows(hidden, rows, chunk_width=_chunk(hidden, chunk_width), logits=logits, topk=self.topk,
+                             stats=stats, tag=tag, logit_rows=logit_rows)
         key = self._plan_key(hidden, rows, chunk_width, logits, ints, logit_rows)
         planned = self._plans.get(key)
         # a plan calls its Triton kernel's launcher: not after that Summarizer fell back to torch, nor with a
@@ -111,7 +109,8 @@ class Summaries:
                     self.health.drop("summary_ring_full")
                 return pending
         vocab = None if logits is None else int(logits.shape[-1])
-        summ = self._summarizer(width, chunk, vocab, n, hidden.device, ints is not None)
+        summ = self._summarizer(int(hidden.shape[-1]), _chunk(hidden, chunk_width), vocab, n, hidden.device,
+                                ints is not None)
         # each padded list in one copy (from a pinned slot on CUDA: no wait for queued work)
         index = device_index(rows, hidden.device, pad=summ.max_rows)
         at = None if logit_rows is None else device_index(logit_rows, hidden.device, pad=summ.max_rows)
@@ -138,4 +137,11 @@ class Summaries:
         return (hidden.data_ptr(), hidden.shape, hidden.stride(), hidden.dtype, chunk_width, tuple(rows),
                 None if logits is None else (logits.data_ptr(), logits.shape, logits.stride(), logits.dtype),
                 None if logit_rows is None else tuple(logit_rows),
-                None if ints is None else (*((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in ints[:4]), ints[4]))
+                None if ints is None else (*[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in ints[:4]], ints[4]))
+
+
+def _chunk(hidden: torch.Tensor, chunk_width: Optional[int]) -> int:
+    """The chunk width a launch on ``hidden`` takes: ``chunk_width`` where it divides the row, else the whole row
+    (worked out past the plan lookup: a planned launch needs none of it)."""
+    width = int(hidden.shape[-1])
+    return chunk_width if chunk_width and width % chunk_width == 0 else width

@@ -26,9 +26,11 @@ class DraftTopk:
         self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row, mapped) of the draft's next position 1
         self.draft_steps: Dict[str, tuple] = {}  # rid -> (StepTopk, row, mapped) of positions 2.. of this step
 
-    def take(self, rid: str) -> tuple:
-        """(seed, steps) of ``rid``'s drafts, for its verify record (each None when not read)."""
-        return self.draft_seed.pop(rid, None), self.draft_steps.pop(rid, None)
+    def take(self, rows: List[tuple]) -> Dict[str, tuple]:
+        """Per ``(row, rid, step)`` of ``rows``, ``rid``'s drafts (seed, steps) for its verify record (each None when
+        not read)."""
+        seed, steps = self.draft_seed.pop, self.draft_steps.pop
+        return {rid: (seed(rid, None), steps(rid, None)) for _, rid, _ in rows}
 
     def forget(self, rid: str) -> None:
         """A finished request: what its next step would have read goes (a step tap read back to its slots)."""

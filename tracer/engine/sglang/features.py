@@ -32,7 +32,6 @@ class Features:
         rows of ``h``)."""
         if h is None or not rows:
             return
-        sel = [k for a, b in spans for k in range(a, b)]
         groups, at = [], 0
         for a, b in spans:
             groups.append(list(range(at, at + b - a)))
@@ -41,7 +40,7 @@ class Features:
         width = int(h.shape[-1])
         chunks = width // H if H and width % H == 0 else 1
         if p_in is None:
-            p_in = self.summaries.launch(h, sel, chunk_width=width // chunks)
+            p_in = self.summaries.launch(h, [k for a, b in spans for k in range(a, b)], chunk_width=width // chunks)
         fc_groups, fc_sel = [], []
         for (a, b), (_, _, step) in zip(spans, rows):
             fc_groups.append(list(range(len(fc_sel), len(fc_sel) + b - a)) if step % fc_every == 0 else None)

@@ -122,7 +122,8 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
         if counted:
             t.guard("totals", t.count, batch, result, counted)
         reported = t.reported  # a request finished in one result is still in the next batch (overlap)
-        done = [r for r in reqs if r.finished() and r.rid not in reported]
+        # Req.finished() read as the field it tests: a method call per request of the batch costs µs every iteration
+        done = [r for r in reqs if r.finished_reason is not None and r.rid not in reported]
         if done:
             t.guard("finish", t.on_finished, done)
     return out

@@ -111,7 +111,7 @@ class TensorProbes:
                                     dtype_name(hidden) if aux else None, getattr(verify_input, "topk", 1) > 1)
         # the draft extend that follows reads the same rows of the same tensor as its input
         self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
-        drafts = {rid: self.drafts.take(rid) for _, rid, _ in rows}
+        drafts = self.drafts.take(rows)
         steps = {d[1][0] for d in drafts.values() if d[1] is not None}
         self.transport.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self.capture.hot,
                               pendings=(pending, None if on_device else ints, *steps))

@@ -21,41 +21,43 @@ class Sampled:
     """The sampled, unfinished requests and the verify steps each has seen (``live``), and which of their
     rows a hook records: the state the tracer and its probes share on the scheduler thread.
 
-    Which rows of a batch are sampled is worked out once per iteration (the draft, verify and draft extend
-    hooks see the same ``reqs`` list): :meth:`counted_rows` (result processing) forgets it, and so does any
-    change to which requests are sampled (:meth:`admit`, :meth:`finish`)."""
+    Which rows of a batch are sampled is worked out once per batch composition (:meth:`found`): the next hooks,
+    and the next iterations while the same requests run in the same order, compare the batch's list with the
+    one kept (element by element, at C speed) instead of asking every request again. Any change to which requests
+    are sampled (:meth:`admit`, :meth:`finish`) forgets it."""
 
     def __init__(self, step_stride: int):
         self.live: Dict[str, int] = {}
         self.step_stride = step_stride
-        self._found: Optional[tuple] = None  # (reqs, its length, [(row, rid), ...]) of this iteration
+        self._batch: list = []  # the requests (a copy of the batch's list) whose sampled rows are ``_rows``
+        self._rows: Optional[List[tuple]] = None  # [(row, rid), ...]; None: worked out at the next call
 
     def admit(self, rid: str) -> None:
         self.live[rid] = 0
-        self._found = None
+        self._rows = None
 
     def finish(self, rid: str) -> bool:
         """Forget ``rid``; whether it was sampled."""
-        self._found = None
+        self._rows = None
         return self.live.pop(rid, None) is not None
 
     def found(self, reqs) -> List[tuple]:
-        """``(row, rid)`` of the sampled requests in ``reqs`` (one pass over the batch per iteration)."""
-        c = self._found
-        if c is not None and c[0] is reqs and c[1] == len(reqs):
-            return c[2]
+        """``(row, rid)`` of the sampled requests in ``reqs``: one pass over the batch when its requests or the
+        sampled ones changed since the last call, else the rows found then."""
+        rows = self._rows
+        if rows is not None and reqs == self._batch:
+            return rows
         live = self.live
-        out = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
-        self._found = (reqs, len(reqs), out)
-        return out
+        rows = self._rows = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
+        self._batch = list(reqs)
+        return rows
 
     def counted_rows(self, reqs) -> List[tuple]:
         """``(row, rid)`` of the sampled requests in ``reqs`` that are neither finished nor retracted: those whose
-        verify step a result counts. Starts a new iteration (result processing is an iteration's last hook)."""
-        self._found = None
-        live = self.live
-        return [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live and not (r.finished() or r.is_retracted)] \
-            if live else []
+        verify step a result counts (only the sampled requests are asked)."""
+        if not self.live:
+            return []
+        return [(i, rid) for i, rid in self.found(reqs) if not (reqs[i].finished() or reqs[i].is_retracted)]
 
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
         """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""

@@ -6,7 +6,7 @@ request's two records when the scheduler and the runner are two processes)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from draftscope_tracer.engine.prompt_key import prompt_key
 from draftscope_tracer.engine.sampling import request_sampled
@@ -36,12 +36,18 @@ class Requests:
                 sampled[rid] = 0
         return [i for i, rid in enumerate(rids) if rid in sampled]
 
-    def count_traced(self, rid: str, accepted: List[int], drafts: int) -> None:
-        """One verify step as the runner saw it: ``accepted`` the kept ids (the bonus token last) of ``drafts``."""
-        totals = self.traced.setdefault(rid, [0, 0, 0])
-        totals[0] += 1
-        totals[1] += len(accepted) - 1
-        totals[2] += drafts
+    def count_traced(self, steps: Iterable[Tuple[str, List[int], int]]) -> None:
+        """One verify step per ``(rid, accepted, drafts)`` as the runner saw it: ``accepted`` the kept ids (the bonus
+        token last) of ``drafts``."""
+        traced = self.traced
+        for rid, accepted, drafts in steps:
+            totals = traced.get(rid)
+            if totals is None:
+                traced[rid] = [1, len(accepted) - 1, drafts]
+            else:
+                totals[0] += 1
+                totals[1] += len(accepted) - 1
+                totals[2] += drafts
 
     def count_vllm(self, a: Dict[str, Any]) -> None:
         """vLLM counts one request's verify step here (``make_spec_decoding_stats``: what ``/metrics`` adds up)."""

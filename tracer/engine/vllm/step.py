@@ -82,7 +82,7 @@ class StepProbes:
             step = book.sampled[r.rid]  # only the sampled ones: nothing of the others is counted or recorded
             accepted = [t for t in kept[r.index] if t >= 0] if r.drafts and kept is not None else None
             if accepted:  # the accepted drafts, then the bonus token
-                book.count_traced(r.rid, accepted, r.drafts)
+                book.count_traced([(r.rid, accepted, r.drafts)])
             if r.drafts:
                 book.sampled[r.rid] = step + 1
             if not step_sampled(step, stride):

@@ -114,6 +114,10 @@ class Ledger:
         if self._steps:
             self._freed[rid] = self._added
 
+    def limited(self) -> bool:
+        """Whether some request is being freed or was freed with steps unread: else :meth:`keeps` is True."""
+        return bool(self._kept or self._freed)
+
     def keeps(self, rid: str, ordinal: int) -> bool:
         """Whether ``rid``'s verify step number ``ordinal`` (0-based) counts: not after its record was written,
         nor past the verify steps vLLM counted for it."""

@@ -53,15 +53,16 @@ class VerifySteps:
     def _resolved(self, counted: list, verify: List[Verify], target, layout: tuple, now: float,
                   res: step_ids.Resolved) -> None:
         """A step's ids are read: each sampled live request's verify counted, the recorded ones' records queued."""
-        book, ledger = self.requests, self.ledger
-        for i, rid, d in counted:
-            accepted = res.kept.get(i)
-            if accepted and ledger.keeps(rid, book.traced.get(rid, (0,))[0]):
-                book.count_traced(rid, accepted, d)
+        book, ledger, kept = self.requests, self.ledger, res.kept
+        limited = ledger.limited()  # else every step counts (no request is being freed or was freed lately)
+        counts = [(rid, accepted, d) for i, rid, d in counted if (accepted := kept.get(i))]
+        if limited:
+            counts = [c for c in counts if ledger.keeps(c[0], book.traced.get(c[0], (0,))[0])]
+        book.count_traced(counts)
         steps, dropped = [], []
         for v, drafted, pos in zip(verify, res.drafted, res.positions):
-            accepted = res.kept.get(v.index)
-            if not accepted or not ledger.keeps(v.rid, v.step):
+            accepted = kept.get(v.index)
+            if not accepted or (limited and not ledger.keeps(v.rid, v.step)):
                 dropped.append(v)
                 continue
             steps.append(vllm_records.VerifyStep(v.rid, v.step, pos, drafted, accepted, v.rows, v.draft))
@@ -70,7 +71,7 @@ class VerifySteps:
             if target is not None:
                 target.release()
             return
-        copies = tuple(s.draft[0] for s in steps if s.draft is not None)
+        copies = [s.draft[0] for s in steps if s.draft is not None]
         self.transport.submit("verify", vllm_records.verify, steps, target, now, *layout, pendings=(target, *copies))
 
     def read(self) -> None:
