@@ -67,9 +67,9 @@ def trace_specs(models: Path) -> dict:
     return specs
 
 
-def throughput_specs(models: Path) -> list:
+def throughput_specs(models: Path, names: tuple = throughput.SERVERS) -> list:
     return [Spec(name, models / "target", models / "kimi-healthy", THROUGHPUT_ARGS, throughput.CONFIGS[name])
-            for name in throughput.SERVERS]
+            for name in names]
 
 
 def prompt(seed: int) -> list[int]:
@@ -181,11 +181,13 @@ def run_traces(bed, models: Path, deadline: float) -> dict:
     return {"servers": servers, "answers": answers}
 
 
-def run_throughput(bed, models: Path, deadline: float, workload: str = "short") -> dict:
-    """The ``kimi-throughput`` phase: three servers at once, rounds of ``throughput.WORKLOADS[workload]`` until
-    ``deadline`` (``time.monotonic``)."""
+def run_throughput(bed, models: Path, deadline: float, workload: str = "short",
+                   names: tuple = throughput.SERVERS) -> dict:
+    """The ``kimi-throughput`` phase: the servers of ``names`` at once (by default no tracer, 1 in 16 and every
+    request: an H200 holds the three, an H100 two), rounds of ``throughput.WORKLOADS[workload]`` until ``deadline``
+    (``time.monotonic``)."""
     wait_gpu_free()
-    state = bed.start_all(throughput_specs(models), START_TIMEOUT_S)
+    state = bed.start_all(throughput_specs(models, names), START_TIMEOUT_S)
     memory = gpu_memory(state)
     print(f"[runner] kimi throughput servers: GPU memory {memory}", flush=True)
     try:

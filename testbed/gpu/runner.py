@@ -142,11 +142,18 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of phases to skip: hooks, checks, throughput, pytest")
     ap.add_argument("--kimi-throughput-s", type=float, default=KIMI_THROUGHPUT_BUDGET_S,
                     help="seconds after the runner starts by which the Kimi throughput rounds end (default: %(default)s)")
+    ap.add_argument("--kimi-throughput-servers", default=",".join(throughput.SERVERS),
+                    help="the Kimi throughput phase's servers, no-tracer among them (default: %(default)s; an H100 "
+                    "holds two, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled)")
     ap.add_argument("--kimi-workload", default="short", choices=sorted(throughput.WORKLOADS),
                     help="the Kimi throughput phase's requests per level (testbed/gpu/throughput.py WORKLOADS)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
                     f"checks after them unless --skip pytest: {', '.join(PHASES)}")
     a = ap.parse_args()
+    try:
+        kimi_servers = throughput.servers(a.kimi_throughput_servers)
+    except ValueError as exc:
+        ap.error(str(exc))
     began = time.monotonic()
     only = set(filter(None, a.only.split(",")))
     if only - set(PHASES):
@@ -211,7 +218,7 @@ def main() -> int:
         save()
     if "kimi-throughput" not in skip:
         results.update(kimi_phase.run_throughput(bed, models, began + a.kimi_throughput_s,
-                                                    a.kimi_workload))
+                                                    a.kimi_workload, kimi_servers))
         save()
     if "kimi-profile" not in skip:
         results.update(kimi_phase.run_profile(bed, models, a.work, began + KIMI_BUDGET_S))

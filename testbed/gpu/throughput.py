@@ -47,6 +47,16 @@ WORKLOADS = {"short": LEVELS, "long": LONG, **{f"long-{level}": {level: LONG[lev
 TARGETS = {"1/16": 0.01, "every": 0.03}  # cost in tokens/s at production widths (issue 19)
 
 
+def servers(text: str) -> tuple:
+    """A runner's ``--throughput-servers`` (``A,B,...``): two or more of ``CONFIGS``, no-tracer (the baseline) among
+    them; ValueError naming them otherwise."""
+    names = tuple(n for n in text.split(",") if n)
+    if set(names) - set(CONFIGS) or "no-tracer" not in names or len(names) < 2:
+        raise ValueError(f"--throughput-servers {text!r}: two or more of {list(CONFIGS)}, no-tracer among them "
+                         "(the baseline)")
+    return names
+
+
 def measure(handles: dict, prompts: list[str]) -> dict:
     """Interleaved rounds over ``handles`` (name -> ``ServerHandle``), order shuffled per round."""
     cfg = WORKLOAD

@@ -128,17 +128,6 @@ def engine_config(kit: Path, mode: str, extra: list = ()) -> dict:
             "fusion_passes_on": sorted(k for k, v in vars(cc.pass_config).items() if k.startswith("fuse") and v)}
 
 
-def throughput_servers(text: str) -> tuple:
-    """``--throughput-servers``: two or more of ``throughput.CONFIGS``, no-tracer (the baseline) among them."""
-    from testbed.gpu.throughput import CONFIGS
-
-    names = tuple(n for n in text.split(",") if n)
-    if set(names) - set(CONFIGS) or "no-tracer" not in names or len(names) < 2:
-        raise ValueError(f"--throughput-servers {text!r}: two or more of {list(CONFIGS)}, no-tracer among them "
-                         "(the baseline)")
-    return names
-
-
 def dry_run(kit: Path, work: Path, modes: list, throughput: bool = False) -> dict:
     from testbed.gpu import vllm_imports, vllm_throughput
 
@@ -288,7 +277,7 @@ def main() -> int:
     if wrong:
         ap.error(f"unknown Kimi server(s) {wrong}: VARIANT/DRAFT of {list(vllm_kimi.VARIANTS)} x {list(vllm_kimi.DRAFTS)}")
     try:
-        measured = throughput_servers(a.throughput_servers)
+        measured = throughput.servers(a.throughput_servers)
     except ValueError as exc:
         ap.error(str(exc))
     deadline = time.monotonic() + a.limit_s

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.gpu.vllm_serve import MODE_ENV, MODES, compare_records, throughput_servers, trace_summary
+from testbed.gpu.vllm_serve import MODE_ENV, MODES, compare_records, trace_summary
 
 STATS = {"l2_mean": 3.0, "l2_max": 4.0, "mean": 0.1, "std": 1.0, "absmax": 5.0}
 
@@ -86,23 +86,3 @@ def test_kimi_width_servers_share_the_gpu_among_those_started(tmp_path):
     assert (share(3), share(2)) == ("0.28", "0.42")
     assert [s.name for s in vllm_throughput.specs(tmp_path, tmp_path, [], ("no-tracer", "every"))] == \
         ["no-tracer", "every"]
-
-
-@pytest.mark.parametrize("servers", ["every", "no-tracer", "no-tracer,every,sometimes"])
-def test_throughput_servers_need_the_baseline_and_one_more(servers):
-    with pytest.raises(ValueError, match="no-tracer among them"):
-        throughput_servers(servers)
-    assert throughput_servers("no-tracer,every") == ("no-tracer", "every")
-
-
-def test_the_unsampled_server_is_asked_for_by_name_and_samples_nothing():
-    from draftscope_tracer.config import TracerConfig
-    from draftscope_tracer.engine.sampling import request_sampled
-    from testbed.gpu import throughput
-
-    assert "unsampled" not in throughput.SERVERS
-    assert throughput_servers("no-tracer,unsampled") == ("no-tracer", "unsampled")
-    config = TracerConfig.from_env({"DRAFTSCOPE_FILE": "t.jsonl", **throughput.CONFIGS["unsampled"]})
-    picked = [throughput.request_id(f"kt0-c8-{j}", j % 16 == 0) for j in range(32)]
-    assert not any(request_sampled(rid, config.sample_rate) for rid in picked)
-    assert sum(request_sampled(rid, 1 / 16) for rid in picked) == 2

@@ -1,0 +1,44 @@
+"""The GPU runners' ``--throughput-servers`` / ``--kimi-throughput-servers``: which servers a throughput phase starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from draftscope_tracer.config import TracerConfig
+from draftscope_tracer.engine.sampling import request_sampled
+
+from testbed.gpu import kimi_phase, throughput
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("servers", ["every", "no-tracer", "no-tracer,every,sometimes"])
+def test_throughput_servers_need_the_baseline_and_one_more(servers):
+    with pytest.raises(ValueError, match="no-tracer among them"):
+        throughput.servers(servers)
+    assert throughput.servers("no-tracer,every") == ("no-tracer", "every")
+
+
+def test_the_unsampled_server_is_asked_for_by_name_and_samples_nothing():
+    assert "unsampled" not in throughput.SERVERS
+    assert throughput.servers("no-tracer,unsampled") == ("no-tracer", "unsampled")
+    config = TracerConfig.from_env({"DRAFTSCOPE_FILE": "t.jsonl", **throughput.CONFIGS["unsampled"]})
+    picked = [throughput.request_id(f"kt0-c8-{j}", j % 16 == 0) for j in range(32)]
+    assert not any(request_sampled(rid, config.sample_rate) for rid in picked)
+    assert sum(request_sampled(rid, 1 / 16) for rid in picked) == 2
+
+
+def test_the_kimi_phase_starts_the_servers_asked_for():
+    specs = kimi_phase.throughput_specs(Path("models"), ("no-tracer", "unsampled"))
+    assert [(s.name, s.tracer) for s in specs] == [("no-tracer", {}), ("unsampled", {"DRAFTSCOPE_SAMPLE_RATE": "0"})]
+    assert [s.name for s in kimi_phase.throughput_specs(Path("models"))] == list(throughput.SERVERS)
+
+
+def test_the_sglang_runner_refuses_servers_without_the_baseline():
+    p = subprocess.run([sys.executable, "-m", "testbed.gpu.runner", "--kit", "k", "--work", "w", "--tracer-site", "t",
+                        "--server-path", "s", "--kimi-throughput-servers", "every,unsampled"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no-tracer among them" in p.stderr, p.stderr[-2000:]
