@@ -184,7 +184,7 @@ def run_traces(bed, models: Path, deadline: float) -> dict:
 def run_throughput(bed, models: Path, deadline: float, workload: str = "short",
                    names: tuple = throughput.SERVERS) -> dict:
     """The ``kimi-throughput`` phase: the servers of ``names`` at once (by default no tracer, 1 in 16 and every
-    request: an H200 holds the three, an H100 two), rounds of ``throughput.WORKLOADS[workload]`` until ``deadline``
+    request: an H200 holds the three; two should fit an H100), rounds of ``throughput.WORKLOADS[workload]`` until ``deadline``
     (``time.monotonic``)."""
     wait_gpu_free()
     state = bed.start_all(throughput_specs(models, names), START_TIMEOUT_S)
