@@ -275,13 +275,19 @@ def _triton_matches_torch() -> None:
     assert [i for i, _ in summary.rows[1].topk] == list(range(0, 24, 3))
 
 
-def test_triton_kernels_match_torch_path_in_the_interpreter():
+def _in_the_interpreter(check: str) -> None:
+    """Run ``check`` (a function of this module) in a fresh process under ``TRITON_INTERPRET=1``: the interpreter is
+    chosen when Triton is imported."""
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_matches_torch()"],
+    done = subprocess.run([sys.executable, "-c", f"import tests.tracer.test_summarize as t; t.{check}()"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_triton_kernels_match_torch_path_in_the_interpreter():
+    _in_the_interpreter("_triton_matches_torch")
 
 
 def _triton_split_rows_match() -> None:
@@ -335,12 +341,7 @@ def _triton_split_rows_match() -> None:
 
 
 def test_split_rows_and_ranked_groups_match_references_in_the_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_split_rows_match()"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _in_the_interpreter("_triton_split_rows_match")
 
 
 def _triton_row_merge_ranks_groups() -> None:
@@ -389,12 +390,7 @@ def _triton_row_merge_ranks_groups() -> None:
 
 
 def test_row_merge_ranks_groups_across_chunks_in_the_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_summarize as t; t._triton_row_merge_ranks_groups()"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _in_the_interpreter("_triton_row_merge_ranks_groups")
 
 
 def _gathered_ints_match(backend: str) -> None:

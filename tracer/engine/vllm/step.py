@@ -76,13 +76,13 @@ class StepProbes:
         done = [rid for rid in so.finished_req_ids if rid in book.first_seen]
         if done:  # ended since the last step (reported here when the scheduler runs in another process)
             book.report_traced(done)
-        picks, verify, rows, logit_at = [], [], [], []
+        picks, verify, rows, logit_at, counts = [], [], [], [], []
         req_ids, drafts = runner.input_batch.req_ids, spec.num_draft_tokens if spec is not None else None
         for r in step_rows(req_ids, so.num_scheduled_tokens, drafts, only=book.see(req_ids, now, rate)):
             step = book.sampled[r.rid]  # only the sampled ones: nothing of the others is counted or recorded
             accepted = [t for t in kept[r.index] if t >= 0] if r.drafts and kept is not None else None
             if accepted:  # the accepted drafts, then the bonus token
-                book.count_traced([(r.rid, accepted, r.drafts)])
+                counts.append((r.rid, accepted, r.drafts))
             if r.drafts:
                 book.sampled[r.rid] = step + 1
             if not step_sampled(step, stride):
@@ -95,6 +95,7 @@ class StepProbes:
                 verify.append(vllm_records.VerifyStep(r.rid, step, None,
                                                       list(so.scheduled_spec_decode_tokens.get(r.rid, [])),
                                                       accepted, mine, book.proposed.pop(r.rid, None)))
+        book.count_traced(counts)
         if not picks:
             return None
         target = self._target_rows(runner, a, rows, logit_at, logits, logit_rows(req_ids, drafts))
