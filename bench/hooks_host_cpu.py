@@ -11,7 +11,10 @@
 
 Microseconds of the thread's CPU time (``time.thread_time_ns``: another process on the host does not count),
 median and 90th percentile. A CPU's figure is the Python's share only: on a GPU each launch, copy and event adds its
-own host time (``bench/gpu_hooks.py`` measures the whole path there).
+own host time (``bench/gpu_hooks.py`` measures the whole path there). So the bench also counts, per iteration, the
+CUDA calls the hooks would issue on a GPU: each stub counts the kernels and copies it stands for, a summary launch's
+ring slot is taken and issued by the real ``summary_ring`` code (its events counted by stand-ins), and the aten ops
+the hooks run on the CPU tensors are counted by a ``TorchDispatchMode``.
 
     PYTHONPATH=. python bench/hooks_host_cpu.py                 # the tracer as draftscope_tracer
     PYTHONPATH=. python bench/hooks_host_cpu.py --iterations 500 --batches 64
@@ -27,9 +30,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from draftscope_tracer.device import devicecopy  # noqa: E402
+from draftscope_tracer.device.summary_ring import Layout, Ring  # noqa: E402
 from draftscope_tracer.engine.sglang import probes  # noqa: E402
 from draftscope_tracer.engine.vllm import plugin as vllm_plugin  # noqa: E402
 from testbed.gpu import hooks_path  # noqa: E402  (the checkout, by path)
@@ -37,26 +43,64 @@ from testbed.gpu.vllm_hooks_path import VllmStepPath  # noqa: E402
 
 hooks_path.H, hooks_path.K, hooks_path.V, hooks_path.V_DRAFT = 64, 3, 512, 256  # small: the tensors cost little
 CLOCK = time.thread_time_ns
+CALLS = {"kernels": 0, "copies": 0, "events": 0}  # CUDA calls the stubs stand for (see ``Launched``, ``Event``)
+
+
+class Event:
+    """A CUDA event's stand-in: counts its recordings."""
+
+    def record(self, stream=None) -> None:
+        CALLS["events"] += 1
 
 
 class Launched:
-    """A stub launch's handle (a summary, the step tap's read, the verify's ids): returned at once, released when its
-    call is dropped."""
+    """The device layer's stubs: a summary launch (``launch``: one kernel, then its ring slot taken and issued by
+    the real ``Pending``), a graphed recompute (``graph_launch``: its input gathered, the graph replayed, its summary
+    copied out: three kernels), the step tap's read (``read``: one copy), the verify's ids (``HostInts``: a GPU
+    gathers them in the verify's summary, no call). Each returns at once, as a launch returns to the host on a GPU."""
+
+    def __init__(self):
+        self.ring = Ring(Layout(8, 1, None, 1), 256, torch.device("cpu"), 1)
+        self.ring.events = [Event() for _ in range(256)]
+
+    def takes(self, *args) -> bool:
+        return True
+
+    def launch(self, *args, kernels: int = 1, **kwargs):
+        CALLS["kernels"] += kernels
+        pending = self.ring.take(kwargs.get("tag"))
+        return None if pending is None else pending.issue()
+
+    def graph_launch(self, h, index, tag=None):
+        return self.launch(kernels=3, tag=tag)
+
+    def read(self, n: int) -> "Read":
+        CALLS["copies"] += 1
+        return Read()
+
+
+class Read:
+    """The handle of a stub read (the step tap's, the verify's ids): ready at once."""
 
     ok = True
-    out_dtype = torch.float32
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args):
         pass
 
     def release(self, *args) -> None:
         pass
 
-    def takes(self, *args) -> bool:
-        return True
 
-    def launch(self, *args, **kwargs) -> "Launched":
-        return self
+class AtenOps(TorchDispatchMode):
+    """Counts the aten ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
 
 
 class Calls:
@@ -90,11 +134,12 @@ def sglang_path(batch: int, every: int) -> hooks_path.HooksPath:
     if not every:
         t.sampled.live.clear()
     launched = Launched()
-    t.capture.summaries.launch = lambda *args, **kwargs: launched
+    t.capture.summaries.launch = launched.launch
     t.capture.step_tap._write = lambda *args: None
-    t.capture.step_tap.read = lambda n: launched
-    t.capture.fc = launched
-    probes.HostInts = Launched  # the verify's id copy (on a GPU the summary gathers them)
+    t.capture.step_tap.read = launched.read
+    t.capture.fc = SimpleNamespace(takes=launched.takes, launch=launched.graph_launch, out_dtype=torch.float32)
+    probes.HostInts = Read  # the verify's id copy (on a GPU the summary gathers them)
+    devicecopy.current_stream = lambda: None  # the events' stream (stand-ins: no CUDA here)
     path.worker.cuda_graph_runner_for_draft_extend = hooks_path._ExtendGraph(torch.zeros(batch, hooks_path.V_DRAFT))
     t.capture.watch_draft_extend(path.worker)  # its logits handed back, as the graph's are
     return path
@@ -115,6 +160,28 @@ def sglang(batch: int, every: int, iterations: int) -> dict:
         raise SystemExit(f"batch {batch}: the hooks failed: {dict(h.errors)} {dict(h.last_error)} {dict(h.drops)}")
     (m, p90), (b, _) = stats(own), stats(bare)
     return {"median": m, "p90": p90, "without": b}
+
+
+def cuda_calls(batch: int, every: int, iterations: int = 64) -> dict:
+    """CUDA calls a GPU would issue for the tracer per decode iteration (the mean over ``iterations``, periodic steps
+    among them): kernels, copies and events the stubs count, and the aten ops the hooks run on the CPU tensors
+    (with the tracer minus without it)."""
+    path = sglang_path(batch, every)
+    calls = path.tracer.transport.writer
+    for _ in range(8):
+        path.iteration()
+        calls.flush()
+    CALLS.update(dict.fromkeys(CALLS, 0))
+    aten = [0, 0]
+    for _ in range(iterations):
+        for traced in (True, False):
+            with AtenOps() as ops:
+                path.iteration(traced=traced)
+            aten[not traced] += ops.n
+        calls.flush()
+    out = {k: v / iterations for k, v in CALLS.items()}
+    out["aten"] = (aten[0] - aten[1]) / iterations
+    return out
 
 
 def vllm(batch: int, every: int, iterations: int) -> dict:
@@ -162,6 +229,15 @@ def main() -> int:
             r = sglang(batch, every, a.iterations)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
                   f"{r['median'] - r['without']:.1f} |", flush=True)
+    print("\nSGLang hooks, CUDA calls per decode iteration on a GPU (the mean of 64, periodic steps among them): "
+          "kernels, copies and events of the device layer, then the aten ops the hooks run on the CPU tensors")
+    print("| batch | sampled | kernels | copies | events | aten ops | in all |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in batches:
+        for every, name in ((16, "1 in 16"), (1, "every request")):
+            c = cuda_calls(batch, every)
+            print(f"| {batch} | {name} | {c['kernels']:.2f} | {c['copies']:.2f} | {c['events']:.2f} | {c['aten']:.2f} | "
+                  f"{sum(c.values()):.2f} |", flush=True)
     print("\nvLLM, µs per engine step reading its ids into the totals and verify records (Ledger.drain)")
     print("| batch | sampled | median | p90 |")
     print("|---|---|---|---|")
