@@ -61,7 +61,8 @@ class Launched:
 
     def __init__(self):
         self.ring = Ring(Layout(8, 1, None, 1), 256, torch.device("cpu"), 1)
-        self.ring.events = [Event() for _ in range(256)]
+        self.ring.cuda = True  # its launches marked for their reader, as on a GPU
+        self.ring.events = [Event() for _ in range(256)]  # a tracer up to c24db47 recorded one per launch
 
     def takes(self, *args) -> bool:
         return True
@@ -139,7 +140,7 @@ def sglang_path(batch: int, every: int) -> hooks_path.HooksPath:
     t.capture.step_tap.read = launched.read
     t.capture.fc = SimpleNamespace(takes=launched.takes, launch=launched.graph_launch, out_dtype=torch.float32)
     probes.HostInts = Read  # the verify's id copy (on a GPU the summary gathers them)
-    devicecopy.current_stream = lambda: None  # the events' stream (stand-ins: no CUDA here)
+    devicecopy.current_stream = lambda: None  # the stream launches are marked on (no CUDA here)
     path.worker.cuda_graph_runner_for_draft_extend = hooks_path._ExtendGraph(torch.zeros(batch, hooks_path.V_DRAFT))
     t.capture.watch_draft_extend(path.worker)  # its logits handed back, as the graph's are
     return path

@@ -17,8 +17,10 @@ same functions read through numpy views at once (there is no device to wait for)
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,41 +49,32 @@ def current_stream() -> "torch.cuda.Stream":
     return _STREAM[1]
 
 
-LATER_MAX = 1024  # copies waiting for a later event (they record their own when read past this)
-_LATER: list = []  # (raw stream, holder) of copies whose completion the next event on that stream marks
-
-
 def record(event: "torch.cuda.Event") -> None:
-    """``event.record()`` on the current stream (see :func:`current_stream`); it also marks the completion of
-    every copy that asked for a later event on that stream (:func:`mark_later`)."""
+    """``event.record()`` on the current stream (see :func:`current_stream`)."""
     event.record(current_stream())
-    if _LATER:
-        raw, waiting = _STREAM[0], []
-        for stream, holder in _LATER:
-            if stream == raw:
-                holder.event = event
-            else:
-                waiting.append((stream, holder))
-        _LATER[:] = waiting
+
+
+_MARKS = itertools.count(1)  # work marked so far (mark_later): ``next`` is atomic, whichever thread asks
+_READ: Dict[Any, tuple] = {}  # stream -> (marks it covers, event) of the last event a reader recorded on it
+_READ_LOCK = threading.Lock()
 
 
 def mark_later(holder) -> None:
-    """Let the next event recorded on the current stream (:func:`record`) mark the work just issued: it is
-    set as ``holder.event``, one event recording saved. Until then ``holder.event`` stays None and a reader
-    records one itself (:func:`wait_later`)."""
-    holder.event, holder.stream = None, current_stream()
-    if len(_LATER) >= LATER_MAX:
-        _LATER.pop(0)
-    _LATER.append((_STREAM[0], holder))  # the raw handle current_stream() just looked up
+    """Mark the work just issued on the current stream as ``holder``'s without recording an event (each recording
+    costs the hooks' thread host time): its reader records one behind it (:func:`wait_later`)."""
+    holder.stream, holder.mark = current_stream(), next(_MARKS)
 
 
 def wait_later(holder) -> None:
-    """Wait (on the reader's thread) for the work :func:`mark_later` marked: its later event, or one recorded
-    now behind it on its stream when none came yet."""
-    event = holder.event
-    if event is None:
-        event = torch.cuda.Event()
-        event.record(holder.stream)
+    """Wait (on the reader's thread) for the work :func:`mark_later` marked: behind the last event a reader recorded
+    on its stream when that came after the mark, else behind one recorded now, which covers every mark made so far
+    (so the relay, reading a batch of handles, records one event for them all)."""
+    with _READ_LOCK:
+        covered, event = _READ.get(holder.stream, (0, None))
+        if holder.mark >= covered:
+            covered, event = next(_MARKS), torch.cuda.Event()
+            event.record(holder.stream)
+            _READ[holder.stream] = (covered, event)
     event.synchronize()
 
 

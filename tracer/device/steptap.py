@@ -73,7 +73,7 @@ class StepTap:
         self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
         self._loaded: Optional[tuple] = None  # the requests' rows the row buffer holds
-        self._slots = HostSlots(self._bytes, READS, dev, events=False)  # each read marked by a later event
+        self._slots = HostSlots(self._bytes, READS, dev, events=False)  # each read marked for its reader
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
@@ -168,7 +168,7 @@ class StepTopk:
         host.copy_(buf, non_blocking=True)
         self._host, self._layout = host, layout  # split on the reader's thread
         self._cuda = buf.is_cuda
-        if self._cuda:  # the verify's summary, which reads these steps with it, records the event that follows
+        if self._cuda:  # its reader records the event that marks the copy
             mark_later(self)
         self._n, self._slots, self._slot = n, slots, slot
         self._value: Optional[DraftSteps] = None

@@ -17,9 +17,9 @@ Nothing on the launch path synchronises with the host (no ``.item()``, ``.tolist
 A launch goes launch -> ring slot -> record: it takes a free slot of a ring of pinned host buffers as its
 :class:`Pending`; the Triton kernel writes the results straight into the slot (the device addresses pinned memory
 directly), the torch path and graph replays write one device buffer, which one ``non_blocking`` copy moves into
-the slot; a CUDA event marks completion (``Pending.issue``). :class:`Pending` is the handle: a background
-thread calls :meth:`Pending.result` (waits on the event, decodes plain Python numbers, frees the
-ring slot). When every slot is still unread, a launch is **dropped** (counted in
+the slot; the work is marked on its stream (``Pending.issue``), and its reader records the CUDA event that marks
+completion. :class:`Pending` is the handle: a background thread calls :meth:`Pending.result` (records that event
+or shares a later one, waits on it, decodes plain Python numbers, frees the ring slot). When every slot is still unread, a launch is **dropped** (counted in
 :attr:`Summarizer.drops`) instead of blocking. CPU tensors work the same way (no pinning, no
 events), which is what the tests use.
 
@@ -55,7 +55,7 @@ Usage::
 
 For CUDA-graph taps, run one eager launch first (Triton compiles on first use), then capture
 :meth:`Summarizer.compute` inside the graph and call
-:meth:`Summarizer.publish` after each replay (it copies the device buffer out and records the event).
+:meth:`Summarizer.publish` after each replay (it copies the device buffer out and marks the work for its reader).
 ``bench/gpu_summarize.py`` does this on a GPU and measures it; ``docs/benchmarks.md`` has the figures.
 """
 

@@ -5,8 +5,9 @@ One launch goes launch -> ring slot -> record: it takes a free slot as its :clas
 results reach the slot one of two ways: a kernel writes them straight into the slot (pinned memory the device
 can address: the slot's :class:`Outputs`; no copy), or they are computed into the Summarizer's device buffer and
 one non-blocking copy moves them (the torch path, and CUDA-graph replays, whose kernels write one static
-address); ``Pending.issue`` then records the slot's event, which marks completion. The reader (the relay, for
-the recorder's records) waits on that event only."""
+address); ``Pending.issue`` then marks the work on its stream, with no event (``devicecopy.mark_later``): the
+reader (the relay, for the recorder's records) records one behind it when it reads, one for every handle it reads
+at once, and waits on that event only."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from draftscope_tracer.device.devicecopy import record
+from draftscope_tracer.device.devicecopy import mark_later, wait_later
 from draftscope_tracer.stats import DeviceBytes, Resolved, Summary, decode
 from draftscope_tracer.device.summary_torch import SUMS
 
@@ -104,9 +105,7 @@ class Ring:
         self._views = [o.views for o in self._outputs] if self._outputs else [layout.views(b) for b in self._bufs]
         self.numpy_fields = layout.numpy_fields
         self._busy = [False] * size
-        # one completion event per slot, re-recorded by each launch that takes it (creating an event per
-        # launch costs host time)
-        self.events = [torch.cuda.Event() for _ in range(size)] if device.type == "cuda" else None
+        self.cuda = device.type == "cuda"  # launches are marked for their reader (Pending.issue)
         self._next = 0
         self.drops = 0  # launches refused because every slot was still unread
         self.launches = 0  # launches issued (bench/gpu_hooks.py counts launches per iteration)
@@ -142,14 +141,14 @@ class Ring:
 
 class Pending:
     """Handle of one launch, from its ring slot to its reader: the launch writes the slot (:attr:`outputs`, or
-    its device buffer then :meth:`issue` copies), :meth:`issue` marks the work done; a background thread reads
+    its device buffer then :meth:`issue` copies), :meth:`issue` marks the work issued; a background thread reads
     it here (:meth:`result`) or, pickled, in the recorder process (:class:`~draftscope_tracer.stats.DeviceBytes`:
     only the bytes are copied here)."""
 
     def __init__(self, ring: Ring, slot: int, tag: Any):
         self._ring, self._slot, self.tag = ring, slot, tag
         self.outputs: Optional[Outputs] = ring.outputs(slot)  # None: kernels cannot reach the ring (copy instead)
-        self._event: Optional["torch.cuda.Event"] = None
+        self.stream: Optional["torch.cuda.Stream"] = None  # set by issue on CUDA (mark_later), with ``mark``
         self._held = True
         self._summary: Optional[Summary] = None
         self._bytes: Optional[bytes] = None
@@ -157,13 +156,13 @@ class Pending:
 
     def issue(self, copy_from: Optional[torch.Tensor] = None) -> "Pending":
         """The launch's work is issued: ``copy_from`` (its device buffer) first copied into the slot without
-        blocking, when the launch did not write the slot itself; on CUDA an event marks completion."""
+        blocking, when the launch did not write the slot itself; on CUDA the work is marked on its stream for the
+        reader, who records the event that marks completion (``devicecopy.mark_later``: none recorded here)."""
         ring = self._ring
         if copy_from is not None:
             ring.buffer(self._slot).copy_(copy_from, non_blocking=True)
-        if ring.events is not None:
-            self._event = ring.events[self._slot]
-            record(self._event)
+        if ring.cuda:
+            mark_later(self)
         ring.launches += 1
         return self
 
@@ -201,8 +200,8 @@ class Pending:
     def _wait(self) -> None:
         if not self._held:
             raise RuntimeError("this Pending was released without being read")
-        if self._event is not None:
-            self._event.synchronize()
+        if self.stream is not None:
+            wait_later(self)
 
     def _free(self) -> None:
         self._ring.release(self._slot)
