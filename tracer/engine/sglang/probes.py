@@ -35,6 +35,7 @@ class TensorProbes:
         self.features = Features(capture, transport, health)  # what the draft receives
         self.drafts = DraftTopk(capture, transport, health)  # what it proposes, until its verify
         self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
+        self._nodes: tuple = (None, None, None)  # (request rows, N, their verify rows) of the last verify
 
     def on_prefill(self, worker, batch, target_hidden: torch.Tensor, draft_input, rows: List[tuple]) -> None:
         """draft.input/fc.out of the prompt's last rows; the draft's top-k at position 1 of step 0, from
@@ -83,8 +84,10 @@ class TensorProbes:
         if not rows or result is None or getattr(result, "accept_lens", None) is None:
             return
         N = int(verify_input.draft_token_num)
-        nodes = [i * N + p for i, _, _ in rows for p in range(N)]
         reqs_at = [i for i, _, _ in rows]
+        if reqs_at != self._nodes[0] or N != self._nodes[1]:  # a batch's sampled rows repeat every step
+            self._nodes = (reqs_at, N, [i * N + p for i in reqs_at for p in range(N)])
+        nodes = self._nodes[2]
         tokens = (verify_input.draft_token, result.next_token_ids, batch.seq_lens, result.accept_lens)
         lo = result.logits_output
         hidden, H = lo.hidden_states, self.capture.target_hidden
@@ -133,10 +136,12 @@ class TensorProbes:
         verified, self._verify_hidden = self._verify_hidden, None
         if done and h is not None:
             same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
-            spans = [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N) for i, _, _ in done]
-            self.features.record(worker, h, done, spans, "draft_extend", with_aux=False,
-                                 p_in=verified[2] if same else None, input_every=1 if not same else PERIODIC_STEPS,
-                                 fc_every=PERIODIC_STEPS)
+            # with the verify's summary as draft.input, a step that records neither it nor fc.out queues nothing
+            if not same or any(s % PERIODIC_STEPS == 0 for _, _, s in done):
+                spans = [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N) for i, _, _ in done]
+                self.features.record(worker, h, done, spans, "draft_extend", with_aux=False,
+                                     p_in=verified[2] if same else None,
+                                     input_every=1 if not same else PERIODIC_STEPS, fc_every=PERIODIC_STEPS)
         seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
         logits, self.capture.extend_logits = self.capture.extend_logits, None
         if logits is not None and logits.shape[0] != len(batch.reqs):
