@@ -14,6 +14,11 @@ runner's log (``run.log``: the rounds it printed, for a run whose ``results.json
 
     python bench/gpu_throughput.py results.json
     python bench/gpu_throughput.py --log run.log
+
+Several runs of the same servers (one lease's rounds are few at Kimi widths), pooled into one levels table::
+
+    python bench/gpu_throughput.py --pool bench/gpu_runs/2026-12-06-vllm-kimi-1in16-a.json \\
+        bench/gpu_runs/2026-12-06-vllm-kimi-1in16-b.json
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, too
 
-from testbed.gpu.throughput import levels_table, rounds_from_log, summarize_rounds, table  # noqa: E402
+from testbed.gpu.throughput import levels_table, pool_runs, rounds_from_log, summarize_rounds, table  # noqa: E402
 
 LEVEL_PHASES = ("kimi_throughput", "vllm_throughput")  # results.json keys of tables by concurrency level
 
@@ -36,6 +41,14 @@ def main(argv: list[str]) -> int:
             print(f"no measured rounds in {argv[1]}", file=sys.stderr)
             return 1
         print(levels_table(summarize_rounds(rounds, {level: None for level in rounds[0]})))  # the levels it ran
+        return 0
+    if len(argv) >= 3 and argv[0] == "--pool":
+        saved = [json.loads(Path(a).read_text()) for a in argv[1:]]
+        phases = [k for k in LEVEL_PHASES if all("levels" in (s.get(k) or {}) for s in saved)]
+        if not phases:
+            print(f"no levels phase that every one of {', '.join(argv[1:])} ran", file=sys.stderr)
+            return 1
+        print("\n\n".join(levels_table(pool_runs([s[k] for s in saved])) for k in phases))
         return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)

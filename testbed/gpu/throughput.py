@@ -200,6 +200,27 @@ def summarize_rounds(rounds: list, levels: dict = LEVELS, warmup_rounds: int = 1
     return out
 
 
+def pool_runs(runs: list[dict]) -> dict:
+    """Several saved runs of one levels phase as one table: each run's measured rounds (its warm-up dropped),
+    tokens/s the median over all of them, and the cost's interval resampling the runs and then the rounds
+    within each (``bootstrap_interval``'s groups), so two leases' hosts that differ widen it, not narrow it."""
+    names = [n for n in CONFIGS if all(n in r[lv] for run in runs for r in run["rounds"] for lv in r)]
+    levels = [lv for lv in runs[0]["levels"] if all(lv in run["levels"] for run in runs)]
+    measured = [run["rounds"][run["workload"]["warmup_rounds"]:] for run in runs]
+    out = {"workload": {"levels": levels, "warmup_rounds": 0, "targets": TARGETS, "runs": len(runs)},
+           "rounds": [r for rounds in measured for r in rounds], "levels": {}}
+    for level in levels:
+        tps = {n: round(statistics.median(r[level][n] for r in out["rounds"]), 1) for n in names}
+        costs = {}
+        for name in (n for n in names if n != "no-tracer" and "no-tracer" in names):
+            each = [[r[level]["no-tracer"] / r[level][name] - 1 for r in rounds] for rounds in measured]
+            low, high = bootstrap_interval(each)
+            costs[name] = {"median": round(statistics.median(x for run in each for x in run), 4),
+                           "low": round(low, 4), "high": round(high, 4)}
+        out["levels"][level] = {"median_tokens_per_s": tps, "cost_vs_no_tracer": costs}
+    return out
+
+
 def table(result: dict) -> str:
     """The table docs/benchmarks.md shows."""
     lines = ["| | tokens/s, median | ratio to no tracer, median of rounds | min | max |", "|---|---|---|---|---|"]
@@ -221,5 +242,7 @@ def levels_table(result: dict) -> str:
             cell = f"{100 * cost['median']:+.1f}% [{100 * cost['low']:+.1f}, {100 * cost['high']:+.1f}]" if cost else ""
             lines.append(f"| {level} | {LABELS.get(name, name)} | {tps:,.1f} | {cell} | "
                          f"{f'<= {100 * target:.0f}%' if target and cost else ''} |")
-    warm = result["workload"]["warmup_rounds"]
-    return "\n".join(lines) + f"\n({max(0, len(result['rounds']) - warm)} measured rounds after {warm} warm-up)"
+    warm, runs = result["workload"]["warmup_rounds"], result["workload"].get("runs")
+    measured = max(0, len(result["rounds"]) - warm)
+    return "\n".join(lines) + (f"\n({measured} measured rounds from {runs} runs, each run's warm-up dropped)" if runs
+                               else f"\n({measured} measured rounds after {warm} warm-up)")
