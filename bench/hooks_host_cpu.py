@@ -37,7 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from draftscope_tracer.device import devicecopy  # noqa: E402
 from draftscope_tracer.device.summary_ring import Layout, Ring  # noqa: E402
 from draftscope_tracer.engine.sglang import probes  # noqa: E402
+from draftscope_tracer.engine.vllm import cuda_summaries as vllm_summaries  # noqa: E402
 from draftscope_tracer.engine.vllm import plugin as vllm_plugin  # noqa: E402
+from draftscope_tracer.engine.vllm import step_ids  # noqa: E402
+from draftscope_tracer.stats import indexed_ints  # noqa: E402
 from testbed.gpu import hooks_path  # noqa: E402  (the checkout, by path)
 from testbed.gpu.vllm_hooks_path import VllmStepPath  # noqa: E402
 
@@ -185,11 +188,77 @@ def cuda_calls(batch: int, every: int, iterations: int = 64) -> dict:
     return out
 
 
-def vllm(batch: int, every: int, iterations: int) -> dict:
+class Ints:
+    """The step's id copy (``devicecopy.HostInts``) as on a GPU: each part copied whole into one host slot (the
+    copies aten ops, counted as such), the slot's event recorded (counted); read as the GPU's is, on the host
+    (``stats.indexed_ints``)."""
+
+    ok = True
+
+    def __init__(self, parts):
+        self._parts, at = [], 0
+        for t, index in parts:
+            self._parts.append((at, index))
+            SLOT[at:at + t.numel()].copy_(t.reshape(-1))
+            at += t.numel()
+        self._values = indexed_ints([SLOT[:at].numpy()], self._parts)  # the slot is reused: read before that
+        CALLS["events"] += 1
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> list:
+        return self._values
+
+    def release(self, *args) -> None:
+        pass
+
+
+SLOT = torch.zeros(4096, dtype=torch.int64)
+
+
+class Indices:
+    """``devicecopy.device_index`` as on a GPU: a list seen before is kept on the device (a dict look-up), a new
+    one copied there (counted)."""
+
+    def __init__(self):
+        self.cache: dict = {}
+
+    def __call__(self, values, device, pad: int = 0) -> torch.Tensor:
+        key = (tuple(values), pad)
+        out = self.cache.get(key)
+        if out is None:
+            CALLS["copies"] += 1
+            out = self.cache[key] = torch.tensor([*values, *[-1] * (pad - len(values))], dtype=torch.int64)
+        return out
+
+
+def vllm_path(batch: int, every: int) -> VllmStepPath:
+    """``VllmStepPath`` on CPU tensors, its CUDA branch's device layer stubbed: each summary launch returns at once
+    (its ring slot taken and issued by the real ``Pending``), the index lists are kept as on a GPU
+    (:class:`Indices`), the step's id copy is :class:`Ints`."""
     path = VllmStepPath(batch, sample_every=every, device="cpu")
     path.relay.drain()
-    calls = path.tracer.core.transport.writer = Calls()
-    ledger, spent, times = path.tracer.steps.cuda.verify_steps.ledger, [0], []
+    path.tracer.core.transport.writer = Calls()
+    summaries = path.tracer.steps.cuda.summaries.summaries
+    summaries.launch = Launched().launch
+    vllm_summaries.device_index = step_ids.device_index = Indices()
+    step_ids.HostInts = Ints
+    devicecopy.current_stream = lambda: None  # the stream launches are marked on (no CUDA here)
+    return path
+
+
+def vllm_step(path: VllmStepPath, traced: bool) -> None:
+    """One engine step; the plugin sees ``path``'s tracer, or none (vLLM's methods only)."""
+    vllm_plugin.PLUGIN.tracer = path.tracer if traced else None
+    path.step()
+
+
+def vllm(batch: int, every: int, iterations: int) -> dict:
+    """The whole engine step with the tracer and without it (in turns), and its ``Ledger.drain``."""
+    path, own, bare, drains = vllm_path(batch, every), [], [], []
+    calls = path.tracer.core.transport.writer
+    ledger, spent = path.tracer.steps.cuda.verify_steps.ledger, [0]
     drain = ledger.drain
 
     def timed(*args, **kwargs):
@@ -200,18 +269,42 @@ def vllm(batch: int, every: int, iterations: int) -> dict:
             spent[0] += CLOCK() - t0
 
     ledger.drain = timed
-    for i in range(iterations + 20):
+    for i in range(iterations + 50):
         spent[0] = 0
-        vllm_plugin.PLUGIN.tracer = path.tracer
-        path.step()
+        for traced, into in ((True, own), (False, bare)):
+            t0 = CLOCK()
+            vllm_step(path, traced)
+            if i >= 50:
+                into.append(CLOCK() - t0)
         calls.flush()
-        if i >= 20:
-            times.append(spent[0])
+        if i >= 50:
+            drains.append(spent[0])
     h = path.tracer.health
     if h.errors or h.drops:
         raise SystemExit(f"vLLM batch {batch}: {dict(h.errors)} {dict(h.last_error)} {dict(h.drops)}")
-    m, p90 = stats(times)
-    return {"median": m, "p90": p90}
+    (m, p90), (b, _), (d, _) = stats(own), stats(bare), stats(drains)
+    return {"median": m, "p90": p90, "without": b, "drain": d}
+
+
+def vllm_calls(batch: int, every: int, iterations: int = 64) -> dict:
+    """Per engine step (the mean over ``iterations``): the summary launches' kernels, the index copies and events
+    the stubs count, and the aten ops the tracer runs on the CPU tensors (with it minus without it)."""
+    path = vllm_path(batch, every)
+    calls = path.tracer.core.transport.writer
+    for _ in range(8):
+        vllm_step(path, True)
+        calls.flush()
+    CALLS.update(dict.fromkeys(CALLS, 0))
+    aten = [0, 0]
+    for _ in range(iterations):
+        for traced in (True, False):
+            with AtenOps() as ops:
+                vllm_step(path, traced)
+            aten[not traced] += ops.n
+        calls.flush()
+    out = {k: v / iterations for k, v in CALLS.items()}
+    out["aten"] = (aten[0] - aten[1]) / iterations
+    return out
 
 
 def main() -> int:
@@ -239,13 +332,24 @@ def main() -> int:
             c = cuda_calls(batch, every)
             print(f"| {batch} | {name} | {c['kernels']:.2f} | {c['copies']:.2f} | {c['events']:.2f} | {c['aten']:.2f} | "
                   f"{sum(c.values()):.2f} |", flush=True)
-    print("\nvLLM, µs per engine step reading its ids into the totals and verify records (Ledger.drain)")
-    print("| batch | sampled | median | p90 |")
-    print("|---|---|---|---|")
+    print("\nvLLM, µs of Python per engine step (the CUDA branch on CPU tensors, its device layer stubbed; the "
+          "tracer's own: with it minus without it), and of it reading the ids of earlier steps (Ledger.drain)")
+    print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own | Ledger.drain |")
+    print("|---|---|---|---|---|---|---|")
     for batch in batches:
         for every, name in ((16, "1 in 16"), (1, "every request")):
             r = vllm(batch, every, a.iterations // 2)
-            print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} |", flush=True)
+            print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
+                  f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} |", flush=True)
+    print("\nvLLM, CUDA calls per engine step on a GPU (the mean of 64): summary kernels, index copies and events of "
+          "the device layer, then the aten ops the tracer runs on the CPU tensors (the id copies among them)")
+    print("| batch | sampled | kernels | copies | events | aten ops | in all |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in batches:
+        for every, name in ((16, "1 in 16"), (1, "every request")):
+            c = vllm_calls(batch, every)
+            print(f"| {batch} | {name} | {c['kernels']:.2f} | {c['copies']:.2f} | {c['events']:.2f} | {c['aten']:.2f} | "
+                  f"{sum(c.values()):.2f} |", flush=True)
     return 0
 
 
