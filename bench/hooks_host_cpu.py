@@ -167,24 +167,26 @@ def sglang(batch: int, every: int, iterations: int) -> dict:
 
 
 def cuda_calls(batch: int, every: int, iterations: int = 64) -> dict:
-    """CUDA calls a GPU would issue for the tracer per decode iteration (the mean over ``iterations``, periodic steps
-    among them): kernels, copies and events the stubs count, and the aten ops the hooks run on the CPU tensors
-    (with the tracer minus without it)."""
+    """CUDA calls a GPU would issue for the tracer per decode iteration: kernels, copies and events the stubs count,
+    and the aten ops the hooks run on the CPU tensors (with the tracer minus without it). Each at the median
+    iteration (a step that records no periodic point: 7 in 8), and their sum's mean over ``iterations``."""
     path = sglang_path(batch, every)
     calls = path.tracer.transport.writer
     for _ in range(8):
         path.iteration()
         calls.flush()
-    CALLS.update(dict.fromkeys(CALLS, 0))
-    aten = [0, 0]
+    per = []
     for _ in range(iterations):
+        CALLS.update(dict.fromkeys(CALLS, 0))
+        aten = []
         for traced in (True, False):
             with AtenOps() as ops:
                 path.iteration(traced=traced)
-            aten[not traced] += ops.n
+            aten.append(ops.n)
         calls.flush()
-    out = {k: v / iterations for k, v in CALLS.items()}
-    out["aten"] = (aten[0] - aten[1]) / iterations
+        per.append({**CALLS, "aten": aten[0] - aten[1]})
+    out = {k: sorted(p[k] for p in per)[iterations // 2] for k in per[0]}
+    out["mean"] = sum(sum(p.values()) for p in per) / iterations
     return out
 
 
@@ -323,15 +325,16 @@ def main() -> int:
             r = sglang(batch, every, a.iterations)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
                   f"{r['median'] - r['without']:.1f} |", flush=True)
-    print("\nSGLang hooks, CUDA calls per decode iteration on a GPU (the mean of 64, periodic steps among them): "
-          "kernels, copies and events of the device layer, then the aten ops the hooks run on the CPU tensors")
-    print("| batch | sampled | kernels | copies | events | aten ops | in all |")
-    print("|---|---|---|---|---|---|---|")
+    print("\nSGLang hooks, CUDA calls per decode iteration on a GPU, the tracer's: kernels, copies and events of the "
+          "device layer, and the aten ops the hooks run on the CPU tensors, at the median iteration; then the mean of "
+          "64 iterations (periodic steps among them) in all")
+    print("| batch | sampled | kernels | copies | events | aten ops | in all | in all, mean |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in batches:
         for every, name in ((16, "1 in 16"), (1, "every request")):
             c = cuda_calls(batch, every)
-            print(f"| {batch} | {name} | {c['kernels']:.2f} | {c['copies']:.2f} | {c['events']:.2f} | {c['aten']:.2f} | "
-                  f"{sum(c.values()):.2f} |", flush=True)
+            print(f"| {batch} | {name} | {c['kernels']} | {c['copies']} | {c['events']} | {c['aten']} | "
+                  f"{c['kernels'] + c['copies'] + c['events'] + c['aten']} | {c['mean']:.2f} |", flush=True)
     print("\nvLLM, µs of Python per engine step (the CUDA branch on CPU tensors, its device layer stubbed; the "
           "tracer's own: with it minus without it), and of it reading the ids of earlier steps (Ledger.drain)")
     print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own | Ledger.drain |")
