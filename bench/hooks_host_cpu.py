@@ -191,32 +191,34 @@ def cuda_calls(batch: int, every: int, iterations: int = 64) -> dict:
 
 
 class Ints:
-    """The step's id copy (``devicecopy.HostInts``) as on a GPU: each part copied whole into one host slot (the
-    copies aten ops, counted as such), the slot's event recorded (counted); read as the GPU's is, on the host
+    """The step's id copy (``devicecopy.HostInts``) as on a GPU: each part copied whole into a host slot of a ring
+    (the copies aten ops, counted as such), the slot's event recorded (counted); read as the GPU's is, on the host
     (``stats.indexed_ints``)."""
 
     ok = True
+    slots = [torch.zeros(4096, dtype=torch.int64) for _ in range(64)]  # read a step later, at most
+    next_slot = 0
 
     def __init__(self, parts):
+        self._host = Ints.slots[Ints.next_slot]
+        Ints.next_slot = (Ints.next_slot + 1) % len(Ints.slots)
         self._parts, at = [], 0
         for t, index in parts:
             self._parts.append((at, index))
-            SLOT[at:at + t.numel()].copy_(t.reshape(-1))
             at += t.numel()
-        self._values = indexed_ints([SLOT[:at].numpy()], self._parts)  # the slot is reused: read before that
+        for (t, _), (offset, _) in zip(parts, self._parts):
+            self._host[offset:offset + t.numel()].copy_(t.reshape(-1))
+        self._host = self._host[:at]
         CALLS["events"] += 1
 
     def ready(self) -> bool:
         return True
 
     def result(self) -> list:
-        return self._values
+        return indexed_ints([self._host.numpy()], self._parts)
 
     def release(self, *args) -> None:
         pass
-
-
-SLOT = torch.zeros(4096, dtype=torch.int64)
 
 
 class Indices:
