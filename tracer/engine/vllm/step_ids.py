@@ -57,7 +57,8 @@ def copy(sampled: torch.Tensor, draft_ids: Optional[torch.Tensor], positions: Op
          counted: List[Tuple[int, str, int]], verify: List[Verify]) -> Tuple[Optional[HostInts], bool, bool]:
     """(the pinned copy of a step's ids, whether it holds the drafts, whether it holds positions), never waiting:
     the ``counted`` requests' rows of ``sampled``, the ``verify`` entries' elements of ``draft_ids``, and
-    ``positions`` at each one's first row (gathered on the device). The copy is None when no pinned slot was free."""
+    ``positions`` at each one's first row (gathered on the device), joined on the device into one copy. The copy is
+    None when no pinned slot was free."""
     W = int(sampled.shape[-1])
     parts = [(sampled.reshape(-1), [i * W + j for i, _, _ in counted for j in range(W)])]
     with_drafts = draft_ids is not None and draft_ids.numel() > 0
@@ -69,8 +70,20 @@ def copy(sampled: torch.Tensor, draft_ids: Optional[torch.Tensor], positions: Op
         if index is None:
             return None, False, False
         parts.append((positions.index_select(0, index), list(range(len(verify)))))
-    ints = HostInts(parts)
+    ints = HostInts(_joined(parts))
     return (ints if ints.ok else None), with_drafts, with_positions
+
+
+def _joined(parts: List[Tuple[torch.Tensor, List[int]]]) -> List[Tuple[torch.Tensor, List[int]]]:
+    """``parts`` as one ``(tensor, index)`` pair when they are on one device (one ``cat`` there, widened to the widest
+    dtype, then one copy to the host instead of one per part)."""
+    if len(parts) < 2 or any(t.device != parts[0][0].device for t, _ in parts):
+        return parts
+    index, at = [], 0
+    for t, i in parts:
+        index += [at + j for j in i]
+        at += t.numel()
+    return [(torch.cat([t for t, _ in parts]), index)]
 
 
 def resolve(step: StepIds, values: List[int]) -> Resolved:
