@@ -31,6 +31,7 @@ class CudaSummaries:
         self.hidden: Optional[int] = None  # the target's hidden size (one aux chunk)
         self.rows_cap: Optional[int] = None  # rows per launch the prepared Summarizers take
         self.num_spec = 1  # draft positions per step
+        self._draft_rows: Optional[tuple] = None  # (key, views) of the draft logits' buffer (``_draft_buffer``)
 
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
                 draft_hidden: Optional[int], num_spec: int, max_requests: int) -> dict:
@@ -96,32 +97,48 @@ class CudaSummaries:
 
     def draft_logits(self, ctx, logits: torch.Tensor) -> None:
         """The picks' rows of the draft's logits at one draft position, gathered on the device into one buffer of
-        every position (``ctx.draft_buf``, position after position, in the first position's dtype: the summary
+        every position (:meth:`_draft_buffer`, position after position, in the first position's dtype: the summary
         reads bf16 as it is) for :meth:`draft_topk`; a position that could not be gathered leaves the step without
         the draft's top-k."""
-        rows, done = [p.index for p in ctx.picks], len(ctx.draft_topk or ())
-        if ctx.draft_topk is None or not rows or max(rows) >= logits.shape[0] or done >= self.num_spec:
+        done = len(ctx.draft_topk or ())
+        if ctx.draft_topk is None or not ctx.picks or done >= self.num_spec:
             return
-        index = device_index(rows, logits.device)
-        if index is None:
-            self.health.drop("host_slots_full")
-            ctx.draft_topk = None
+        if ctx.draft_index is None:  # the picks' rows, worked out once per step
+            rows = [p.index for p in ctx.picks]
+            index = device_index(rows, logits.device)
+            if index is None:
+                self.health.drop("host_slots_full")
+                ctx.draft_topk = None
+                return
+            ctx.draft_index = (index, max(rows))
+        index, top = ctx.draft_index
+        if top >= logits.shape[0]:
             return
-        n = len(rows)
         if ctx.draft_buf is None:
-            ctx.draft_buf = torch.empty(self.num_spec * n, logits.shape[-1], dtype=logits.dtype, device=logits.device)
-        into = ctx.draft_buf[done * n:(done + 1) * n]
+            ctx.draft_buf = self._draft_buffer(len(ctx.picks), logits)
+        into = ctx.draft_buf[0][done]
         if logits.dtype == into.dtype:
             torch.index_select(logits, 0, index, out=into)
         else:  # a position in another dtype than the first: its rows converted on the way
             into.copy_(logits.index_select(0, index))
         ctx.draft_topk.append(into)
 
+    def _draft_buffer(self, n: int, logits: torch.Tensor) -> tuple:
+        """(per draft position its ``n`` rows, the first ``q + 1`` positions' rows joined) of one buffer kept from
+        step to step while ``n`` and the logits' width, dtype and device stay (a step's summary reads it before the
+        next step's gathers write it: both are queued on the runner's stream); the views made once."""
+        key = (n, int(logits.shape[-1]), logits.dtype, logits.device)
+        if self._draft_rows is None or self._draft_rows[0] != key:
+            buf = torch.empty(self.num_spec * n, key[1], dtype=logits.dtype, device=logits.device)
+            self._draft_rows = (key, ([buf[q * n:(q + 1) * n] for q in range(self.num_spec)],
+                                      [buf[:(q + 1) * n] for q in range(self.num_spec)]))
+        return self._draft_rows[1]
+
     def draft_topk(self, ctx):
         """One summary of the draft's top-k at every position gathered (``step_layout.draft_rows``); None when
         there is none (or it was dropped: counted)."""
         if not ctx.draft_topk:
             return None
-        joined = ctx.draft_buf[:len(ctx.draft_topk) * len(ctx.picks)]
+        joined = ctx.draft_buf[1][len(ctx.draft_topk) - 1]
         return self.summaries.launch(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]),
                                      logits=joined, stats=False)

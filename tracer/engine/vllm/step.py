@@ -34,7 +34,8 @@ class StepContext:
         self.seq_pos: Dict[str, int] = {}
         self.p_in = self.p_fc = None
         self.draft_topk: Optional[list] = []  # per draft position, the picks' rows of the draft's logits (pick order)
-        self.draft_buf: Optional[torch.Tensor] = None  # CUDA: those rows of every position, in one buffer
+        self.draft_buf: Optional[tuple] = None  # CUDA: views of one buffer of those rows (``CudaSummaries``)
+        self.draft_index: Optional[tuple] = None  # CUDA: (the picks' rows on the device, the last of them)
         self.cuda = False  # the step's tensors are on CUDA (``cuda_step``)
         self.width: Optional[int] = None
         self.dtype = self.fc_dtype = None
