@@ -49,13 +49,17 @@ class _Drafter:
 
 class VllmStepPath:
     """``batch`` requests in decode, ``k`` drafts each; :meth:`step` runs one engine step through the hooks with
-    the sampler's output ``sampled`` (``[batch, k + 1]``, ``-1`` rejected: random accepts when None)."""
+    the sampler's output ``sampled`` (``[batch, k + 1]``, ``-1`` rejected: random accepts when None). ``padded``:
+    the drafter's batch as vLLM pads it by default (``token_indices_to_sample`` given; its input the aux hidden states
+    joined row for row), else as with ``disable_padded_drafter_batch`` (the verify rows then gathered from each aux
+    tensor)."""
 
     def __init__(self, batch: int, sample_every: int = 1, sync_debug: bool = False, device: str = "cuda",
-                 hidden: int = 64, aux: int = 3, vocab: int = 512, k: int = 3, dtype=torch.float32, seed: int = 0):
+                 hidden: int = 64, aux: int = 3, vocab: int = 512, k: int = 3, dtype=torch.float32, seed: int = 0,
+                 padded: bool = True):
         torch.manual_seed(seed)
         dev = self.device = torch.device(device)
-        self.batch, self.k, self.hidden, self.vocab = batch, k, hidden, vocab
+        self.batch, self.k, self.hidden, self.vocab, self.padded = batch, k, hidden, vocab, padded
         self.tracer = t = VLLMTracer(TracerConfig(file="/dev/null", sample_rate=1 / sample_every,
                                                   sync_debug=sync_debug), "0.32.0", "vllm-step-path")
         t.core.attached = True
@@ -117,7 +121,8 @@ class VllmStepPath:
             return plugin._around_draft(lambda drafter, **kw: drafter.propose(**kw), self.drafter,
                                         num_speculative_tokens=k, target_token_ids=None, target_positions=None,
                                         target_hidden_states=hidden, next_token_ids=None,
-                                        token_indices_to_sample=None, common_attn_metadata=attn,
+                                        token_indices_to_sample=self.last_rows if self.padded else None,
+                                        common_attn_metadata=attn,
                                         sampling_metadata=None)
 
         def sample_tokens(runner):  # the target's logits (each request's d + 1 rows), sampled, then the drafter

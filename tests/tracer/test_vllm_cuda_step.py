@@ -101,6 +101,35 @@ def test_the_target_summary_reads_the_held_logits_or_computes_them_at_the_verify
     assert calls == [len(rows)]  # only without held logits, on the verify rows
 
 
+def test_the_verify_rows_are_read_from_the_drafters_input_where_vllm_joined_them_row_for_row():
+    """vLLM's padded drafter batch receives the aux hidden states joined row for row: the verify rows' summary reads
+    them there, at the target's rows (no gather of its own); without padding (``disable_padded_drafter_batch``) it
+    gathers them from each aux tensor. The records are the same."""
+    got = {}
+    for padded in (True, False):
+        path = VllmStepPath(3, device="cpu", k=K, padded=padded)
+        summaries, read = path.tracer.steps.cuda.summaries.summaries, []
+        launch = summaries.launch
+
+        def spy(hidden, rows, launch=launch, read=read, **kw):
+            if kw.get("logit_rows") is not None:  # the verify rows'
+                read.append(list(rows))
+            return launch(hidden, rows, **kw)
+
+        summaries.launch = spy
+        for _ in range(2):  # req-1 without drafts: its row is not a verify row
+            path.step(sampled=[[5, 6, -1, -1], [7, -1, -1, -1], [1, 2, 3, 4]], num_drafts=[K, 0, K],
+                      drafts=[[5, 1, 2], [], [7, 8, 9]])
+        report = path.close()
+        assert report["errors"] == {} and report["relay_error"] is None, report
+        assert read == [[0, 1, 2, 3, 5, 6, 7, 8] if padded else list(range(2 * (K + 1)))] * 2
+        got[padded] = [{kind: [{k: v for k, v in r.items() if k != "at"} for r in recs[kind]] for kind in recs}
+                       for p, recs in path.relay.records() if p == "verify"]
+    assert got[True] == got[False]
+    assert sum(len(recs["steps"]) for recs in got[True]) == 4
+    assert any(r["point"].startswith("target.aux") for recs in got[True] for r in recs["samples"])
+
+
 def _records(path, probe):
     return [r for p, recs in path.relay.records() if p == probe for r in recs.get("steps" if probe == "verify"
                                                                                    else "requests", [])]

@@ -8,7 +8,8 @@ nothing on the hooks' path waiting for the GPU.
 - Token ids of the sampled requests (the sampler's kept ids, the drafts verified, the verified token's position):
   one non-blocking copy per step into a pinned slot, read on this thread once its event has completed; the
   tracer's totals are counted and the verify records queued then (``verify_steps.VerifySteps``, over
-  ``step_ids.Ledger``).
+  ``step_ids.Ledger``). The verify rows are summarised in the drafter's hook, on vLLM's own concatenation of the
+  aux hidden states where it has the target's rows (``VerifySteps.launch``).
 
 Everything here runs on the model runner's thread.
 """
@@ -72,17 +73,25 @@ class CudaStep:
                                      r.verified.start, r.draft_offset, r.drafts, book.proposed.pop(r.rid, None)))
                 rows.extend(r.verified)
                 logit_at.extend(r.logits)
-        if counted:
-            self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(req_ids, drafts)),
-                                  now)
+        target = self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(
+            req_ids, drafts)), now) if counted else None
         if not picks:
             return None
-        return context(picks, [], None, (None, 0, None), now)
+        return context(picks, [], target, (None, 0, None), now)
 
     # -- the drafter -------------------------------------------------------------------------------
     def on_draft_input(self, ctx, a: Dict[str, Any]) -> None:
-        """What the draft receives, at the picks' rows (``CudaSummaries.draft_input``)."""
+        """What the draft receives, at the picks' rows (``CudaSummaries.draft_input``); the step's verify rows
+        summarised on it where it is vLLM's concatenation of the aux hidden states row for row (its padded batch:
+        ``token_indices_to_sample`` given)."""
         self.summaries.draft_input(ctx, a)
+        if ctx.target is not None:
+            padded = a.get("token_indices_to_sample") is not None
+            self.verify_steps.launch(ctx.target, a["target_hidden_states"] if padded else None)
+
+    def after_propose(self, ctx) -> None:
+        """The step's verify rows summarised, if the drafter's hook did not (``VerifySteps.launch``)."""
+        self.verify_steps.launch(ctx.target)
 
     def on_fc(self, ctx, out: torch.Tensor) -> None:
         """The draft's ``fc`` output at the same rows."""

@@ -54,17 +54,23 @@ class CudaSummaries:
         return {"prepared_rows": rows, "layouts": len(layouts)}
 
     def target(self, runner, a: Dict[str, Any], rows: List[int], logits: Optional[torch.Tensor], logit_at: List[int],
-               logit_count: int) -> tuple:
+               logit_count: int, joined: Optional[torch.Tensor] = None) -> tuple:
         """(summary, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
         target's top-k there (the step's ``logits``, ``[logit_count, vocab]``, read in place at ``logit_at``:
-        ``target_logits``)."""
-        hidden = a["hidden_states"]
+        ``target_logits``). ``joined``: vLLM's own concatenation of the aux hidden states, row for row the
+        target's (the drafter's input in its padded batch), read in place at ``rows`` when it is that; else the
+        rows are gathered from each aux tensor and joined here."""
+        hidden, aux = a["hidden_states"], a["aux_hidden_states"]
+        logits = held(logits, logit_count)
+        if aux and logits is not None and _joins(joined, aux, rows):
+            H = int(aux[0].shape[-1])
+            return (self.summaries.launch(joined, rows, chunk_width=H, logits=logits, logit_rows=logit_at),
+                    (H, len(aux), dtype_name(aux[0])))
         index = device_index(rows, hidden.device)
         if index is None:
             self.health.drop("host_slots_full")
             return None, (None, 0, None)
-        logits, at = target_logits(runner, hidden, held(logits, logit_count), index, logit_at)
-        aux = a["aux_hidden_states"]
+        logits, at = target_logits(runner, hidden, logits, index, logit_at)
         if not aux:  # the logits' own rows summarised
             return (self.summaries.launch(logits, at, chunk_width=int(logits.shape[-1]), logits=logits, stats=False),
                     (None, 0, None))
@@ -142,3 +148,9 @@ class CudaSummaries:
         joined = ctx.draft_buf[1][len(ctx.draft_topk) - 1]
         return self.summaries.launch(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]),
                                      logits=joined, stats=False)
+
+
+def _joins(joined: Optional[torch.Tensor], aux: List[torch.Tensor], rows: List[int]) -> bool:
+    """Whether ``joined`` is the aux hidden states side by side, with every one of ``rows``."""
+    return (joined is not None and joined.dim() == 2 and joined.shape[-1] == len(aux) * aux[0].shape[-1]
+            and joined.dtype == aux[0].dtype and joined.device == aux[0].device and joined.shape[0] > max(rows))

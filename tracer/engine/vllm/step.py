@@ -120,6 +120,8 @@ class StepProbes:
                           logit_rows=at), (H, len(aux), dtype_name(aux[0])))
 
     def after_propose(self, ctx: StepContext) -> None:
+        if ctx.cuda:
+            return self.cuda.after_propose(ctx)
         if not ctx.verify:
             return
         steps = [s._replace(seq_pos=ctx.seq_pos.get(s.rid)) for s in ctx.verify]

@@ -1,6 +1,7 @@
 """Each engine step's verifies on CUDA, from the step to its records. When the step runs: the sampler's kept ids,
 the drafts verified and the sampled verifies' positions copied without blocking into one pinned slot
-(``step_ids.copy``), the sampled verify rows summarised. Once that copy is read (``step_ids.Ledger``, usually a
+(``step_ids.copy``); the sampled verify rows summarised in the drafter's hook (on vLLM's own concatenation of the
+aux hidden states) or, when it did not run, after ``propose``. Once that copy is read (``step_ids.Ledger``, usually a
 step later): each sampled live request's verify counted in the tracer's totals, its record queued. A
 request's end tells the ledger which of its steps still count (async scheduling's discarded step: ``step_ids``).
 The runner's thread only.
@@ -9,7 +10,7 @@ The runner's thread only.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -23,6 +24,16 @@ from draftscope_tracer.transport import vllm_records
 from draftscope_tracer.transport.outbox import Transport
 
 
+class Target:
+    """A step's verify rows before and after their summary's launch (``VerifySteps.launch``): ``args`` for
+    ``CudaSummaries.target`` until then."""
+
+    __slots__ = ("args", "summary", "layout")
+
+    def __init__(self, args: tuple):
+        self.args, self.summary, self.layout = args, None, (None, 0, None)
+
+
 class VerifySteps:
     """The steps whose ids are not read yet, and what each becomes once they are."""
 
@@ -33,10 +44,10 @@ class VerifySteps:
         self.ledger = step_ids.Ledger()
 
     def add(self, runner, a: Dict[str, Any], counted: List[Tuple[int, str, int]], verify: List[Verify],
-            rows: List[int], logits: tuple, now: float) -> None:
-        """One step's ids copied and its sampled verify ``rows`` summarised, never waiting. ``counted``: ``(batch
-        index, rid, drafts)`` of every sampled request that verified drafts; ``verify``: those recorded this step;
-        ``logits``: the step's target logits, the verify rows' rows there and the rows they have
+            rows: List[int], logits: tuple, now: float) -> Optional["Target"]:
+        """One step's ids copied, never waiting; its sampled verify ``rows`` to summarise (:meth:`launch`), or None.
+        ``counted``: ``(batch index, rid, drafts)`` of every sampled request that verified drafts; ``verify``: those
+        recorded this step; ``logits``: the step's target logits, the verify rows' rows there and the rows they have
         (``CudaSummaries.target``)."""
         sampled, spec = a["sampled_token_ids"], a["spec_decode_metadata"]
         positions = getattr(runner, "positions", None)
@@ -45,14 +56,23 @@ class VerifySteps:
         if ints is None:  # this step's totals and records are lost (counted): the totals will differ
             self.health.drop("host_slots_full", len(counted))
             self.drafts.release(verify)
-            return
-        target, layout = self.summaries.target(runner, a, rows, *logits) if verify else (None, (None, 0, None))
+            return None
+        target = Target((runner, a, rows, *logits)) if verify else None
         self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), with_drafts, counted, verify, with_positions,
-                                         partial(self._resolved, counted, verify, target, layout, now)))
+                                         partial(self._resolved, counted, verify, target, now)))
+        return target
 
-    def _resolved(self, counted: list, verify: List[Verify], target, layout: tuple, now: float,
+    def launch(self, target: Optional["Target"], joined: Optional[torch.Tensor] = None) -> None:
+        """Summarise ``target``'s verify rows, once (``CudaSummaries.target``; ``joined``: vLLM's concatenation of
+        the aux hidden states, when the drafter's hook has it)."""
+        if target is not None and target.args is not None:
+            target.summary, target.layout = self.summaries.target(*target.args, joined=joined)
+            target.args = None
+
+    def _resolved(self, counted: list, verify: List[Verify], target: Optional["Target"], now: float,
                   res: step_ids.Resolved) -> None:
         """A step's ids are read: each sampled live request's verify counted, the recorded ones' records queued."""
+        summary, layout = (target.summary, target.layout) if target is not None else (None, (None, 0, None))
         book, ledger, kept = self.requests, self.ledger, res.kept
         limited = ledger.limited()  # else every step counts (no request is being freed or was freed lately)
         counts = [(rid, accepted, d) for i, rid, d in counted if (accepted := kept.get(i))]
@@ -68,11 +88,11 @@ class VerifySteps:
             steps.append(vllm_records.VerifyStep(v.rid, v.step, pos, drafted, accepted, v.rows, v.draft))
         self.drafts.release(dropped)  # claims on a draft's top-k no record reads
         if not steps:
-            if target is not None:
-                target.release()
+            if summary is not None:
+                summary.release()
             return
         copies = [s.draft[0] for s in steps if s.draft is not None]
-        self.transport.submit("verify", vllm_records.verify, steps, target, now, *layout, pendings=(target, *copies))
+        self.transport.submit("verify", vllm_records.verify, steps, summary, now, *layout, pendings=(summary, *copies))
 
     def read(self) -> None:
         """Count and record every step whose copy has completed (never waits)."""
