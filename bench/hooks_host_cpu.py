@@ -6,8 +6,11 @@
    extend's logits handed back as its CUDA graph does: what is left is the hooks' Python (the plugin, the probes, the
    sampled rows' bookkeeping, the records queued), the part that does not depend on the device. Batch 8 and 64, with
    1 request in 16 sampled, every request, and none; each iteration followed by the same one without the tracer.
-2. vLLM: ``testbed.gpu.vllm_hooks_path.VllmStepPath`` on CPU tensors; the time of reading each step's ids into the
-   tracer's totals and verify records (``step_ids.Ledger.drain``: ``resolve`` and ``VerifySteps._resolved``).
+2. vLLM: ``testbed.gpu.vllm_hooks_path.VllmStepPath`` (one engine step through the plugin's hooks, the CUDA branch
+   ``cuda_step.CudaStep``) on CPU tensors, its device layer stubbed as SGLang's (each summary launch returns at once,
+   index lists are kept as on a GPU, the step's id copy is read on the host as a GPU's is): the whole step with the
+   tracer and without it, and in it the time of reading earlier steps' ids into the tracer's totals and verify
+   records (``step_ids.Ledger.drain``). Batch 8 and 64, 1 request in 16 sampled and every request.
 
 Microseconds of the thread's CPU time (``time.thread_time_ns``: another process on the host does not count),
 median and 90th percentile. A CPU's figure is the Python's share only: on a GPU each launch, copy and event adds its
