@@ -293,6 +293,31 @@ def vllm(batch: int, every: int, iterations: int) -> dict:
     return {"median": m, "p90": p90, "without": b, "drain": d}
 
 
+def python_calls(batch: int, every: int, iterations: int = 64) -> float:
+    """Python function calls the tracer makes per engine step (``sys.setprofile``'s ``call`` events with it minus
+    without it, the mean over ``iterations``): a count that does not depend on the host's noise."""
+    path = vllm_path(batch, every)
+    calls = path.tracer.core.transport.writer
+    for _ in range(8):
+        vllm_step(path, True)
+        calls.flush()
+    n = [0, 0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+
+    for _ in range(iterations):
+        for traced, sign in ((True, 1), (False, -1)):
+            n[0] = 0
+            sys.setprofile(count)
+            vllm_step(path, traced)
+            sys.setprofile(None)
+            n[1] += sign * n[0]
+        calls.flush()
+    return n[1] / iterations
+
+
 def vllm_calls(batch: int, every: int, iterations: int = 64) -> dict:
     """Per engine step (the mean over ``iterations``): the summary launches' kernels, the index copies and events
     the stubs count, and the aten ops the tracer runs on the CPU tensors (with it minus without it)."""
@@ -341,14 +366,17 @@ def main() -> int:
             print(f"| {batch} | {name} | {c['kernels']} | {c['copies']} | {c['events']} | {c['aten']} | "
                   f"{c['kernels'] + c['copies'] + c['events'] + c['aten']} | {c['mean']:.2f} |", flush=True)
     print("\nvLLM, µs of Python per engine step (the CUDA branch on CPU tensors, its device layer stubbed; the "
-          "tracer's own: with it minus without it), and of it reading the ids of earlier steps (Ledger.drain)")
-    print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own | Ledger.drain |")
-    print("|---|---|---|---|---|---|---|")
+          "tracer's own: with it minus without it), of it reading the ids of earlier steps (Ledger.drain), and the "
+          "Python calls the tracer makes per step (the mean of 64; with it minus without it)")
+    print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own | Ledger.drain | "
+          "Python calls |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in batches:
         for every, name in ((16, "1 in 16"), (1, "every request")):
             r = vllm(batch, every, a.iterations // 2)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
-                  f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} |", flush=True)
+                  f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} | {python_calls(batch, every):.1f} |",
+                  flush=True)
     print("\nvLLM, CUDA calls per engine step on a GPU (the mean of 64): summary kernels, index copies and events of "
           "the device layer, then the aten ops the tracer runs on the CPU tensors (the id copies among them)")
     print("| batch | sampled | kernels | copies | events | aten ops | in all |")
