@@ -25,7 +25,7 @@ from draftscope_tracer.engine.sampling import step_sampled
 from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
 from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import Pick, Verify, logit_rows, step_rows
+from draftscope_tracer.engine.vllm.step_layout import Pick, Verify, built, logit_rows, step_rows
 from draftscope_tracer.engine.vllm.verify_steps import VerifySteps
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport.outbox import Transport
@@ -67,10 +67,11 @@ class CudaStep:
                 book.sampled[r.rid] = step + 1
             if not step_sampled(step, stride):
                 continue
-            picks.append(Pick(r.index, r.rid, step, "draft_extend" if r.drafts else "prefill"))
+            picks.append(built(Pick, (r.index, r.rid, step, "draft_extend" if r.drafts else "prefill")))
             if r.drafts:
-                verify.append(Verify(r.index, r.rid, step, list(range(len(rows), len(rows) + r.drafts + 1)),
-                                     r.verified.start, r.draft_offset, r.drafts, book.proposed.pop(r.rid, None)))
+                verify.append(built(Verify, (r.index, r.rid, step, list(range(len(rows), len(rows) + r.drafts + 1)),
+                                             r.verified.start, r.draft_offset, r.drafts,
+                                             book.proposed.pop(r.rid, None))))
                 rows.extend(r.verified)
                 logit_at.extend(r.logits)
         target = self.verify_steps.add(runner, a, counted, verify, rows, (logits, logit_at, logit_rows(

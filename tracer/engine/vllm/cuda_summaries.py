@@ -84,8 +84,12 @@ class CudaSummaries:
         prompt's rows cut so that a launch fits the Summarizer built at attach). ``ctx``: ``step.StepContext``."""
         hidden = a["target_hidden_states"]
         qsl = a["common_attn_metadata"].query_start_loc_cpu.tolist()  # a CPU tensor
-        prompts = sum(p.phase == "prefill" for p in ctx.picks)
-        verify_rows = sum(qsl[p.index + 1] - qsl[p.index] for p in ctx.picks if p.phase != "prefill")
+        prompts = verify_rows = 0
+        for p in ctx.picks:  # one loop, not a generator's frame per pick
+            if p.phase == "prefill":
+                prompts += 1
+            else:
+                verify_rows += qsl[p.index + 1] - qsl[p.index]
         per = PREFILL_ROWS if not prompts or self.rows_cap is None else \
             max(1, min(PREFILL_ROWS, (self.rows_cap - verify_rows) // prompts))
         for span in draft_input_rows(qsl, ctx.picks, per):

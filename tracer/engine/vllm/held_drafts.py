@@ -66,10 +66,12 @@ class HeldDrafts:
         """What this step drafted (``ctx``: ``step.StepContext``; ``summary``: the top-k of its ``positions`` draft
         positions, ``step_layout.draft_rows``) is verified at each pick's next step: a claim on it kept until then
         (a claim kept from an earlier step and not taken is given back)."""
-        launch, n = _Launch(summary, len(ctx.picks)), len(ctx.picks)
-        for j, p in enumerate(ctx.picks):
-            self.forget(p.rid)
-            self.requests.proposed[p.rid] = (Claim(launch), draft_rows(positions, n, j))
+        launch, proposed = _Launch(summary, len(ctx.picks)), self.requests.proposed
+        for p, rows in zip(ctx.picks, draft_rows(positions, len(ctx.picks))):
+            held = proposed.get(p.rid)
+            if held is not None:  # as :meth:`forget`, without a call per pick
+                held[0].release()
+            proposed[p.rid] = (Claim(launch), rows)
 
     def forget(self, rid: str) -> None:
         """``rid``'s claim on a draft top-k waiting for a verify is given back."""

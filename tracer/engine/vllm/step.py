@@ -177,8 +177,8 @@ class StepProbes:
             summary = host_rows(joined, range(joined.shape[0]), chunk_width=int(joined.shape[-1]), logits=joined,
                                 topk=self.config.topk, stats=False)
             n, positions = len(ctx.picks), len(ctx.draft_topk)
-            self.requests.proposed.update({p.rid: (summary, draft_rows(positions, n, j))
-                                           for j, p in enumerate(ctx.picks)})
+            self.requests.proposed.update({p.rid: (summary, rows)
+                                           for p, rows in zip(ctx.picks, draft_rows(positions, n))})
         if ctx.p_in is None:
             return
         H = self.hidden or ctx.width

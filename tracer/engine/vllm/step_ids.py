@@ -22,12 +22,14 @@ are neither counted nor recorded (:meth:`Ledger.freeing`, :meth:`Ledger.keeps`).
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
+from operator import le
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from draftscope_tracer.device.devicecopy import HostInts, device_index
-from draftscope_tracer.engine.vllm.step_layout import Verify
+from draftscope_tracer.engine.vllm.step_layout import Verify, built
 
 
 class StepIds(NamedTuple):
@@ -77,26 +79,29 @@ def copy(sampled: torch.Tensor, draft_ids: Optional[torch.Tensor], positions: Op
 def _joined(parts: List[Tuple[torch.Tensor, List[int]]]) -> List[Tuple[torch.Tensor, List[int]]]:
     """``parts`` as one ``(tensor, index)`` pair when they are on one device (one ``cat`` there, widened to the widest
     dtype, then one copy to the host instead of one per part)."""
-    if len(parts) < 2 or any(t.device != parts[0][0].device for t, _ in parts):
+    if len(parts) < 2 or len({t.device for t, _ in parts}) > 1:
         return parts
     index, at = [], 0
     for t, i in parts:
-        index += [at + j for j in i]
+        index += map(at.__add__, i)
         at += t.numel()
     return [(torch.cat([t for t, _ in parts]), index)]
+
+
+_KEPT = partial(le, 0)  # a sampled id, not -1 (rejected): tested in C, not in a comprehension
 
 
 def resolve(step: StepIds, values: List[int]) -> Resolved:
     """The flat ``HostInts`` values of ``step`` as per-request lists."""
     W, at = step.width, len(step.counted) * step.width
-    kept = {i: [t for t in values[n * W:(n + 1) * W] if t >= 0] for n, (i, _, _) in enumerate(step.counted)}
+    kept = {i: list(filter(_KEPT, values[n * W:(n + 1) * W])) for n, (i, _, _) in enumerate(step.counted)}
     drafted = []
     for v in step.verify:
         d = v.drafts if step.drafts else 0
         drafted.append(values[at:at + d])
         at += d
     positions = values[at:] if step.positions else [None] * len(step.verify)
-    return Resolved(kept, drafted, positions)
+    return built(Resolved, (kept, drafted, positions))
 
 
 class Ledger:

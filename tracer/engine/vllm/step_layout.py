@@ -12,10 +12,11 @@ request's last ``d_i + 1`` rows, in batch order), and elements ``[offset_i, offs
 
 from __future__ import annotations
 
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import List, NamedTuple, Optional, Sequence
 
 PREFILL_ROWS = 32  # a sampled prompt's last rows summarised (as on SGLang)
+built = tuple.__new__  # ``built(Pick, (...))``: a NamedTuple from its fields without a Python call (its ``__new__``)
 
 
 class Pick(NamedTuple):
@@ -42,7 +43,7 @@ class Verify(NamedTuple):
 
 class StepRows(NamedTuple):
     """Per request of the batch: ``(batch index, rid, first row, scheduled tokens, drafts, first draft, first row
-    of the target's logits)``."""
+    of the target's logits, the target's rows of its verify, the same rows of the target's logits)``."""
 
     index: int
     rid: str
@@ -51,26 +52,20 @@ class StepRows(NamedTuple):
     drafts: int
     draft_offset: int
     logit: int
-
-    @property
-    def verified(self) -> range:
-        """The target's rows of its verify: the verified token, then the drafts."""
-        return range(self.start + self.tokens - self.drafts - 1, self.start + self.tokens)
-
-    @property
-    def logits(self) -> range:
-        """The same rows of the target's logits."""
-        return range(self.logit, self.logit + self.drafts + 1)
+    verified: range  # the verified token, then the drafts
+    logits: range
 
 
 def step_rows(req_ids: Sequence[str], num_scheduled_tokens: dict, num_draft_tokens: Optional[Sequence[int]],
               only: Optional[Sequence[int]] = None) -> List[StepRows]:
     """The requests of the batch (``only``: those batch indices, default all) with their target rows, logits rows
     and drafts' elements (host values only; each list taken in one pass, not request by request)."""
-    tokens = [num_scheduled_tokens.get(rid, 0) for rid in req_ids]
+    tokens = list(map(num_scheduled_tokens.get, req_ids, repeat(0)))
     drafts = list(num_draft_tokens) if num_draft_tokens else [0] * len(req_ids)
     starts, offsets = [0, *accumulate(tokens)], [0, *accumulate(drafts)]
-    return [StepRows(i, req_ids[i], starts[i], tokens[i], drafts[i], offsets[i], i + offsets[i])  # d + 1 logits rows
+    return [built(StepRows, (i, req_ids[i], starts[i], tokens[i], drafts[i], offsets[i], i + offsets[i],
+                             range(starts[i + 1] - drafts[i] - 1, starts[i + 1]),
+                             range(i + offsets[i], i + offsets[i + 1] + 1)))  # d + 1 logits rows
             for i in (range(len(req_ids)) if only is None else only)]
 
 
@@ -92,7 +87,7 @@ def draft_input_rows(query_start_loc: Sequence[int], picks: Sequence[Pick],
     return spans
 
 
-def draft_rows(positions: int, picks: int, j: int) -> List[int]:
-    """Pick ``j``'s rows in one summary of a step's draft logits (``positions`` draft positions of ``picks`` rows
+def draft_rows(positions: int, picks: int) -> List[List[int]]:
+    """Per pick, its rows in one summary of a step's draft logits (``positions`` draft positions of ``picks`` rows
     each, position after position): one per position."""
-    return [q * picks + j for q in range(positions)]
+    return [list(range(j, positions * picks, picks)) for j in range(picks)]

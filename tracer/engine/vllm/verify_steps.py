@@ -18,7 +18,7 @@ from draftscope_tracer.engine.vllm import step_ids
 from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
 from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
 from draftscope_tracer.engine.vllm.requests import Requests
-from draftscope_tracer.engine.vllm.step_layout import Verify
+from draftscope_tracer.engine.vllm.step_layout import Verify, built
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport import vllm_records
 from draftscope_tracer.transport.outbox import Transport
@@ -58,8 +58,9 @@ class VerifySteps:
             self.drafts.release(verify)
             return None
         target = Target((runner, a, rows, *logits)) if verify else None
-        self.ledger.add(step_ids.StepIds(ints, int(sampled.shape[-1]), with_drafts, counted, verify, with_positions,
-                                         partial(self._resolved, counted, verify, target, now)))
+        done = partial(self._resolved, counted, verify, target, now)
+        self.ledger.add(built(step_ids.StepIds, (ints, int(sampled.shape[-1]), with_drafts, counted, verify,
+                                                 with_positions, done)))
         return target
 
     def launch(self, target: Optional["Target"], joined: Optional[torch.Tensor] = None) -> None:
@@ -85,7 +86,7 @@ class VerifySteps:
             if not accepted or (limited and not ledger.keeps(v.rid, v.step)):
                 dropped.append(v)
                 continue
-            steps.append(vllm_records.VerifyStep(v.rid, v.step, pos, drafted, accepted, v.rows, v.draft))
+            steps.append(built(vllm_records.VerifyStep, (v.rid, v.step, pos, drafted, accepted, v.rows, v.draft)))
         self.drafts.release(dropped)  # claims on a draft's top-k no record reads
         if not steps:
             if summary is not None:
