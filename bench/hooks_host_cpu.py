@@ -261,6 +261,16 @@ def vllm_step(path: VllmStepPath, traced: bool) -> None:
     path.step()
 
 
+def warmed_vllm_path(batch: int, every: int) -> tuple:
+    """(:func:`vllm_path` after 8 traced steps, its writer of queued calls)."""
+    path = vllm_path(batch, every)
+    calls = path.tracer.core.transport.writer
+    for _ in range(8):
+        vllm_step(path, True)
+        calls.flush()
+    return path, calls
+
+
 def vllm(batch: int, every: int, iterations: int) -> dict:
     """The whole engine step with the tracer and without it (in turns), and its ``Ledger.drain``."""
     path, own, bare, drains = vllm_path(batch, every), [], [], []
@@ -296,11 +306,7 @@ def vllm(batch: int, every: int, iterations: int) -> dict:
 def python_calls(batch: int, every: int, iterations: int = 64) -> float:
     """Python function calls the tracer makes per engine step (``sys.setprofile``'s ``call`` events with it minus
     without it, the mean over ``iterations``): a count that does not depend on the host's noise."""
-    path = vllm_path(batch, every)
-    calls = path.tracer.core.transport.writer
-    for _ in range(8):
-        vllm_step(path, True)
-        calls.flush()
+    path, calls = warmed_vllm_path(batch, every)
     n = [0, 0]
 
     def count(frame, event, arg):
@@ -321,11 +327,7 @@ def python_calls(batch: int, every: int, iterations: int = 64) -> float:
 def vllm_calls(batch: int, every: int, iterations: int = 64) -> dict:
     """Per engine step (the mean over ``iterations``): the summary launches' kernels, the index copies and events
     the stubs count, and the aten ops the tracer runs on the CPU tensors (with it minus without it)."""
-    path = vllm_path(batch, every)
-    calls = path.tracer.core.transport.writer
-    for _ in range(8):
-        vllm_step(path, True)
-        calls.flush()
+    path, calls = warmed_vllm_path(batch, every)
     CALLS.update(dict.fromkeys(CALLS, 0))
     aten = [0, 0]
     for _ in range(iterations):
@@ -339,6 +341,16 @@ def vllm_calls(batch: int, every: int, iterations: int = 64) -> dict:
     return out
 
 
+SAMPLED = ((16, "1 in 16"), (1, "every request"))  # sample every n-th request, its name in the tables
+
+
+def heading(title: str, *columns: str) -> None:
+    """A table's title, then its header (batch and sampling first)."""
+    print(f"\n{title}")
+    print("| batch | sampled | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (len(columns) + 2))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=2000)
@@ -347,42 +359,37 @@ def main() -> int:
     torch.set_num_threads(1)
     gc.disable()  # a collection lands in whichever iteration it likes
     batches = [int(b) for b in a.batches.split(",")]
-    print("SGLang hooks, µs of Python per decode iteration (the tracer's own: with it minus without it)")
-    print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own |")
-    print("|---|---|---|---|---|---|")
+    heading("SGLang hooks, µs of Python per decode iteration (the tracer's own: with it minus without it)",
+            "with the tracer, median", "p90", "without", "the tracer's own")
     for batch in batches:
-        for every, name in ((16, "1 in 16"), (1, "every request"), (0, "none")):
+        for every, name in (*SAMPLED, (0, "none")):
             r = sglang(batch, every, a.iterations)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
                   f"{r['median'] - r['without']:.1f} |", flush=True)
-    print("\nSGLang hooks, CUDA calls per decode iteration on a GPU, the tracer's: kernels, copies and events of the "
-          "device layer, and the aten ops the hooks run on the CPU tensors, at the median iteration; then the mean of "
-          "64 iterations (periodic steps among them) in all")
-    print("| batch | sampled | kernels | copies | events | aten ops | in all | in all, mean |")
-    print("|---|---|---|---|---|---|---|---|")
+    heading("SGLang hooks, CUDA calls per decode iteration on a GPU, the tracer's: kernels, copies and events of the "
+            "device layer, and the aten ops the hooks run on the CPU tensors, at the median iteration; then the mean "
+            "of 64 iterations (periodic steps among them) in all",
+            "kernels", "copies", "events", "aten ops", "in all", "in all, mean")
     for batch in batches:
-        for every, name in ((16, "1 in 16"), (1, "every request")):
+        for every, name in SAMPLED:
             c = cuda_calls(batch, every)
             print(f"| {batch} | {name} | {c['kernels']} | {c['copies']} | {c['events']} | {c['aten']} | "
                   f"{c['kernels'] + c['copies'] + c['events'] + c['aten']} | {c['mean']:.2f} |", flush=True)
-    print("\nvLLM, µs of Python per engine step (the CUDA branch on CPU tensors, its device layer stubbed; the "
-          "tracer's own: with it minus without it), of it reading the ids of earlier steps (Ledger.drain), and the "
-          "Python calls the tracer makes per step (the mean of 64; with it minus without it)")
-    print("| batch | sampled | with the tracer, median | p90 | without | the tracer's own | Ledger.drain | "
-          "Python calls |")
-    print("|---|---|---|---|---|---|---|---|")
+    heading("vLLM, µs of Python per engine step (the CUDA branch on CPU tensors, its device layer stubbed; the "
+            "tracer's own: with it minus without it), of it reading the ids of earlier steps (Ledger.drain), and the "
+            "Python calls the tracer makes per step (the mean of 64; with it minus without it)",
+            "with the tracer, median", "p90", "without", "the tracer's own", "Ledger.drain", "Python calls")
     for batch in batches:
-        for every, name in ((16, "1 in 16"), (1, "every request")):
+        for every, name in SAMPLED:
             r = vllm(batch, every, a.iterations // 2)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
                   f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} | {python_calls(batch, every):.1f} |",
                   flush=True)
-    print("\nvLLM, CUDA calls per engine step on a GPU (the mean of 64): summary kernels, index copies and events of "
-          "the device layer, then the aten ops the tracer runs on the CPU tensors (the id copies among them)")
-    print("| batch | sampled | kernels | copies | events | aten ops | in all |")
-    print("|---|---|---|---|---|---|---|")
+    heading("vLLM, CUDA calls per engine step on a GPU (the mean of 64): summary kernels, index copies and events of "
+            "the device layer, then the aten ops the tracer runs on the CPU tensors (the id copies among them)",
+            "kernels", "copies", "events", "aten ops", "in all")
     for batch in batches:
-        for every, name in ((16, "1 in 16"), (1, "every request")):
+        for every, name in SAMPLED:
             c = vllm_calls(batch, every)
             print(f"| {batch} | {name} | {c['kernels']:.2f} | {c['copies']:.2f} | {c['events']:.2f} | {c['aten']:.2f} | "
                   f"{sum(c.values()):.2f} |", flush=True)

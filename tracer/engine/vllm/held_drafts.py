@@ -68,9 +68,7 @@ class HeldDrafts:
         (a claim kept from an earlier step and not taken is given back)."""
         launch, proposed = _Launch(summary, len(ctx.picks)), self.requests.proposed
         for p, rows in zip(ctx.picks, draft_rows(positions, len(ctx.picks))):
-            held = proposed.get(p.rid)
-            if held is not None:  # as :meth:`forget`, without a call per pick
-                held[0].release()
+            self.forget(p.rid)
             proposed[p.rid] = (Claim(launch), rows)
 
     def forget(self, rid: str) -> None:
