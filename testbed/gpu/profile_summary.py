@@ -84,6 +84,7 @@ def summarize(path: str | Path, steps: int, top: int = 25) -> dict:
            "idle_us": per(t1 - t0 - busy_us),
            "kernels_us": {k: per(v) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]},
            "kernel_names": sorted(kernels),
+           "all_kernels_us": {k: per(v) for k, v in sorted(kernels.items())},
            "runtime": {k: {"calls": round(n / steps, 2), "us": per(us)}
                        for k, (n, us) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:top]}}
     ours = [(n, a, b) for n, a, b in _ours([e for e in events if e.get("cat") == "python_function"]) if b > t0 and a < t1]
@@ -99,13 +100,19 @@ def summarize(path: str | Path, steps: int, top: int = 25) -> dict:
     return out
 
 
-def compare(base: dict, traced: dict) -> dict:
-    """The traced profile against the untraced one: per-step differences, and kernels only the traced ran."""
-    only = sorted(set(traced.get("kernel_names", [])) - set(base.get("kernel_names", [])))
+def compare(base: dict, traced: dict, top: int = 10) -> dict:
+    """The traced profile against the untraced one: per-step differences, the kernels only the traced ran (every
+    one, with its GPU µs per step) and the ``top`` kernels both ran that took the traced one longer."""
+    t_all = traced.get("all_kernels_us", traced["kernels_us"])  # a summary before all_kernels_us: its top ones
+    b_all = base.get("all_kernels_us", base["kernels_us"])
+    only = set(traced.get("kernel_names", [])) - set(base.get("kernel_names", []))
+    more = {k: round(v - b_all[k], 1) for k, v in t_all.items() if k in b_all and v > b_all[k]}
     return {"span_us": round(traced["span_us"] - base["span_us"], 1),
             "busy_us": round(traced["busy_us"] - base["busy_us"], 1),
             "idle_us": round(traced["idle_us"] - base["idle_us"], 1),
-            "kernels_only_traced": {k: v for k, v in traced["kernels_us"].items() if k in only}}
+            "kernels_only_traced": dict(sorted(((k, v) for k, v in t_all.items() if k in only),
+                                               key=lambda kv: -kv[1])),
+            "kernels_longer_traced": dict(sorted(more.items(), key=lambda kv: -kv[1])[:top])}
 
 
 def summarize_runs(runs: list) -> dict:
@@ -138,6 +145,8 @@ def table(summary: dict) -> str:
         lines.append(f"{pid} vs no tracer: span {d['span_us']:+} us/step, busy {d['busy_us']:+}, idle {d['idle_us']:+}")
         for k, v in d["kernels_only_traced"].items():
             lines.append(f"    only traced: {v} us/step  {k}")
+        for k, v in d.get("kernels_longer_traced", {}).items():
+            lines.append(f"    longer traced: {v:+} us/step  {k}")
     for pid, s in summary.get("profiles", {}).items():
         for k, v in (s.get("ours") or {}).items():
             lines.append(f"{pid}: {v['host_us']} us/step host, {v['exposed_us']} exposed  {k}")
