@@ -135,12 +135,15 @@ def _records(path, probe):
                                                                                    else "requests", [])]
 
 
+@pytest.mark.parametrize("whole_positions", [step_ids.WHOLE_POSITIONS, 0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_verify_records_read_the_devices_ids_not_the_schedulers_placeholders(dtype):
+def test_verify_records_read_the_devices_ids_not_the_schedulers_placeholders(dtype, whole_positions, monkeypatch):
     """Two steps of two requests. The scheduler's drafts are async scheduling's -1 placeholders; the records
     carry the drafts of draft_token_ids, the sampler's kept ids, each verified token's position, the target's
     top-k at every drafted position and, from the second step on, the draft's top-k of the step before (bf16
-    logits, as a bf16 model's, gathered as they are)."""
+    logits, as a bf16 model's, gathered as they are). The positions copied whole with the ids, or (a step's
+    positions over ``WHOLE_POSITIONS``: 0 here) the verifies' rows gathered first."""
+    monkeypatch.setattr(step_ids, "WHOLE_POSITIONS", whole_positions)
     path = VllmStepPath(2, device="cpu", k=K, dtype=dtype)
     path.step(sampled=[[5, 6, -1, -1], [7, 8, 9, 10]], drafts=[[5, 1, 2], [7, 8, 9]])
     path.step(sampled=[[1, -1, -1, -1], [2, 3, -1, -1]], drafts=[[9, 9, 9], [2, 4, 4]])
