@@ -27,6 +27,8 @@ from draftscope_tracer.engine.vllm import plugin
 from draftscope_tracer.engine.vllm.tracer import VLLMTracer
 from testbed.gpu.hooks_path import PathRelay
 
+MAX_NUM_TOKENS = 2048  # the runner's positions buffer, as vLLM's (``max_num_batched_tokens``): longer than a step
+
 
 class _Drafter:
     """vLLM's EAGLE proposer as the hooks see it: ``propose`` runs the draft's ``combine_hidden_states`` and one
@@ -69,7 +71,7 @@ class VllmStepPath:
                  "draft": {"hidden_size": hidden}}
         self.runner = SimpleNamespace(
             device=dev, input_batch=SimpleNamespace(req_ids=[f"req-{i}" for i in range(batch)]),
-            positions=torch.zeros(batch * (k + 1), dtype=torch.int64, device=dev),
+            positions=torch.zeros(max(MAX_NUM_TOKENS, batch * (k + 1)), dtype=torch.int64, device=dev),  # as vLLM's
             model=SimpleNamespace(compute_logits=lambda h: h @ self.target_head),  # the model's dtype, as vLLM's
             model_config=SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab),
             speculative_config=SimpleNamespace(num_speculative_tokens=k),
@@ -86,7 +88,7 @@ class VllmStepPath:
         # the rows' positions: request i's verified token at 10 + 3 i, then its drafts; each step moves every
         # request on by k + 1 (on the device: no copy from the host on the hooks' way)
         self.first_positions = [10 + 3 * i for i in range(batch)]
-        self.runner.positions.copy_(torch.tensor([p + j for p in self.first_positions for j in range(k + 1)]))
+        self.runner.positions[:rows].copy_(torch.tensor([p + j for p in self.first_positions for j in range(k + 1)]))
         self.prepared = t.steps.prepare_cuda(self.runner, facts)
         plugin.PLUGIN.tracer = t
 

@@ -32,8 +32,9 @@ from draftscope_tracer.device.devicecopy import HostInts, device_index
 from draftscope_tracer.engine.vllm.step_layout import Verify, built
 
 
-# a step's positions up to this many are copied whole (two CUDA calls fewer than gathering the verifies' rows: the
-# index's copy to the device and the gather); a decode step of 256 requests with 3 drafts each has 1,024
+# a step's positions up to its last verify's row are copied whole when that is at most this many (two CUDA calls
+# fewer than gathering the verifies' rows: the index's copy to the device and the gather); a decode step of 256
+# requests with 3 drafts each has 1,024
 WHOLE_POSITIONS = 1024
 
 
@@ -74,8 +75,9 @@ def copy(sampled: torch.Tensor, draft_ids: Optional[torch.Tensor], positions: Op
     with_positions = bool(verify) and positions is not None and positions.dim() == 1
     if with_positions:
         first = [v.first_row for v in verify]
-        if positions.numel() <= WHOLE_POSITIONS:  # copied whole with the rest, read at ``first`` on the host
-            parts.append((positions, first))
+        last = max(first) + 1  # vLLM's buffer holds max_num_tokens; the step's rows are its first ones
+        if last <= WHOLE_POSITIONS:  # copied whole up to the last verify's row with the rest, read on the host
+            parts.append((positions[:last], first))
         else:  # a step with a long prompt chunk: only the verifies' rows gathered on the device
             index = device_index(first, positions.device)
             if index is None:
