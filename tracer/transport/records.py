@@ -28,17 +28,16 @@ def topk_list(topk: Sequence[Tuple[int, float]], id_map: Optional[List[int]] = N
 
 
 def features(p_in, p_fc, rows: list, groups: list, fc_groups: list, phase: str, now: float, width: int, dtype: str,
-             H: int, chunks: int, with_aux: bool, input_at: Optional[list], fc_dtype: Optional[str]) -> Records:
-    """draft.input (+ target.aux[i] chunks) of each sampled request's rows ``groups`` of ``p_in`` (only the
-    requests whose ``input_at`` flag is set; None: every one), and draft.fc.out of its rows ``fc_groups`` of
-    ``p_fc`` (None: not recomputed at this step)."""
+             H: int, chunks: int, with_aux: bool, input_every: int, fc_dtype: Optional[str]) -> Records:
+    """draft.input (+ target.aux[i] chunks) of each sampled request's rows ``groups`` of ``p_in``, and
+    draft.fc.out of its rows ``fc_groups`` of ``p_fc`` (None: not recomputed at this step)."""
     s_in = p_in.result() if p_in is not None else None
     s_fc = p_fc.result() if p_fc is not None else None
     out = []
-    for j, ((_, rid, step), pos, fc_pos) in enumerate(zip(rows, groups, fc_groups)):
+    for (_, rid, step), pos, fc_pos in zip(rows, groups, fc_groups):
         if not pos:
             continue
-        if s_in is not None and (input_at is None or input_at[j]):
+        if s_in is not None and step % input_every == 0:
             out.append(sample_record("draft.input", phase, now, rid, step, [len(pos), width], dtype,
                                      merged_stats(s_in, pos)))
             for c in range(chunks if with_aux and chunks > 1 else 0):

@@ -5,13 +5,14 @@ positions 2.. (``read_steps``: the step tap inside the draft loop; a tree's ever
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from draftscope_tracer.device import recompute
 from draftscope_tracer.device.capture import Capture
 from draftscope_tracer.device.devicecopy import device_index
+from draftscope_tracer.engine.sglang.requests import PERIODIC_STEPS
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport import records
 from draftscope_tracer.transport.outbox import Transport
@@ -20,10 +21,8 @@ from draftscope_tracer.transport.outbox import Transport
 class DraftTopk:
     """Per sampled request, the handles of its next verify's drafts (scheduler thread only)."""
 
-    def __init__(self, capture: Capture, transport: Transport, health: Health, periodic: Callable[[str, int], bool]):
-        """``periodic(rid, step)``: whether that step records the periodic ``draft.logits`` (``Sampled.periodic``)."""
+    def __init__(self, capture: Capture, transport: Transport, health: Health):
         self.capture, self.summaries, self.transport, self.health = capture, capture.summaries, transport, health
-        self.periodic = periodic
         self.draft_seed: Dict[str, tuple] = {}  # rid -> (Pending, row, mapped) of the draft's next position 1
         self.draft_steps: Dict[str, tuple] = {}  # rid -> (StepTopk, row, mapped) of positions 2.. of this step
 
@@ -45,9 +44,9 @@ class DraftTopk:
         """Top-k of the draft's logits at position 1 of each request's next verify step: summarised from the
         draft extend's own output ``logits`` (one row per request of the batch) where its graph left them,
         else recomputed from rows ``h[i]`` of its output hidden states (``recompute.logits``; captured as a
-        CUDA graph at attach where it can be). The prompt's and periodic steps also record a ``draft.logits``
-        sample (statistics of the whole row: non-finite logits show broken weights)."""
-        periodic = [j for j, (_, rid, step) in enumerate(rows) if phase == "prefill" or self.periodic(rid, step)]
+        CUDA graph at attach where it can be). Periodic steps also record a ``draft.logits`` sample
+        (statistics of the whole row: non-finite logits show broken weights)."""
+        periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
         if logits is not None:
             self.health.beat("draft_extend_logits")  # counted: the engine's logits, not a recompute
             pending, vocab = self.summaries.launch(logits, [i for i, _, _ in rows], logits=logits,

@@ -5,7 +5,7 @@ at attach)."""
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import List
 
 import torch
 
@@ -25,11 +25,11 @@ class Features:
         self.capture, self.summaries, self.transport, self.health = capture, capture.summaries, transport, health
 
     def record(self, worker, h: torch.Tensor, rows: List[tuple], spans: List[tuple], phase: str,
-               with_aux: bool, p_in=None, input_at: Optional[List[bool]] = None,
-               fc_at: Optional[List[bool]] = None) -> None:
-        """draft.input (+ target.aux[i] chunks) and draft.fc.out of the given row spans, for the rows whose
-        ``input_at`` / ``fc_at`` flag is set (None: every row; the ``fc`` recompute is the costliest work of a
-        hook): two launches (one when ``p_in`` already summarises those rows of ``h``)."""
+               with_aux: bool, p_in=None, input_every: int = 1, fc_every: int = 1) -> None:
+        """draft.input (at steps that are multiples of ``input_every``; + target.aux[i] chunks) and
+        draft.fc.out (at steps that are multiples of ``fc_every``: the recompute is the costliest work
+        of a hook) of the given row spans: two launches (one when ``p_in`` already summarises those
+        rows of ``h``)."""
         if h is None or not rows:
             return
         groups, at = [], 0
@@ -42,18 +42,16 @@ class Features:
         if p_in is None:
             p_in = self.summaries.launch(h, [k for a, b in spans for k in range(a, b)], chunk_width=width // chunks)
         fc_groups, fc_sel = [], []
-        for j, (a, b) in enumerate(spans):
-            if fc_at is None or fc_at[j]:
-                fc_groups.append(list(range(len(fc_sel), len(fc_sel) + b - a)))
+        for (a, b), (_, _, step) in zip(spans, rows):
+            fc_groups.append(list(range(len(fc_sel), len(fc_sel) + b - a)) if step % fc_every == 0 else None)
+            if step % fc_every == 0:
                 fc_sel += range(a, b)
-            else:
-                fc_groups.append(None)
         index = device_index(fc_sel, h.device) if fc_sel else None
         if fc_sel and index is None:
             self.health.drop("host_slots_full")
         p_fc, fc_dtype = self._fc(worker, h, index) if index is not None else (None, None)
         self.transport.submit(phase, records.features, p_in, p_fc, rows, groups, fc_groups, phase, time.time(), width,
-                              dtype_name(h), H, chunks, with_aux, input_at, fc_dtype, pendings=(p_in, p_fc))
+                              dtype_name(h), H, chunks, with_aux, input_every, fc_dtype, pendings=(p_in, p_fc))
 
     def _fc(self, worker, h: torch.Tensor, index: torch.Tensor) -> tuple:
         """(the summary of the draft's ``fc`` on rows ``index`` of ``h``, its output dtype), or (None, None)

@@ -18,7 +18,7 @@ from draftscope_tracer.device.devicecopy import HostInts
 from draftscope_tracer.engine.core import dtype_name
 from draftscope_tracer.engine.sglang.draft_topk import DraftTopk
 from draftscope_tracer.engine.sglang.features import Features
-from draftscope_tracer.engine.sglang.requests import Sampled
+from draftscope_tracer.engine.sglang.requests import PERIODIC_STEPS, Sampled
 from draftscope_tracer.health import Health
 from draftscope_tracer.transport import records
 from draftscope_tracer.transport.outbox import Transport
@@ -33,7 +33,7 @@ class TensorProbes:
         self.sampled, self.capture, self.transport, self.health = sampled, capture, transport, health
         self.summaries = capture.summaries
         self.features = Features(capture, transport, health)  # what the draft receives
-        self.drafts = DraftTopk(capture, transport, health, sampled.periodic)  # what it proposes, until its verify
+        self.drafts = DraftTopk(capture, transport, health)  # what it proposes, until its verify
         self._verify_hidden: Optional[tuple] = None  # (tensor, rows, summary) of the last verify's aux rows
         self._nodes: tuple = (None, None, None)  # (request rows, N, their verify rows) of the last verify
 
@@ -61,7 +61,7 @@ class TensorProbes:
         if batch.forward_mode.is_idle():
             return []
         rows = self.sampled.rows_of(batch.reqs)
-        periodic = [r for r in rows if self.sampled.periodic(r[1], r[2])]
+        periodic = [r for r in rows if r[2] % PERIODIC_STEPS == 0]
         h = batch.spec_info.hidden_states
         if periodic and h is not None:
             self.features.record(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode",
@@ -79,7 +79,6 @@ class TensorProbes:
         reqs = batch.reqs
         rows = self.sampled.rows_of(reqs)
         live = self.sampled.live
-        self.sampled.iterations += 1
         for _, rid in self.sampled.found(reqs):
             live[rid] += 1
         if not rows or result is None or getattr(result, "accept_lens", None) is None:
@@ -138,12 +137,11 @@ class TensorProbes:
         if done and h is not None:
             same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
             # with the verify's summary as draft.input, a step that records neither it nor fc.out queues nothing
-            periodic = [self.sampled.periodic(rid, s) for _, rid, s in done]
-            if not same or any(periodic):
+            if not same or any(s % PERIODIC_STEPS == 0 for _, _, s in done):
                 spans = [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N) for i, _, _ in done]
                 self.features.record(worker, h, done, spans, "draft_extend", with_aux=False,
                                      p_in=verified[2] if same else None,
-                                     input_at=periodic if same else None, fc_at=periodic)
+                                     input_every=1 if not same else PERIODIC_STEPS, fc_every=PERIODIC_STEPS)
         seed = getattr(getattr(batch_result, "next_draft_input", None), "hidden_states", None)
         logits, self.capture.extend_logits = self.capture.extend_logits, None
         if logits is not None and logits.shape[0] != len(batch.reqs):

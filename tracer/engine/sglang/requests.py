@@ -11,9 +11,9 @@ from draftscope_tracer.engine.sampling import step_sampled
 
 Totals = Dict[str, List[int]]  # rid -> [verify steps, accepted drafts, proposed drafts]
 # Points that describe the draft's wiring rather than each step's input are recorded at every
-# PERIODIC_STEPS-th step of a request (``Sampled.periodic``): draft.input in draft_decode (the draft's own hidden
-# state), draft.logits statistics, draft.fc.out in draft_extend (its recompute is a GEMM), and draft.input in
-# draft_extend when it is the verify's target.aux rows (recorded every step).
+# PERIODIC_STEPS-th step: draft.input in draft_decode (the draft's own hidden state), draft.logits
+# statistics, draft.fc.out in draft_extend (its recompute is a GEMM), and draft.input in draft_extend when it
+# is the verify's target.aux rows (recorded every step).
 PERIODIC_STEPS = 8
 
 
@@ -29,28 +29,17 @@ class Sampled:
     def __init__(self, step_stride: int):
         self.live: Dict[str, int] = {}
         self.step_stride = step_stride
-        self.iterations = 0  # verify iterations with a sampled request in them (``TensorProbes.on_verify``)
-        self._phase: Dict[str, int] = {}  # rid -> ``iterations`` at its admission, modulo PERIODIC_STEPS
         self._batch: list = []  # the requests (a copy of the batch's list) whose sampled rows are ``_rows``
         self._rows: Optional[List[tuple]] = None  # [(row, rid), ...]; None: worked out at the next call
 
     def admit(self, rid: str) -> None:
         self.live[rid] = 0
-        self._phase[rid] = self.iterations % PERIODIC_STEPS
         self._rows = None
 
     def finish(self, rid: str) -> bool:
         """Forget ``rid``; whether it was sampled."""
         self._rows = None
-        self._phase.pop(rid, None)
         return self.live.pop(rid, None) is not None
-
-    def periodic(self, rid: str, step: int) -> bool:
-        """Whether ``rid``'s verify step ``step`` records the periodic points: every PERIODIC_STEPS-th step of each
-        request, counted from its admission's place in the tracer's iterations, so that requests admitted at
-        different iterations share those steps (a running request's steps advance with the iterations) and the
-        draft's ``fc`` and ``lm_head`` recomputes, whose cost is reading their weights, run once for all of them."""
-        return (step + self._phase.get(rid, 0)) % PERIODIC_STEPS == 0
 
     def found(self, reqs) -> List[tuple]:
         """``(row, rid)`` of the sampled requests in ``reqs``: one pass over the batch when its requests or the

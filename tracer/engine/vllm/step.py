@@ -191,7 +191,7 @@ class StepProbes:
             groups = [ctx.groups[j] for j in sel]
             self.transport.submit("draft", records.features, ctx.p_in, ctx.p_fc, rows, groups,
                                   groups if ctx.p_fc is not None else [[] for _ in sel], phase, ctx.now, ctx.width,
-                                  ctx.dtype, H, chunks, phase == "prefill", None, ctx.fc_dtype,
+                                  ctx.dtype, H, chunks, phase == "prefill", 1, ctx.fc_dtype,
                                   pendings=(ctx.p_in, ctx.p_fc))
 
 
