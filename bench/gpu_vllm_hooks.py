@@ -61,12 +61,25 @@ def step(path: VllmStepPath, traced: bool) -> float:
     return (time.perf_counter() - t0) * 1e6
 
 
+def relay_cpu_s(path: VllmStepPath) -> float:
+    """CPU seconds the tracer's relay thread (it pickles the records for the recorder process, holding the GIL the
+    engine's thread needs) has used so far; 0 without a tracer."""
+    writer = path.tracer.core.transport.writer if path.tracer is not None else None
+    thread = getattr(writer, "_thread", None)
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
 def measure(widths: str, batch: int, iterations: int, warmup: int, cycles: int) -> dict:
     paths = {name: VllmStepPath(batch, sample_every=every, **WIDTHS[widths]) for name, every in CONFIGS.items()}
     times = {name: [] for name in paths}
+    relay = {}
     prev = None
     order = list(paths)
     for i in range(warmup + iterations):
+        if i == warmup:
+            relay = {name: relay_cpu_s(path) for name, path in paths.items()}
         random.shuffle(order)
         for name in order:
             torch.cuda._sleep(cycles)  # the model's forward, queued ahead of the step's host work
@@ -78,6 +91,7 @@ def measure(widths: str, batch: int, iterations: int, warmup: int, cycles: int) 
             if i >= warmup:
                 times[name].append(us)
     torch.cuda.synchronize()
+    relay = {name: (relay_cpu_s(path) - relay[name]) * 1e6 / iterations for name, path in paths.items()}
     reports = {}
     for name, path in paths.items():
         plugin.PLUGIN.tracer = path.tracer
@@ -88,6 +102,7 @@ def measure(widths: str, batch: int, iterations: int, warmup: int, cycles: int) 
         med = statistics.median(xs)
         out[name] = {"median_us": round(med, 1), "p90_us": round(pct(xs, 0.9), 1),
                      "own_us": None if name == "no tracer" else round(med - base, 1),
+                     "relay_cpu_us": round(relay[name], 1),
                      "errors": reports[name]["errors"], "drops": reports[name]["drops"],
                      "relay_error": reports[name]["relay_error"]}
     return out
@@ -133,9 +148,10 @@ def breakdown(widths: str, batch: int, every: int, iterations: int, cycles: int)
     return out
 
 
-def profile(widths: str, batch: int, iterations: int, cycles: int) -> str:
-    """Where the every-request path's host time goes (cProfile, top functions by own time)."""
-    path = VllmStepPath(batch, sample_every=1, **WIDTHS[widths])
+def profile(widths: str, batch: int, every: int, iterations: int, cycles: int) -> str:
+    """Where the host time of the path sampling 1 in ``every`` requests goes (cProfile, top functions by own
+    time)."""
+    path = VllmStepPath(batch, sample_every=every, **WIDTHS[widths])
     for _ in range(10):
         step(path, True)
     torch.cuda.synchronize()
@@ -148,7 +164,7 @@ def profile(widths: str, batch: int, iterations: int, cycles: int) -> str:
         torch.cuda.synchronize()
     path.close()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
     return buf.getvalue()
 
 
@@ -159,21 +175,25 @@ def main() -> int:
     ap.add_argument("--widths", default="tiny,kimi", help="comma-separated: " + ", ".join(WIDTHS))
     ap.add_argument("--batches", default="8,64")
     ap.add_argument("--no-profile", action="store_true", help="no cProfile (the parts' breakdown is always printed)")
+    ap.add_argument("--profile-every", default="1", help="comma-separated: the sampling paths profiled at batch 64 "
+                    "(16: 1 in 16, 1: every request)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_vllm_hooks: needs a CUDA GPU", file=sys.stderr)
         return 2
     cycles = int(gpu_sleep_cycles_per_ms() * FORWARD_MS)
     results = {"device": torch.cuda.get_device_name(), "forward_ms": FORWARD_MS, "cases": [], "profiles": {}}
-    print("| widths | batch | no tracer µs (median / p90) | 1 in 16 | every request | tracer's own µs, 1 in 16 / every |")
-    print("|---|---|---|---|---|---|")
+    print("| widths | batch | no tracer µs (median / p90) | 1 in 16 | every request | tracer's own µs, 1 in 16 / every "
+          "| relay thread CPU µs per step, 1 in 16 / every |")
+    print("|---|---|---|---|---|---|---|")
     for widths in a.widths.split(","):
         for batch in (int(b) for b in a.batches.split(",")):
             r = measure(widths, batch, a.iterations, a.warmup, cycles)
             results["cases"].append(r)
             n, s, e = r["no tracer"], r["1 in 16"], r["every request"]
             print(f"| {widths} | {batch} | {n['median_us']} / {n['p90_us']} | {s['median_us']} / {s['p90_us']} | "
-                  f"{e['median_us']} / {e['p90_us']} | {s['own_us']} / {e['own_us']} |", flush=True)
+                  f"{e['median_us']} / {e['p90_us']} | {s['own_us']} / {e['own_us']} | {s['relay_cpu_us']} / "
+                  f"{e['relay_cpu_us']} |", flush=True)
             bad = {k: (v["errors"], v["drops"], v["relay_error"]) for k, v in r.items() if isinstance(v, dict)
                    and (v["errors"] or v["drops"] or v["relay_error"])}
             if bad:
@@ -184,8 +204,9 @@ def main() -> int:
                     results.setdefault("breakdown", []).append({"widths": widths, "every": every, **parts})
                     print(f"  parts, {widths} widths, batch 64, 1 in {every}: {json.dumps(parts)}", flush=True)
             if not a.no_profile and batch == 64:
-                results["profiles"][widths] = text = profile(widths, batch, 50, cycles)
-                print(f"\ncProfile, {widths} widths, batch 64, every request, 50 steps:\n{text}", flush=True)
+                for every in (int(e) for e in a.profile_every.split(",")):
+                    results["profiles"][f"{widths}, 1 in {every}"] = text = profile(widths, batch, every, 50, cycles)
+                    print(f"\ncProfile, {widths} widths, batch 64, 1 in {every}, 50 steps:\n{text}", flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_vllm_hooks.json").write_text(json.dumps(results, indent=1))
     return 0
