@@ -41,9 +41,12 @@ LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -
 # The runner's --kimi-workload: "short" (LEVELS) weighs what the tracer does once per request (a sampled prompt's
 # summaries and recomputes, its finish record) against 16-32 tokens; "long" against 6x more, as production
 # requests do: the two tell a per-request cost from a per-step one. "long-1", "long-8", "long-64": one of long's
-# levels alone, about five times the rounds in one device call, to bound a cost that three rounds could not.
+# levels alone, about five times the rounds in one device call, to bound a cost that three rounds could not;
+# "short-1", "short-8", "short-64" the same for short's.
 LONG = {"1": (4, 96), "8": (16, 96), "64": (64, 48)}
-WORKLOADS = {"short": LEVELS, "long": LONG, **{f"long-{level}": {level: LONG[level]} for level in LONG}}
+WORKLOADS = {"short": LEVELS, "long": LONG, **{f"{name}-{level}": {level: levels[level]}
+                                              for name, levels in (("short", LEVELS), ("long", LONG))
+                                              for level in levels}}
 TARGETS = {"1/16": 0.01, "every": 0.03}  # cost in tokens/s at production widths (issue 19)
 
 
