@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from draftscope_tracer.device import steptap
@@ -65,7 +66,8 @@ def test_each_step_top_k_at_the_selected_rows():
             probs = torch.softmax(lg[row], -1)
             want = torch.topk(probs, 3)
             assert [i for i, _ in got[step][j]] == want.indices.tolist()
-            assert [p for _, p in got[step][j]] == want.values.tolist()
+            # the probabilities of the chosen entries only (softmax_topk), to float32 rounding
+            assert [p for _, p in got[step][j]] == pytest.approx(want.values.tolist(), rel=1e-5)
 
 
 def test_only_draft_decode_forwards_count_and_an_unarmed_loop_writes_nothing():
@@ -163,3 +165,29 @@ def test_a_small_batch_reads_only_its_own_rows():
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
     assert (tap.ids[:, 2:] == -1).all() and (tap.ids[:, :2] >= 0).all()
     assert len(tap.read(1).result().positions[0]) == 1
+
+
+def test_a_kimi_wide_vocabulary_reads_the_softmax_top_k():
+    """At 163,840 logits (Kimi-K2.5's draft) the top-k takes two stages (softmax_topk): the same entries as the
+    softmax then topk of before, bf16 logits included (their top 12 distinct: CPU topk's choice among ties at
+    the k-th value is not specified, see test_softmax_topk.py)."""
+    torch.manual_seed(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = [torch.randn(BS, 163840) * 4 for _ in range(STEPS - 1)]
+        for lg in logits:
+            for row in range(BS):
+                lg[row, torch.randperm(163840)[:12]] = 20 + torch.arange(12) * 0.5  # above the rest, exact in bf16
+        logits = [lg.to(dtype) for lg in logits]
+        errors = []
+        w = _worker(logits)
+        tap = StepTap(w, 8, _guard(errors))
+        tap.select([3, 0])
+        w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+        got = tap.read(2).result().positions
+        assert not errors and len(got) == STEPS - 1
+        for step, lg in enumerate(logits):
+            for j, row in enumerate([3, 0]):
+                want = torch.topk(torch.softmax(lg[row].float(), -1), 8)
+                assert len(got[step][j]) == 8
+                assert {i for i, _ in got[step][j]} == set(want.indices.tolist())
+                assert sorted(p for _, p in got[step][j]) == pytest.approx(sorted(want.values.tolist()), rel=1e-4)
