@@ -91,7 +91,8 @@ def test_the_target_summary_reads_the_held_logits_or_computes_them_at_the_verify
     summaries.summaries.reduce = reduce
     want = torch.softmax((hidden @ head)[rows].float(), -1).topk(3)
     for logits in (held, None):
-        summary, layout = summaries.target(runner, a, rows, logits, logit_at, held.shape[0])
+        summary, layout, in_place = summaries.target(runner, a, rows, logits, logit_at, held.shape[0])
+        assert not in_place  # no joined tensor given: gathered from each aux tensor
         s = summary.result()
         assert [[i for i, _ in r.topk] for r in s.rows] == want.indices.tolist()
         assert [p for r in s.rows for _, p in r.topk] == pytest.approx(want.values.flatten().tolist(), rel=1e-5)
@@ -128,6 +129,44 @@ def test_the_verify_rows_are_read_from_the_drafters_input_where_vllm_joined_them
     assert got[True] == got[False]
     assert sum(len(recs["steps"]) for recs in got[True]) == 4
     assert any(r["point"].startswith("target.aux") for recs in got[True] for r in recs["samples"])
+
+
+@pytest.mark.parametrize("reduce", ["auto", "device"])
+def test_a_decode_steps_draft_input_and_verify_rows_share_one_launch(reduce):
+    """In vLLM's padded batch the draft receives the verify rows themselves (the aux hidden states joined row for
+    row): a decode step summarises them once, for the verify records and the draft input's, which read the same
+    values as two launches would (the unpadded batch: the verify rows gathered, the draft's input launched on its
+    own). Every slot of their ring comes back."""
+    got = {}
+    for padded in (True, False):
+        path = VllmStepPath(3, device="cpu", k=K, padded=padded)
+        summaries, launched = path.tracer.steps.cuda.summaries.summaries, []
+        summaries.reduce = reduce
+        launch = summaries.launch
+
+        def spy(hidden, rows, launch=launch, **kw):
+            launched.append("verify" if kw.get("logit_rows") is not None else
+                            "draft input" if hidden.shape[-1] == 3 * path.hidden and kw.get("logits") is None else
+                            "other")
+            return launch(hidden, rows, **kw)
+
+        summaries.launch = spy
+        for _ in range(3):
+            path.step()
+        report = path.close()
+        assert report["errors"] == {} and report["relay_error"] is None and report["drops"] == {}, report
+        per_step = len(launched) // 3
+        assert launched.count("verify") == 3
+        assert launched.count("draft input") == (0 if padded else 3), launched
+        got[padded] = [(p, {kind: [{k: v for k, v in r.items() if k != "at"} for r in recs[kind]] for kind in recs})
+                       for p, recs in path.relay.records() if p in ("verify", "draft")]
+        assert per_step >= 2
+        if reduce == "device":  # the aux rows' launches went through a Summarizer's ring: every slot came back
+            rings = [summ._ring for key, summ in summaries._by_shape.items() if key[0] == 3 * path.hidden]
+            assert rings and all(not any(ring._busy) for ring in rings)
+    assert got[True] == got[False]
+    inputs = [r for p, recs in got[True] if p == "draft" for r in recs["samples"] if r["point"] == "draft.input"]
+    assert len(inputs) == 3 * 3  # each request's draft input at each step
 
 
 def _records(path, probe):

@@ -82,13 +82,17 @@ class CudaStep:
 
     # -- the drafter -------------------------------------------------------------------------------
     def on_draft_input(self, ctx, a: Dict[str, Any]) -> None:
-        """What the draft receives, at the picks' rows (``CudaSummaries.draft_input``); the step's verify rows
+        """What the draft receives, at the picks' rows (``CudaSummaries.draft_input_rows``); the step's verify rows
         summarised on it where it is vLLM's concatenation of the aux hidden states row for row (its padded batch:
-        ``token_indices_to_sample`` given)."""
-        self.summaries.draft_input(ctx, a)
+        ``token_indices_to_sample`` given), in the same launch when the draft's rows are the verify rows (a decode
+        step: ``VerifySteps.launch``)."""
+        hidden = a["target_hidden_states"]
+        chunk = self.summaries.draft_input_rows(ctx, a)
         if ctx.target is not None:
             padded = a.get("token_indices_to_sample") is not None
-            self.verify_steps.launch(ctx.target, a["target_hidden_states"] if padded else None)
+            ctx.p_in = self.verify_steps.launch(ctx.target, hidden if padded else None, ctx.rows, chunk)
+        if ctx.p_in is None:
+            self.summaries.draft_input(ctx, hidden, chunk)
 
     def after_propose(self, ctx) -> None:
         """The step's verify rows summarised, if the drafter's hook did not (``VerifySteps.launch``)."""

@@ -55,33 +55,38 @@ class CudaSummaries:
 
     def target(self, runner, a: Dict[str, Any], rows: List[int], logits: Optional[torch.Tensor], logit_at: List[int],
                logit_count: int, joined: Optional[torch.Tensor] = None) -> tuple:
-        """(summary, (chunk width, chunks, dtype)) of the verify ``rows``: the aux hidden states' chunks and the
-        target's top-k there (the step's ``logits``, ``[logit_count, vocab]``, read in place at ``logit_at``:
-        ``target_logits``). ``joined``: vLLM's own concatenation of the aux hidden states, row for row the
-        target's (the drafter's input in its padded batch), read in place at ``rows`` when it is that; else the
-        rows are gathered from each aux tensor and joined here."""
+        """(summary, (chunk width, chunks, dtype), whether it read ``joined`` in place) of the verify ``rows``: the
+        aux hidden states' chunks and the target's top-k there (the step's ``logits``, ``[logit_count, vocab]``,
+        read in place at ``logit_at``: ``target_logits``). ``joined``: vLLM's own concatenation of the aux hidden
+        states, row for row the target's (the drafter's input in its padded batch), read in place at ``rows`` when
+        it is that; else the rows are gathered from each aux tensor and joined here."""
         hidden, aux = a["hidden_states"], a["aux_hidden_states"]
         logits = held(logits, logit_count)
         if aux and logits is not None and _joins(joined, aux, rows):
             H = int(aux[0].shape[-1])
             return (self.summaries.launch(joined, rows, chunk_width=H, logits=logits, logit_rows=logit_at),
-                    (H, len(aux), dtype_name(aux[0])))
+                    (H, len(aux), dtype_name(aux[0])), True)
         index = device_index(rows, hidden.device)
         if index is None:
             self.health.drop("host_slots_full")
-            return None, (None, 0, None)
+            return None, (None, 0, None), False
         logits, at = target_logits(runner, hidden, logits, index, logit_at)
         if not aux:  # the logits' own rows summarised
             return (self.summaries.launch(logits, at, chunk_width=int(logits.shape[-1]), logits=logits, stats=False),
-                    (None, 0, None))
+                    (None, 0, None), False)
         joined = torch.cat([h.index_select(0, index) for h in aux], -1)
         H = int(aux[0].shape[-1])
         return (self.summaries.launch(joined, range(len(rows)), chunk_width=H, logits=logits, logit_rows=at),
-                (H, len(aux), dtype_name(aux[0])))
+                (H, len(aux), dtype_name(aux[0])), False)
 
-    def draft_input(self, ctx, a: Dict[str, Any]) -> None:
+    def draft_input(self, ctx, hidden: torch.Tensor, chunk: int) -> None:
+        """The draft input's rows (:meth:`draft_input_rows`) of ``hidden`` summarised in chunks of ``chunk``."""
+        ctx.p_in = self.summaries.launch(hidden, ctx.rows, chunk_width=chunk)
+
+    def draft_input_rows(self, ctx, a: Dict[str, Any]) -> int:
         """The rows of what the draft receives for the sampled requests (``step_layout.draft_input_rows``; a
-        prompt's rows cut so that a launch fits the Summarizer built at attach). ``ctx``: ``step.StepContext``."""
+        prompt's rows cut so that a launch fits the Summarizer built at attach) into ``ctx`` (``step.StepContext``),
+        with its width and dtype; the chunk width a summary of them takes."""
         hidden = a["target_hidden_states"]
         qsl = a["common_attn_metadata"].query_start_loc_cpu.tolist()  # a CPU tensor
         prompts = verify_rows = 0
@@ -97,8 +102,7 @@ class CudaSummaries:
             ctx.rows.extend(span)
         H = self.hidden or int(hidden.shape[-1])
         ctx.width, ctx.dtype = int(hidden.shape[-1]), dtype_name(hidden)
-        chunk = H if ctx.width % H == 0 else ctx.width
-        ctx.p_in = self.summaries.launch(hidden, ctx.rows, chunk_width=chunk)
+        return H if ctx.width % H == 0 else ctx.width
 
     def fc(self, ctx, out: torch.Tensor) -> None:
         """The draft's ``fc`` output at the draft input's rows."""

@@ -9,7 +9,7 @@ keeps and takes claims; a record dropped in the relay gives its claim back there
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from typing import Iterable, List
 
 from draftscope_tracer.engine.vllm.requests import Requests
 from draftscope_tracer.engine.vllm.step_layout import Verify, draft_rows
@@ -56,6 +56,12 @@ class Claim:
         return _read, (self._launch.pending,)
 
 
+def claims(pending, n: int) -> List[Claim]:
+    """``n`` claims on one launch (``pending``): it is freed when the last is given back unread."""
+    launch = _Launch(pending, n)
+    return [Claim(launch) for _ in range(n)]
+
+
 class HeldDrafts:
     """The draft's top-k held for each sampled request's next verify."""
 
@@ -66,10 +72,10 @@ class HeldDrafts:
         """What this step drafted (``ctx``: ``step.StepContext``; ``summary``: the top-k of its ``positions`` draft
         positions, ``step_layout.draft_rows``) is verified at each pick's next step: a claim on it kept until then
         (a claim kept from an earlier step and not taken is given back)."""
-        launch, proposed = _Launch(summary, len(ctx.picks)), self.requests.proposed
-        for p, rows in zip(ctx.picks, draft_rows(positions, len(ctx.picks))):
+        proposed = self.requests.proposed
+        for p, rows, claim in zip(ctx.picks, draft_rows(positions, len(ctx.picks)), claims(summary, len(ctx.picks))):
             self.forget(p.rid)
-            proposed[p.rid] = (Claim(launch), rows)
+            proposed[p.rid] = (claim, rows)
 
     def forget(self, rid: str) -> None:
         """``rid``'s claim on a draft top-k waiting for a verify is given back."""

@@ -16,7 +16,7 @@ import torch
 
 from draftscope_tracer.engine.vllm import step_ids
 from draftscope_tracer.engine.vllm.cuda_summaries import CudaSummaries
-from draftscope_tracer.engine.vllm.held_drafts import HeldDrafts
+from draftscope_tracer.engine.vllm.held_drafts import Claim, HeldDrafts, claims
 from draftscope_tracer.engine.vllm.requests import Requests
 from draftscope_tracer.engine.vllm.step_layout import Verify, built
 from draftscope_tracer.health import Health
@@ -63,12 +63,22 @@ class VerifySteps:
                                                  with_positions, done)))
         return target
 
-    def launch(self, target: Optional["Target"], joined: Optional[torch.Tensor] = None) -> None:
+    def launch(self, target: Optional["Target"], joined: Optional[torch.Tensor] = None,
+               draft_rows: Optional[List[int]] = None, chunk: Optional[int] = None) -> Optional[Claim]:
         """Summarise ``target``'s verify rows, once (``CudaSummaries.target``; ``joined``: vLLM's concatenation of
-        the aux hidden states, when the drafter's hook has it)."""
-        if target is not None and target.args is not None:
-            target.summary, target.layout = self.summaries.target(*target.args, joined=joined)
-            target.args = None
+        the aux hidden states, when the drafter's hook has it). ``draft_rows``: the draft input's rows of ``joined``
+        (summarised in chunks of ``chunk``); when the launch read ``joined`` in place at exactly those rows (a
+        decode step: the draft receives the verify rows), a claim on it for the draft input's record, the verify
+        records holding the other (``held_drafts.claims``): one launch for both. Else None."""
+        if target is None or target.args is None:
+            return None
+        rows = target.args[2]
+        target.summary, target.layout, in_place = self.summaries.target(*target.args, joined=joined)
+        target.args = None
+        if not in_place or target.summary is None or target.layout[0] != chunk or rows != draft_rows:
+            return None
+        target.summary, draft = claims(target.summary, 2)
+        return draft
 
     def _resolved(self, counted: list, verify: List[Verify], target: Optional["Target"], now: float,
                   res: step_ids.Resolved) -> None:
