@@ -1,7 +1,8 @@
-"""GPU time of the step tap's softmax top-k (``tracer/device/softmax_topk.py``) against the softmax-then-topk it
-replaced, per CUDA-graph replay (as in SGLang's draft-decode loop: the row gather included), at the vocabularies
-of Kimi-K2.5 (163,840) and Qwen (151,936) and 1, 8 and 64 rows, top-8. Both paths replay in turns, each timed
-over 200 replays, 5 rounds; the median per case.
+"""GPU time of the step tap's two-stage softmax top-k (``tracer/device/softmax_topk.py``'s ``two_stage``) against
+a softmax then ``torch.topk``, per CUDA-graph replay (as in SGLang's draft-decode loop: the row gather
+included), at the vocabularies of Kimi-K2.5 (163,840) and Qwen (151,936) and 1, 8 and 64 rows, top-8: where
+``softmax_topk`` takes which (``SOFTMAX_ROWS``). Both paths replay in turns, each timed over 200 replays, 5
+rounds; the median per case.
 
     python bench/gpu_softmax_topk.py          # JSON also to $OUT/gpu_softmax_topk.json if OUT is set
 
@@ -53,10 +54,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_softmax_topk: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from draftscope_tracer.device.softmax_topk import softmax_topk
+    from draftscope_tracer.device.softmax_topk import two_stage
 
     out = {"device": torch.cuda.get_device_name(), "k": K, "cases": []}
-    print(f"| vocabulary | rows | softmax then topk µs | softmax_topk µs | ratio |  ({out['device']}, top-{K})")
+    print(f"| vocabulary | rows | softmax then topk µs | two stages µs | ratio |  ({out['device']}, top-{K})")
     print("|---|---|---|---|---|")
     for V in VOCABS:
         for n in ROWS:
@@ -69,7 +70,7 @@ def main() -> int:
                 return logits.index_select(0, rows.clamp(0, n - 1))
 
             graphs = {"old": _graphed(lambda: _old(gathered(), K, (probs, ids))),
-                      "new": _graphed(lambda: softmax_topk(gathered(), K, out=(probs, ids)))}
+                      "new": _graphed(lambda: two_stage(gathered(), K, (probs, ids)))}
             times = {name: [] for name in graphs}
             for _ in range(5):
                 for name, graph in graphs.items():

@@ -58,22 +58,23 @@ def _graphed(fn):
     return graph
 
 
+@pytest.mark.parametrize("n", (1, 4, 64))  # the two stages below 8 rows, the softmax then topk from there
 @pytest.mark.parametrize("V", (163840, 151936))
-def test_a_graph_replay_writes_what_an_eager_run_writes_and_nothing_syncs(V):
+def test_a_graph_replay_writes_what_an_eager_run_writes_and_nothing_syncs(V, n):
     from draftscope_tracer.device.softmax_topk import softmax_topk
 
     torch.manual_seed(0)
-    logits = torch.randn(64, V, device="cuda", dtype=torch.bfloat16)
-    rows = torch.zeros(64, dtype=torch.int64, device="cuda")
-    probs, ids = torch.zeros(64, 20, device="cuda"), torch.zeros(64, 20, dtype=torch.int64, device="cuda")
+    logits = torch.randn(n, V, device="cuda", dtype=torch.bfloat16)
+    rows = torch.zeros(n, dtype=torch.int64, device="cuda")
+    probs, ids = torch.zeros(n, 20, device="cuda"), torch.zeros(n, 20, dtype=torch.int64, device="cuda")
 
     def write():
         softmax_topk(logits.index_select(0, rows.clamp(0, logits.shape[0] - 1)), 20, out=(probs, ids))
 
     graph = _graphed(write)
     for kind in ("random", "integer", "masked"):
-        logits.copy_(_rows(kind, 64, V, torch.bfloat16))
-        rows.copy_(torch.randperm(64, device="cuda"))
+        logits.copy_(_rows(kind, n, V, torch.bfloat16))
+        rows.copy_(torch.randperm(n, device="cuda"))
         graph.replay()
         got = probs.clone(), ids.clone()
         torch.cuda.set_sync_debug_mode("error")
@@ -84,4 +85,4 @@ def test_a_graph_replay_writes_what_an_eager_run_writes_and_nothing_syncs(V):
         assert torch.equal(got[1].sort(-1).values, ids.sort(-1).values), kind
         assert torch.equal(got[0].sort(-1).values, probs.sort(-1).values), kind
         want = _old(logits.index_select(0, rows), 20)
-        assert all(set(ids[r].tolist()) == set(want.indices[r].tolist()) for r in range(64)), kind
+        assert all(set(ids[r].tolist()) == set(want.indices[r].tolist()) for r in range(n)), kind

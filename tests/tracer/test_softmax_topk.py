@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from draftscope_tracer.device.softmax_topk import DIRECT, group_width, softmax_topk
+from draftscope_tracer.device.softmax_topk import DIRECT, SOFTMAX_ROWS, group_width, softmax_topk, two_stage
 from draftscope_tracer.stats import draft_steps
 
 VOCABS = (1000, 1024, 4096, 5000, 32000 + 7, 151936, 163840)
@@ -22,6 +22,12 @@ def _old(x: torch.Tensor, k: int):
     return torch.topk(torch.softmax(x.float(), dim=-1), k, dim=-1)
 
 
+def _two_stage(x: torch.Tensor, k: int, width=None):
+    """``two_stage`` (what ``softmax_topk`` takes for fewer than ``SOFTMAX_ROWS`` rows) on any number of rows."""
+    out = torch.empty(x.shape[0], k, dtype=torch.float32), torch.empty(x.shape[0], k, dtype=torch.int64)
+    return two_stage(x, k, out, width)
+
+
 def _records(probs: torch.Tensor, ids: torch.Tensor) -> list:
     """What the tracer records of these rows: ``[(id, prob), ...]`` best first, ties by id (stats.draft_steps)."""
     return draft_steps([probs.numpy()[None], ids.numpy()[None], np.zeros((0, 0), np.int64)], (probs.shape[0], 1)
@@ -29,10 +35,10 @@ def _records(probs: torch.Tensor, ids: torch.Tensor) -> list:
 
 
 def _check(x: torch.Tensor, k: int, width=None) -> dict:
-    """softmax_topk(x, k) against the old path row by row; counts of the rows compared exactly (no tie at the
+    """The two-stage top-k of ``x`` against the old path row by row; counts of the rows compared exactly (no tie at the
     k-th value) and of those tied there."""
     n, V = x.shape
-    probs, ids = softmax_topk(x, k, width=width)
+    probs, ids = _two_stage(x, k, width)
     assert probs.shape == ids.shape == (n, k) and probs.dtype == torch.float32 and ids.dtype == torch.int64
     old_p, old_i = _old(x, k)
     exact = torch.softmax(x.double(), dim=-1)
@@ -113,7 +119,7 @@ def test_rows_with_minus_infinity(V):
     x[5] = -torch.inf
     for width in (None, 256):
         assert _check(x[:3], k, width)["exact"] == 3
-        probs, ids = softmax_topk(x[3:], k, width=width)
+        probs, ids = _two_stage(x[3:], k, width)
         for r, finite in ((0, set(range(5))), (1, {V - 3, V - 2, V - 1})):
             got = ids[r].tolist()
             assert finite <= set(got) and len(set(got)) == k and all(0 <= i < V for i in got)
@@ -143,3 +149,18 @@ def test_writes_into_strided_views(V):
     torch.testing.assert_close(probs[1, :5, :6].sort(-1).values, want.values.sort(-1).values, rtol=1e-4, atol=0)
     assert (ids[0] == -1).all() and (ids[1, 5:] == -1).all() and (ids[1, :, 6:] == -1).all()
     assert (probs[0] == 0).all() and (probs[1, :, 6:] == 0).all()
+
+
+def test_few_rows_take_the_two_stages_and_more_the_softmax_then_topk():
+    """``softmax_topk`` by the rows it is given: below ``SOFTMAX_ROWS`` the two stages, from there the old path itself
+    (faster there on a GPU: bench/gpu_softmax_topk.py)."""
+    torch.manual_seed(4)
+    for n in (1, SOFTMAX_ROWS - 1, SOFTMAX_ROWS, 64):
+        x = torch.randn(n, 163840) * 3
+        probs, ids = softmax_topk(x, 8)
+        if n < SOFTMAX_ROWS:
+            want = _two_stage(x, 8)
+            assert torch.equal(ids, want[1]) and torch.equal(probs, want[0])
+        else:
+            want = _old(x, 8)
+            assert torch.equal(ids, want.indices) and torch.equal(probs, want.values)

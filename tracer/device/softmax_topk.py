@@ -6,14 +6,15 @@ per verify step on an H100 at Kimi-K2.5 widths (vocabulary 163,840, batch 1): th
 writes the whole row, and ``torch.topk`` over one long row takes torch's multi-block radix path (the
 ``mbtopk::*`` kernels, a cub scan, ``gatherTopK``, ``bitonicSortKVInPlace``: ~83 µs).
 
-Here the top-k is taken on the logits (softmax is monotonic) in two stages: ``topk`` within groups of ``W``
+With few rows (fewer than ``SOFTMAX_ROWS``: a decode batch of 1 to 7 requests, where it cut the step tap's time
+to 55-63%) the top-k is taken on the logits (softmax is monotonic) in two stages: ``topk`` within groups of ``W``
 columns (one short row per group: torch's single-block path, and one row makes ``V / W`` blocks), then
 ``topk`` over the groups' candidates; a vocabulary ``W`` does not divide has its tail (fewer than ``W``
 columns) take its own small ``topk``, whose candidates join the second stage. Only the chosen entries get a
 probability, ``exp(x - max) / sum(exp(x - max))`` with the sum over the full row in float32; no softmax row is
 written. Plain torch operations on device tensors, shapes from host ints only: no host sync, no decision on
 data, so it can be captured into a CUDA graph (``tests/gpu/test_softmax_topk.py`` checks a graph's replay
-against eager runs and against softmax-then-topk on a GPU, and times both). Kernels: 11 for a float32 row that
+against eager runs and against softmax-then-topk on a GPU; ``bench/gpu_softmax_topk.py`` times both). Kernels: 11 for a float32 row that
 ``W`` divides (two topk, a gather, a div and an add for the ids; the max of the k values, a sub, an exp and a
 sum over the row, a gather and a div for the probabilities), 3 more for a tail (its topk, two cats), 1 more
 for other dtypes (the max as float32); 7 for a row up to ``DIRECT`` wide.
@@ -34,6 +35,10 @@ from typing import Optional, Tuple
 import torch
 
 DIRECT = 4096  # rows up to this wide take one topk (a single block); wider ones two stages
+# From this many rows on, a softmax then ``torch.topk`` (the rows fill the GPU): bench/gpu_softmax_topk.py on an H100
+# at vocabularies 163,840 and 151,936, top-8, the two-stage path's time over the old one's: 0.55-0.63 at 1 row,
+# 0.97-1.10 at 8, 1.37-1.57 at 64 (2 to 7 rows not measured)
+SOFTMAX_ROWS = 8
 
 
 def group_width(vocab: int) -> int:
@@ -43,16 +48,28 @@ def group_width(vocab: int) -> int:
     return min(1024, max(256, w))
 
 
-def softmax_topk(x: torch.Tensor, k: int, out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-                 width: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(x: torch.Tensor, k: int, out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``x`` ``[n, V]`` (any float dtype): the ``k`` largest softmax probabilities (float32) and
-    their ids (int64), unsorted (each row's entries in no particular order), written into ``out`` =
-    ``(probs, ids)`` (``[n, k]`` views are fine) or new tensors; returns them. ``width``: the first stage's
-    group width (default :func:`group_width`; tests force small ones)."""
-    n, V = x.shape
+    their ids (int64), written into ``out`` = ``(probs, ids)`` (``[n, k]`` views are fine) or new tensors;
+    returns them. Fewer than ``SOFTMAX_ROWS`` rows: :func:`two_stage` (entries in no particular order); more: a
+    softmax then ``torch.topk``."""
+    n = x.shape[0]
     if out is None:
         out = (torch.empty(n, k, dtype=torch.float32, device=x.device),
                torch.empty(n, k, dtype=torch.int64, device=x.device))
+    if n < SOFTMAX_ROWS:
+        return two_stage(x, k, out)
+    torch.topk(torch.softmax(x.float(), dim=-1), k, dim=-1, out=out)
+    return out
+
+
+def two_stage(x: torch.Tensor, k: int, out: Tuple[torch.Tensor, torch.Tensor], width: Optional[int] = None
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`softmax_topk` of few rows: the top-k of the logits in two stages, the probabilities of the chosen
+    entries only (this module's docstring), unsorted. ``width``: the first stage's group width (default
+    :func:`group_width`; tests force small ones)."""
+    n, V = x.shape
     probs, ids = out
     W = width or group_width(V)
     if V <= DIRECT or V < 2 * W or k >= W:

@@ -20,10 +20,11 @@ buffer (graph-capturable too), so one copy brings back every node's draft top-k 
 (:func:`draftscope_tracer.transport.records.draft_tree` maps them to nodes).
 
 Costs: in every draft-decode graph replay, sampled or not, one gather of at most ``ROWS`` logits rows (no
-more than the graph's batch has), and per draft step a top-k of those rows' logits (in two stages) with the softmax
-probabilities of the chosen entries only (:func:`~draftscope_tracer.device.softmax_topk.softmax_topk`: 7 to 15
-small kernels; the softmax-then-topk it replaced took ~100 µs of GPU per verify step on an H100 at vocabulary
-163,840, batch 1); no host time; eager runs do that work only when the hook has selected rows. More sampled
+more than the graph's batch has) and per draft step the softmax top-k of those rows
+(:func:`~draftscope_tracer.device.softmax_topk.softmax_topk`: with fewer than 8 rows a two-stage top-k of the
+logits and the probabilities of the chosen entries only, 59 µs of GPU a replay on an H100 at vocabulary 163,840
+and 1 row where a softmax then a topk took 106; with more rows the softmax then a topk, faster there); no host
+time; eager runs do that work only when the hook has selected rows. More sampled
 requests in one batch than ``ROWS`` rows hold: the others get no positions 2.. (counted as ``draft_tap_full``
 drops).
 """
