@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from gpu_summarize import capture  # bench/, beside this script: warm-up off the capture, then one graph
+
 VOCABS = (163_840, 151_936)
 ROWS = (1, 8, 64)
 K = 8
@@ -26,18 +28,6 @@ K = 8
 
 def _old(x: torch.Tensor, k: int, out) -> None:
     torch.topk(torch.softmax(x.float(), dim=-1), k, dim=-1, out=out)
-
-
-def _graphed(fn) -> "torch.cuda.CUDAGraph":
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up off the capture, as SGLang does
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def per_replay_us(graph, replays: int = 200) -> float:
@@ -69,8 +59,8 @@ def main() -> int:
             def gathered():
                 return logits.index_select(0, rows.clamp(0, n - 1))
 
-            graphs = {"old": _graphed(lambda: _old(gathered(), K, (probs, ids))),
-                      "new": _graphed(lambda: two_stage(gathered(), K, (probs, ids)))}
+            graphs = {"old": capture(lambda: _old(gathered(), K, (probs, ids))),
+                      "new": capture(lambda: two_stage(gathered(), K, (probs, ids)))}
             times = {name: [] for name in graphs}
             for _ in range(5):
                 for name, graph in graphs.items():
