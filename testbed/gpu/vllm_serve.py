@@ -2,7 +2,8 @@
 
     python -m testbed.gpu.vllm_serve --kit KIT --work DIR [--modes graphs,eager,graphs-sync] [--no-hooks]
                                      [--scenarios aux-off,weights-dropped,ids-0-1-2]
-                                     [--limit-s S] [--throughput [--throughput-s S] [--throughput-servers A,B]]
+                                     [--limit-s S] [--throughput [--throughput-s S] [--throughput-servers A,B]
+                                                   [--throughput-levels 1,8,64]]
 
 Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps what came before):
 
@@ -31,7 +32,8 @@ Phases, each saved into ``DIR/results.json`` as it ends (a later failure keeps w
 
 ``--throughput``: instead of the modes (phases 0-2 as above), the tracer's overhead against vLLM without it
 (``testbed/gpu/vllm_throughput.py``); with ``--kimi``, at Kimi widths (its ``kimi_phase``: an H200 for three servers,
-an H100 for two: ``--throughput-servers no-tracer,every``).
+an H100 for two: ``--throughput-servers no-tracer,every``). ``--throughput-levels 64``: that level alone, so a call's
+rounds all go to it (a level whose rounds vary widely needs many).
 
 ``--kimi``: the seed's case at full width (``testbed/gpu/vllm_kimi.py``): after phases 0-2, with its own models,
 architectures prewarmed and servers; no tiny mode runs unless ``--modes`` names it.
@@ -260,6 +262,9 @@ def main() -> int:
     ap.add_argument("--throughput-servers", default=",".join(throughput.SERVERS),
                     help="with --throughput: the servers measured, no-tracer among them (default: %(default)s; "
                     "with --kimi an H100 takes two, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled)")
+    ap.add_argument("--throughput-levels", default=",".join(vllm_throughput.LEVELS),
+                    help="with --throughput: the concurrency levels measured, of %(default)s (one alone: all the "
+                    "call's rounds at it)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU here: the import check and the engine "
                                                             "configurations only (see the module's docstring)")
     a = ap.parse_args()
@@ -280,6 +285,9 @@ def main() -> int:
         measured = throughput.servers(a.throughput_servers)
     except ValueError as exc:
         ap.error(str(exc))
+    levels = {lv: vllm_throughput.LEVELS[lv] for lv in a.throughput_levels.split(",") if lv in vllm_throughput.LEVELS}
+    if not levels or len(levels) != len(a.throughput_levels.split(",")):
+        ap.error(f"--throughput-levels {a.throughput_levels!r}: a comma list of {list(vllm_throughput.LEVELS)}")
     deadline = time.monotonic() + a.limit_s
     a.work.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
@@ -316,9 +324,9 @@ def main() -> int:
 
             results["kimi_models"] = made = vllm_kimi.await_models(kimi_models, a.work)
             vllm_throughput.kimi_phase(a.kit, a.work, made, began + a.throughput_s, results, save,
-                                       torch.cuda.get_device_properties(0).total_memory, measured)
+                                       torch.cuda.get_device_properties(0).total_memory, measured, levels)
         else:
-            vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save, measured)
+            vllm_throughput.phase(a.kit, a.work, began + a.throughput_s, results, save, measured, levels)
         return 0 if "levels" in results["vllm_throughput"] else 1
     results["scenarios"] = {}
     results.update(dict.fromkeys(PAIRS))

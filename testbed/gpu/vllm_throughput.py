@@ -175,13 +175,13 @@ def _report(results: dict) -> None:
 
 
 def phase(kit: Path, work: Path, deadline: float, results: dict, save: Callable,
-          names: tuple = throughput.SERVERS) -> None:
+          names: tuple = throughput.SERVERS, levels: dict = LEVELS) -> None:
     """The runner's ``--throughput``: the kit's models, ``vllm_servers.command`` in graphs mode with ``ARGS``, the
-    servers of ``names``; into ``results``, saved after every round and at the end."""
+    servers of ``names`` at ``levels`` (of ``LEVELS``); into ``results``, saved after every round and at the end."""
     bed = VLLMBed(kit, work, *tracer_paths(), partial(vllm_servers.command, kit, mode="graphs"))
     models = kit / "models"
     results.update(run(bed, specs(models / "target", models / "draft", ARGS, names), deadline,
-                       _saver(results, save)))
+                       _saver(results, save), levels))
     save()
     _report(results)
 
@@ -194,9 +194,9 @@ def kimi_command(models: Path, port: int, servers: int = len(throughput.SERVERS)
 
 
 def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: dict, save: Callable,
-               gpu_bytes: int, names: tuple = throughput.SERVERS) -> None:
+               gpu_bytes: int, names: tuple = throughput.SERVERS, levels: dict = LEVELS) -> None:
     """The runner's ``--throughput --kimi``: Kimi-width servers (``kimi_command``) of ``names`` (of ``throughput.CONFIGS``)
-    on ``models`` (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does.
+    at ``levels`` on ``models`` (``vllm_kimi.await_models``' result), prompts of token ids; into ``results`` as :func:`phase` does.
     Not run on a GPU of fewer than ``KIMI_GPU_BYTES_PER_SERVER`` a server (``gpu_bytes``), nor without the models:
     ``vllm_throughput`` says why."""
     need = len(names) * KIMI_GPU_BYTES_PER_SERVER
@@ -212,7 +212,7 @@ def kimi_phase(kit: Path, work: Path, models: dict, deadline: float, results: di
     dest = Path(models["dest"])
     bed = VLLMBed(kit, work, *tracer_paths(), lambda port: kimi_command(dest, port, len(names)))
     servers = specs(dest / vllm_kimi.VARIANTS[KIMI_VARIANT], dest / KIMI_DRAFT, [], names)
-    results.update(run(bed, servers, deadline, _saver(results, save), prompts=kimi_prompts.prompt,
+    results.update(run(bed, servers, deadline, _saver(results, save), levels, prompts=kimi_prompts.prompt,
                        start_timeout=KIMI_START_TIMEOUT_S))
     save()
     _report(results)

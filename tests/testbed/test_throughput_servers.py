@@ -42,3 +42,9 @@ def test_the_sglang_runner_refuses_servers_without_the_baseline():
                         "--server-path", "s", "--kimi-throughput-servers", "every,unsampled"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no-tracer among them" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_vllm_runner_refuses_a_level_it_does_not_know():
+    p = subprocess.run([sys.executable, "-m", "testbed.gpu.vllm_serve", "--kit", "k", "--work", "w", "--throughput",
+                        "--throughput-levels", "64,32"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--throughput-levels '64,32'" in p.stderr, p.stderr[-2000:]
