@@ -303,10 +303,10 @@ def vllm(batch: int, every: int, iterations: int) -> dict:
     return {"median": m, "p90": p90, "without": b, "drain": d}
 
 
-def python_calls(batch: int, every: int, iterations: int = 64) -> float:
-    """Python function calls the tracer makes per engine step (``sys.setprofile``'s ``call`` events with it minus
-    without it, the mean over ``iterations``): a count that does not depend on the host's noise."""
-    path, calls = warmed_vllm_path(batch, every)
+def python_calls(step, flush, iterations: int = 64) -> float:
+    """Python function calls the tracer makes per ``step(traced)`` (``sys.setprofile``'s ``call`` events with it
+    minus without it, the mean over ``iterations``; ``flush`` after each pair): a count that does not depend on the
+    host's noise."""
     n = [0, 0]
 
     def count(frame, event, arg):
@@ -317,11 +317,27 @@ def python_calls(batch: int, every: int, iterations: int = 64) -> float:
         for traced, sign in ((True, 1), (False, -1)):
             n[0] = 0
             sys.setprofile(count)
-            vllm_step(path, traced)
+            step(traced)
             sys.setprofile(None)
             n[1] += sign * n[0]
-        calls.flush()
+        flush()
     return n[1] / iterations
+
+
+def sglang_python_calls(batch: int, every: int) -> float:
+    """:func:`python_calls` per decode iteration, after 8 traced ones."""
+    path = sglang_path(batch, every)
+    calls = path.tracer.transport.writer
+    for _ in range(8):
+        path.iteration()
+        calls.flush()
+    return python_calls(lambda traced: path.iteration(traced=traced), calls.flush)
+
+
+def vllm_python_calls(batch: int, every: int) -> float:
+    """:func:`python_calls` per engine step."""
+    path, calls = warmed_vllm_path(batch, every)
+    return python_calls(lambda traced: vllm_step(path, traced), calls.flush)
 
 
 def vllm_calls(batch: int, every: int, iterations: int = 64) -> dict:
@@ -359,13 +375,14 @@ def main() -> int:
     torch.set_num_threads(1)
     gc.disable()  # a collection lands in whichever iteration it likes
     batches = [int(b) for b in a.batches.split(",")]
-    heading("SGLang hooks, µs of Python per decode iteration (the tracer's own: with it minus without it)",
-            "with the tracer, median", "p90", "without", "the tracer's own")
+    heading("SGLang hooks, µs of Python per decode iteration (the tracer's own: with it minus without it), and the "
+            "Python calls the tracer makes per iteration (the mean of 64; with it minus without it)",
+            "with the tracer, median", "p90", "without", "the tracer's own", "Python calls")
     for batch in batches:
         for every, name in (*SAMPLED, (0, "none")):
             r = sglang(batch, every, a.iterations)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
-                  f"{r['median'] - r['without']:.1f} |", flush=True)
+                  f"{r['median'] - r['without']:.1f} | {sglang_python_calls(batch, every):.1f} |", flush=True)
     heading("SGLang hooks, CUDA calls per decode iteration on a GPU, the tracer's: kernels, copies and events of the "
             "device layer, and the aten ops the hooks run on the CPU tensors, at the median iteration; then the mean "
             "of 64 iterations (periodic steps among them) in all",
@@ -383,7 +400,7 @@ def main() -> int:
         for every, name in SAMPLED:
             r = vllm(batch, every, a.iterations // 2)
             print(f"| {batch} | {name} | {r['median']:.1f} | {r['p90']:.1f} | {r['without']:.1f} | "
-                  f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} | {python_calls(batch, every):.1f} |",
+                  f"{r['median'] - r['without']:.1f} | {r['drain']:.1f} | {vllm_python_calls(batch, every):.1f} |",
                   flush=True)
     heading("vLLM, CUDA calls per engine step on a GPU (the mean of 64): summary kernels, index copies and events of "
             "the device layer, then the aten ops the tracer runs on the CPU tensors (the id copies among them)",

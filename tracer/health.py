@@ -23,9 +23,9 @@ class Health:
         self.failure_limit = failure_limit
         self.drops: Counter = Counter()
         self.errors: Counter = Counter()
-        self.heartbeats: Counter = Counter()
+        self.heartbeats: Counter = Counter()  # by probe; the hooks of every iteration add to it directly
         self.disabled: List[str] = []
-        self._in_a_row: Dict[str, int] = {}
+        self.in_a_row: Dict[str, int] = {}  # failures of each probe since it last succeeded
         self.last_error: Dict[str, str] = {}
         self.records_lost = 0  # records that would have reached the store (not launches or top-k)
         self.requests_lost = 0  # requests whose finish record was among them
@@ -54,9 +54,6 @@ class Health:
     def beat(self, probe: str) -> None:
         self.heartbeats[probe] += 1  # one writer per probe: the hook's own thread
 
-    def ok(self, probe: str) -> None:
-        self._in_a_row[probe] = 0
-
     def failed(self, probe: str, exc: BaseException, say: bool = False) -> bool:
         """Count a failure of ``probe``; True when it has now failed too often in a row and is disabled. ``say``:
         log the first failure of ``probe`` (for probes that log nothing else of their own)."""
@@ -64,8 +61,8 @@ class Health:
             first = probe not in self.last_error
             self.errors[probe] += 1
             self.last_error[probe] = f"{type(exc).__name__}: {exc}"[:300]
-            n = self._in_a_row.get(probe, 0) + 1
-            self._in_a_row[probe] = n
+            n = self.in_a_row.get(probe, 0) + 1
+            self.in_a_row[probe] = n
             disabled = n >= self.failure_limit and probe not in self.disabled
             if disabled:
                 self.disabled.append(probe)

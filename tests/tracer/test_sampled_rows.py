@@ -64,3 +64,23 @@ def test_result_processing_counts_the_live_sampled_requests_only():
         s.admit(rid)
     assert s.counted_rows(reqs) == [(3, "d")]
     assert Sampled(step_stride=1).counted_rows(reqs) == []
+
+
+def test_the_recorded_rows_follow_each_counted_step_and_each_change():
+    for stride in (1, 2, 3):
+        s = Sampled(step_stride=stride)
+        reqs = [Req(f"r{i}") for i in range(8)]
+        s.admit("r1")
+        s.admit("r5")
+
+        def expected(batch, back):
+            return [(i, rid, s.live[rid] - back) for i, rid in brute_force(batch, s.live)
+                    if s.live[rid] >= back and (s.live[rid] - back) % stride == 0]
+
+        for n, batch in enumerate([reqs] * 5 + [reqs[::-1]] * 3 + [reqs[:4]] * 2):
+            if n == 6:
+                s.admit("r6")
+            assert s.rows_of(batch) == expected(batch, 0)
+            s.step(batch)
+            assert s.rows_of(batch, back=1) == expected(batch, 1) and s.rows_of(batch) == expected(batch, 0)
+        assert s.finish("r1") and s.rows_of(reqs) == expected(reqs, 0)

@@ -66,7 +66,7 @@ class TracerCore:
                 out = _under_sync_debug(fn, args) if self.config.sync_debug and probe != "init" else fn(*args)
             else:
                 out = fn(*args)
-            health.ok(probe)
+            health.in_a_row[probe] = 0
             return out
         except Exception as exc:
             if self.config.sync_debug and probe not in health.last_error:

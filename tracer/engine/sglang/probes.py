@@ -9,6 +9,7 @@ Everything here runs on SGLang's scheduler thread and never waits for the device
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 from typing import List, Optional
 
 import torch
@@ -24,6 +25,7 @@ from draftscope_tracer.transport import records
 from draftscope_tracer.transport.outbox import Transport
 
 ROWS_PER_REQUEST = 32  # prompt / draft-extend rows per sampled request that are summarised (the last ones)
+ROW, ROW_RID, STEP = itemgetter(0), itemgetter(0, 1), itemgetter(2)  # of a ``(row, rid, step)``
 
 
 class TensorProbes:
@@ -68,7 +70,7 @@ class TensorProbes:
                                  with_aux=False)
         if self.capture.step_tap is None or not rows:
             return []
-        n = self.capture.step_tap.select([i for i, _, _ in rows])
+        n = self.capture.step_tap.select(list(map(ROW, rows)))
         if n < len(rows):
             self.health.drop("draft_tap_full", len(rows) - n)
         return rows[:n]
@@ -78,13 +80,11 @@ class TensorProbes:
         """Counts the verify step of each sampled request; records the ones whose step is sampled."""
         reqs = batch.reqs
         rows = self.sampled.rows_of(reqs)
-        live = self.sampled.live
-        for _, rid in self.sampled.found(reqs):
-            live[rid] += 1
+        self.sampled.step(reqs)
         if not rows or result is None or getattr(result, "accept_lens", None) is None:
             return
         N = int(verify_input.draft_token_num)
-        reqs_at = [i for i, _, _ in rows]
+        reqs_at = list(map(ROW, rows))
         if reqs_at != self._nodes[0] or N != self._nodes[1]:  # a batch's sampled rows repeat every step
             self._nodes = (reqs_at, N, [i * N + p for i in reqs_at for p in range(N)])
         nodes = self._nodes[2]
@@ -113,7 +113,7 @@ class TensorProbes:
         shape = records.VerifyShape(N, int(hidden.shape[-1]) // H if aux else 0, H if aux else None,
                                     dtype_name(hidden) if aux else None, getattr(verify_input, "topk", 1) > 1)
         # the draft extend that follows reads the same rows of the same tensor as its input
-        self._verify_hidden = (hidden, [r[:2] for r in rows], pending) if aux and N <= ROWS_PER_REQUEST else None
+        self._verify_hidden = (hidden, list(map(ROW_RID, rows)), pending) if aux and N <= ROWS_PER_REQUEST else None
         drafts = self.drafts.take(rows)
         steps = {d[1][0] for d in drafts.values() if d[1] is not None}
         self.transport.submit("verify", records.verify, ints, pending, rows, shape, time.time(), drafts, self.capture.hot,
@@ -135,9 +135,9 @@ class TensorProbes:
         h = batch_result.logits_output.hidden_states
         verified, self._verify_hidden = self._verify_hidden, None
         if done and h is not None:
-            same = verified is not None and verified[0] is h and verified[1] == [r[:2] for r in done]
+            same = verified is not None and verified[0] is h and verified[1] == list(map(ROW_RID, done))
             # with the verify's summary as draft.input, a step that records neither it nor fc.out queues nothing
-            if not same or any(s % PERIODIC_STEPS == 0 for _, _, s in done):
+            if not same or 0 in map(PERIODIC_STEPS.__rmod__, map(STEP, done)):  # a step % PERIODIC_STEPS is 0
                 spans = [(max(i * N, (i + 1) * N - ROWS_PER_REQUEST), (i + 1) * N) for i, _, _ in done]
                 self.features.record(worker, h, done, spans, "draft_extend", with_aux=False,
                                      p_in=verified[2] if same else None,

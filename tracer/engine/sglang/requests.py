@@ -24,22 +24,35 @@ class Sampled:
     Which rows of a batch are sampled is worked out once per batch composition (:meth:`found`): the next hooks,
     and the next iterations while the same requests run in the same order, compare the batch's list with the
     one kept (element by element, at C speed) instead of asking every request again. Any change to which requests
-    are sampled (:meth:`admit`, :meth:`finish`) forgets it."""
+    are sampled (:meth:`admit`, :meth:`finish`) forgets it. The rows a hook records (:meth:`rows_of`) are kept the
+    same way until the next verify step is counted (:meth:`step`)."""
 
     def __init__(self, step_stride: int):
         self.live: Dict[str, int] = {}
         self.step_stride = step_stride
         self._batch: list = []  # the requests (a copy of the batch's list) whose sampled rows are ``_rows``
         self._rows: Optional[List[tuple]] = None  # [(row, rid), ...]; None: worked out at the next call
+        self._recorded: Dict[int, List[tuple]] = {}  # back -> rows_of(``_batch``, back) at the counters now
 
     def admit(self, rid: str) -> None:
         self.live[rid] = 0
         self._rows = None
+        self._recorded = {}
 
     def finish(self, rid: str) -> bool:
         """Forget ``rid``; whether it was sampled."""
         self._rows = None
+        self._recorded = {}
         return self.live.pop(rid, None) is not None
+
+    def step(self, reqs) -> None:
+        """One more verify step for each sampled request in ``reqs``: what :meth:`rows_of` returned at ``back``
+        before is what it returns at ``back + 1`` now."""
+        live = self.live
+        for _, rid in self.found(reqs):
+            live[rid] += 1
+        now = self._recorded.get(0)
+        self._recorded = {} if now is None else {1: now}
 
     def found(self, reqs) -> List[tuple]:
         """``(row, rid)`` of the sampled requests in ``reqs``: one pass over the batch when its requests or the
@@ -50,6 +63,7 @@ class Sampled:
         live = self.live
         rows = self._rows = [(i, r.rid) for i, r in enumerate(reqs) if r.rid in live]
         self._batch = list(reqs)
+        self._recorded = {}
         return rows
 
     def counted_rows(self, reqs) -> List[tuple]:
@@ -60,12 +74,19 @@ class Sampled:
         return [(i, rid) for i, rid in self.found(reqs) if not (reqs[i].finished() or reqs[i].is_retracted)]
 
     def rows_of(self, reqs, back: int = 0) -> List[tuple]:
-        """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded."""
-        live, stride = self.live, self.step_stride
+        """``(row, rid, step)`` of the sampled requests in ``reqs`` whose step ``count - back`` is recorded (a list
+        the caller does not change)."""
+        out = self._recorded.get(back)
+        if out is not None and reqs == self._batch:
+            return out
+        live, stride, found = self.live, self.step_stride, self.found(reqs)
         if stride == 1:  # the default: every step
-            return [(i, rid, live[rid] - back) for i, rid in self.found(reqs) if live[rid] >= back]
-        return [(i, rid, live[rid] - back) for i, rid in self.found(reqs)
-                if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
+            out = [(i, rid, live[rid] - back) for i, rid in found if live[rid] >= back]
+        else:
+            out = [(i, rid, live[rid] - back) for i, rid in found
+                   if live[rid] - back >= 0 and step_sampled(live[rid] - back, stride)]
+        self._recorded[back] = out
+        return out
 
 
 def count(totals: Totals, accept_lens: Sequence[int], rows, num_draft_tokens: Optional[int]) -> None:
