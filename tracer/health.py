@@ -23,7 +23,7 @@ class Health:
         self.failure_limit = failure_limit
         self.drops: Counter = Counter()
         self.errors: Counter = Counter()
-        self.heartbeats: Counter = Counter()  # by probe; the hooks of every iteration add to it directly
+        self.heartbeats: Counter = Counter()
         self.disabled: List[str] = []
         self.in_a_row: Dict[str, int] = {}  # failures of each probe since it last succeeded
         self.last_error: Dict[str, str] = {}

@@ -48,7 +48,7 @@ class DraftTopk:
         (statistics of the whole row: non-finite logits show broken weights)."""
         periodic = [j for j, (_, _, step) in enumerate(rows) if step % PERIODIC_STEPS == 0]
         if logits is not None:
-            self.health.heartbeats["draft_extend_logits"] += 1  # counted: the engine's logits, not a recompute
+            self.health.beat("draft_extend_logits")  # counted: the engine's logits, not a recompute
             pending, vocab = self.summaries.launch(logits, [i for i, _, _ in rows], logits=logits,
                                                    stats=bool(periodic)), int(logits.shape[-1])
         else:

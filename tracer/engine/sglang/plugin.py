@@ -114,7 +114,7 @@ def _around_finish(orig, scheduler, batch, result, *args, **kwargs):
     t = _live()
     if t is None:
         return orig(scheduler, batch, result, *args, **kwargs)
-    t.health.heartbeats["finish"] += 1
+    t.health.beat("finish")
     reqs = batch.reqs
     counted = t.sampled.counted_rows(reqs)  # the live sampled requests: the tracer's totals are theirs
     with t.sigterm.deferred():  # SGLang answers requests in here; their records must be queued first
@@ -135,7 +135,7 @@ def _around_verify(orig, worker, batch, *args, **kwargs):
         return orig(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info  # replaced later in the iteration: read it now
     out = orig(worker, batch, *args, **kwargs)
-    t.health.heartbeats["verify"] += 1
+    t.health.beat("verify")
     t.guard("verify", t.probes.on_verify, batch, verify_input, out)
     return out
 
@@ -144,7 +144,7 @@ def _around_draft(orig, worker, batch, *args, **kwargs):
     t = _live()
     if t is None or not t.sampled.live or not t.recording:
         return orig(worker, batch, *args, **kwargs)
-    t.health.heartbeats["draft"] += 1
+    t.health.beat("draft")
     rows = t.guard("draft", t.probes.on_draft_input, worker, batch)  # the draft's input, before the draft replaces it
     out = orig(worker, batch, *args, **kwargs)
     if rows:
@@ -182,7 +182,7 @@ def _around_draft_extend(orig, worker, batch, batch_result, *args, **kwargs):
     t = _live()
     if t is None or not t.sampled.live or not t.recording:
         return orig(worker, batch, batch_result, *args, **kwargs)
-    t.health.heartbeats["draft_extend"] += 1
+    t.health.beat("draft_extend")
     done, upcoming = t.guard("draft_extend", t.probes.draft_extend_rows, batch) or ([], [])
     out = orig(worker, batch, batch_result, *args, **kwargs)
     if done or upcoming:
