@@ -61,7 +61,9 @@ def saved(out: Path, name: str) -> dict | None:
 def runs_table(dirs: list) -> str:
     rows = []
     for d in dirs:
-        r = json.loads((d / "gpu_hooks.json").read_text())
+        r = saved(d.parent, d.name)
+        if r is None:
+            raise SystemExit(f"no {d / 'gpu_hooks.json'} and no entry {d.name!r} in {d.parent / 'runs.json'}")
         b, s = r[f"batch {BATCHES[0]}"], r[f"batch {BATCHES[1]}"]
         rows.append((b["no_tracer_us_median"], d.name, b, s))
     rows.sort(key=lambda row: row[0])
@@ -102,8 +104,8 @@ def main() -> None:
     ap.add_argument("--cores", default="4-7", help="taskset's core list for every run")
     ap.add_argument("--table", type=Path, help="print the table of saved runs under this folder instead")
     ap.add_argument("--names", nargs=2, default=("a", "b"), help="the two runs' folder prefixes (default a b)")
-    ap.add_argument("--runs", nargs="+", type=Path, help="list these runs of one tracer instead (folders with "
-                                                          "gpu_hooks.json)")
+    ap.add_argument("--runs", nargs="+", type=Path, help="list these runs of one tracer instead (folders "
+                    "with gpu_hooks.json, or names in their parent's runs.json)")
     args = ap.parse_args()
     if args.runs:
         print(runs_table(args.runs))
