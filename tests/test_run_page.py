@@ -37,6 +37,8 @@ FACTS = {
                                "in_target_vocab": True, "equals_d2t_plus_arange": True},
               "weights": {"checked": 12, "matched": 11, "mismatched": ["fc.weight"],
                           "not_in_checkpoint": [], "checkpoint_keys_unused": [], "nonfinite": []}},
+    "tracing": {"device": {"prepared_rows": 64, "layouts": 5, "graphed_recomputes": ["draft logits", "fc"],
+                           "reserved_bytes": 1_256_194_048}},
 }
 FINDINGS = [
     {"rule_id": "draft-low-acceptance", "severity": "info", "message": "accept length 1.2",
@@ -131,7 +133,9 @@ def test_run_page_shows_facts_and_latest_health(client, run_id) -> None:
     facts = section(text, "facts")
     for label, value in [("Layers to capture", "not read"), ("fc input width", "384"),
                          ("Capturing aux hidden states", "no"), ("Equals d2t + arange", "yes"),
-                         ("Differ from the checkpoint", "fc.weight"), ("Algorithm", "EAGLE3")]:
+                         ("Differ from the checkpoint", "fc.weight"), ("Algorithm", "EAGLE3"),
+                         ("Recomputes as CUDA graphs", "draft logits, fc"),
+                         ("GPU memory reserved at attach", "1,198.0 MiB")]:
         assert re.search(rf"<dt>{re.escape(label)}</dt><dd>{re.escape(value)}</dd>", facts), label
     assert "speculative_algorithm" in facts
     health = section(text, "health")

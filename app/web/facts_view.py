@@ -24,6 +24,8 @@ _DRAFT = [("Path", "path"), ("Architecture", "architecture"), ("Hidden size", "h
 _HOT = [("Present", "present"), ("Size", "size"), ("Smallest id", "min_id"), ("Largest id", "max_id"),
         ("All ids in target vocabulary", "in_target_vocab"),
         ("Equals d2t + arange", "equals_d2t_plus_arange")]
+_DEVICE = [("Rows per summary launch", "prepared_rows"), ("Summary layouts", "layouts"),
+           ("Recomputes as CUDA graphs", "graphed_recomputes"), ("GPU memory reserved at attach", "reserved_bytes")]
 _WEIGHTS = [("Parameters checked", "checked"), ("Matched the checkpoint", "matched"),
             ("Differ from the checkpoint", "mismatched"), ("Not in the checkpoint", "not_in_checkpoint"),
             ("Checkpoint keys unused", "checkpoint_keys_unused"), ("Non-finite", "nonfinite")]
@@ -38,6 +40,13 @@ def show(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(map(str, value)) if value else "none"
     return str(value)
+
+
+def mib(value: Any) -> Any:
+    """Bytes as MiB text; any other value as it is (``show`` writes it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value / 2**20:,.1f} MiB"
+    return value
 
 
 def _rows(facts: dict[str, Any], fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -55,4 +64,9 @@ def fact_sections(facts: dict[str, Any] | None) -> list[tuple[str, list[tuple[st
         sections.append(("Draft hot_token_id", _rows(draft["hot_token_id"], _HOT)))
     if draft.get("weights") is not None:
         sections.append(("Draft weights check", _rows(draft["weights"], _WEIGHTS)))
+    tracing = facts.get("tracing")
+    device = tracing.get("device") if isinstance(tracing, dict) else None
+    if isinstance(device, dict):  # what the tracer built on the GPU at attach (its own memory among it)
+        sections.append(("Tracer on the GPU", _rows({**device, "reserved_bytes": mib(device.get("reserved_bytes"))},
+                                                    _DEVICE)))
     return sections

@@ -99,6 +99,8 @@ def test_the_tracer_prepared_the_servers_draft_on_the_device(results):
     for name, graphed in (("graphs", ["draft logits", "fc"]), ("eager", [])):
         device = trace(results, name).run["facts"]["tracing"].get("device")
         assert device and device["prepared_rows"] >= 8 and device["layouts"] >= 5, (name, device)
+        # a captured graph's pool takes new segments; without graphs the buffers may fit segments already cached
+        assert device["reserved_bytes"] > 0 if graphed else device["reserved_bytes"] >= 0, (name, device)
         assert device["graphed_recomputes"] == graphed, (name, device)
     assert trace(results, "graphs").last_health()["heartbeats"].get("draft_extend_logits", 0) > 0
     assert "draft_extend_logits" not in trace(results, "eager").last_health()["heartbeats"]

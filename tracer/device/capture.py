@@ -35,6 +35,7 @@ class Capture:
         self.seeds: Optional[graphed.Graphed] = None
         self.fc: Optional[graphed.Graphed] = None
         self.prepared_rows: Optional[int] = None  # rows per launch the prepared Summarizers take (on a GPU)
+        self.reserved_bytes: Optional[int] = None  # GPU memory the caching allocator reserved while preparing
         self.extend_logits: Optional[torch.Tensor] = None  # the draft-extend graph's last output logits
 
     def watch_draft_extend(self, worker) -> None:
@@ -66,7 +67,8 @@ class Capture:
         """At attach, on a GPU: the pinned slots, each summary layout's buffers and compiled kernels (verify
         with and without aux, fc output, draft logits), the draft's recomputes as CUDA graphs, and
         ``hot_token_id`` read once. A hook must never allocate pinned memory: that can wait for the GPU
-        (``devicecopy``)."""
+        (``devicecopy``). What it reserves on the GPU (buffers, graph pools) is kept for the run's facts."""
+        before = devicecopy.reserved(device)
         devicecopy.prepare(device)
         requests = min(max_requests, PREPARED_REQUESTS)
         rows = capacity(requests * draft_tokens)
@@ -86,6 +88,7 @@ class Capture:
             self._capture_recomputes(draft_model, device, dtype, hidden, aux, requests, rows)
         if hot is not None:
             self.hot = Shared("hot_token_id", later_list(hot))
+        self.reserved_bytes = devicecopy.reserved(device) - before
 
     def _capture_recomputes(self, model, device, dtype, hidden: int, aux: int, requests: int, rows: int) -> None:
         """The draft's logits at position 1 (one row per sampled request) and its ``fc`` (on the verify's rows)."""
@@ -97,6 +100,7 @@ class Capture:
     def describe(self) -> dict:
         """What was built on the device at attach (run facts: ``tracing.device``)."""
         return {"prepared_rows": self.prepared_rows, "layouts": len(self.summaries._by_shape),
+                "reserved_bytes": self.reserved_bytes,
                 "graphed_recomputes": [name for name, g in (("draft logits", self.seeds), ("fc", self.fc))
                                        if g is not None]}
 

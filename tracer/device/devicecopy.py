@@ -177,6 +177,12 @@ def prepare(device: torch.device | str) -> Transfers:
     return out
 
 
+def reserved(device: torch.device | str) -> int:
+    """Bytes the CUDA caching allocator holds reserved on ``device`` (0 off CUDA); a host-side count, no sync."""
+    device = torch.device(device)
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
 def device_index(values: Sequence[int], device: torch.device, pad: int = 0) -> Optional[torch.Tensor]:
     """``values`` (then ``-1`` up to ``pad`` entries) as an int64 tensor on ``device`` (callers only read it).
     On CUDA it is staged through a pinned slot and copied without blocking; recent lists are kept. None when

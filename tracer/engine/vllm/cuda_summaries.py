@@ -36,7 +36,9 @@ class CudaSummaries:
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
                 draft_hidden: Optional[int], num_spec: int, max_requests: int) -> dict:
         """At attach: the pinned slots, and each summary layout's buffers and compiled kernels (the verify rows
-        with and without aux, the draft's input and ``fc`` output, the draft's logits)."""
+        with and without aux, the draft's input and ``fc`` output, the draft's logits); with what that reserved on
+        the GPU."""
+        before = devicecopy.reserved(device)
         devicecopy.prepare(device)
         requests = max(1, min(max_requests, PREPARED_REQUESTS))
         rows = self.rows_cap = capacity(requests * (num_spec + 1))
@@ -51,7 +53,8 @@ class CudaSummaries:
             layouts.append((draft_hidden, draft_hidden, None, rows, dtype, None, False))
         self.hidden, self.num_spec = hidden, num_spec
         self.summaries.prepare(device, layouts)
-        return {"prepared_rows": rows, "layouts": len(layouts)}
+        return {"prepared_rows": rows, "layouts": len(layouts),
+                "reserved_bytes": devicecopy.reserved(device) - before}
 
     def target(self, runner, a: Dict[str, Any], rows: List[int], logits: Optional[torch.Tensor], logit_at: List[int],
                logit_count: int, joined: Optional[torch.Tensor] = None) -> tuple:
