@@ -486,3 +486,29 @@ def test_a_launch_plan_is_keyed_by_everything_its_arguments_come_from():
               key(h, [0, 1], H, lg, ints, [0, 1]), key(h, [0, 1], H, lg, ints, [3, 2])]
     assert all(k is not None and k != base for k in others)
     assert len(set(others)) == len(others)
+
+
+@pytest.mark.parametrize("stamps", [False, True])
+def test_the_summary_kernel_compiles_for_hopper(stamps):
+    """The summary kernel at Kimi-K2.5 widths, built for sm_90 by Triton's own compiler and ptxas (no GPU needed):
+    in service, and as bench/gpu_summary_stages.py runs it, where each program reads the SM's clocks (its timer
+    and cycle counter) and in service it reads neither."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from draftscope_tracer.device import summary_triton
+
+    path = summary_triton.TritonPath(max_rows=4, num_chunks=3, chunk_width=7168, vocab_size=163_840, topk=8,
+                                     block=None, device=torch.device("cpu"), gather=True)
+    names = summary_triton._summary_kernel.arg_names
+    values = dict(zip(names[-11:], (*path.geometry()[2], True, stamps)))  # BLOCK_HS ... NC_P2, GATHER, STAMPS
+    pointers = {"hidden": "*bf16", "logits": "*bf16", "tickets": "*i32", "ia": "*i32", "ib": "*i32", "iseq": "*i32",
+                "iacc": "*i32", "sums": "*fp32", "absmax": "*fp32", "hpart": "*fp32", "bmax": "*fp32",
+                "bsum": "*fp32", "topk_p": "*fp32"}
+    ints = {"rows", "logit_rows", "rows_out", "keys", "topk_id", "ints_out", "stamps"}
+    signature = {n: "constexpr" if n in values else pointers.get(n, "*i64" if n in ints else "i32") for n in names}
+    source = ASTSource(fn=summary_triton._summary_kernel, signature=signature,
+                       constexprs={(names.index(n),): v for n, v in values.items()})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert ("%clock64" in ptx, "%globaltimer" in ptx) == (stamps, stamps)

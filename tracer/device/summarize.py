@@ -145,8 +145,13 @@ class Summarizer:
     @property
     def triton_tuning(self) -> dict:
         """Warps per program, group width and hidden slice of the Triton kernels (a dict the GPU bench tunes in
-        place before the first launch; ``summary_triton.TritonPath``)."""
+        place before the first launch; ``summary_triton.TritonPath``), and the stage clocks' buffer of a profile
+        (``"stamps"``, of :attr:`triton_stamp_shape`)."""
         return self._paths.triton.tuning
+
+    @property
+    def triton_stamp_shape(self) -> tuple:
+        return self._paths.triton.stamp_shape()
 
     @property
     def triton_block(self) -> Optional[int]:

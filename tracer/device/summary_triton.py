@@ -184,6 +184,17 @@ if triton is not None:
         return 0x7FFFFFFF - key.to(tl.int32)
 
     @triton.jit
+    def _clock():
+        """The SM's cycle counter (a program's stages are timed on it: ``STAMPS``)."""
+        return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _globaltimer():
+        """The device's nanosecond timer (programs on different SMs compare on it: ``STAMPS``)."""
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+
+    @triton.jit
     def _hidden_part(hidden, stride_row, n_rows, rows, hpart, r, p, R, P, H, S, HS, BLOCK_HS: tl.constexpr):
         """Part p of selected row r (chunk p // S, its slice p % S of width HS) in one read, fp32: sum, NaN count,
         non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``."""
@@ -205,12 +216,14 @@ if triton is not None:
         tl.store(hpart + 4 * plane + at, tl.max(tl.where(is_nan, 0.0, ax), axis=0))
 
     @triton.jit
-    def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB,
-                      TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB, st,
+                      TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+                      STAMPS: tl.constexpr):
         """Chunk b of selected row r (GROUPS groups of GROUP columns; its logits row ``rows[r]``, any float dtype,
         fp32 from the load on), read once: its max, sum of exp(x - max) and the order keys of its top TOPK. Those
         lie in the TOPK_P2 groups whose maxima rank highest (a value in any other group is outranked by the maxima
-        of those), so only they are read again, from cache, and ranked."""
+        of those), so only they are read again, from cache, and ranked. ``STAMPS``: the cycle counter after the
+        read with its softmax partials, the groups' ranking and the columns' into ``st[2:5]``."""
         row = tl.load(rows + r)
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         base = logits + row * stride_row
@@ -224,6 +237,8 @@ if triton is not None:
         s = tl.sum(tl.sum(tl.exp(x - m), axis=1), axis=0)
         tl.store(bmax + r * NB + b, m)
         tl.store(bsum + r * NB + b, tl.where(m == float("-inf"), 0.0, s))
+        if STAMPS:
+            tl.store(st + 2, _clock())
         gkeys = _order_keys(gmax, g)
         k = tl.arange(0, TOPK_P2)
         picked = tl.zeros([TOPK_P2], dtype=tl.int32)
@@ -231,6 +246,8 @@ if triton is not None:
             best = tl.max(gkeys, axis=0)
             picked = tl.where(k == j, _key_id(best), picked)
             gkeys = tl.where(gkeys == best, _NONE, gkeys)
+        if STAMPS:
+            tl.store(st + 3, _clock())
         cols = start + picked[:, None] * GROUP + e[None, :]
         keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32), cols)
         out = keys_out + (r * NB + b) * TOPK
@@ -238,6 +255,8 @@ if triton is not None:
             best = tl.max(tl.max(keys, axis=1), axis=0)
             tl.store(out + j, best)
             keys = tl.where(keys == best, _NONE, keys)
+        if STAMPS:
+            tl.store(st + 4, _clock())
 
     @triton.jit
     def _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK: tl.constexpr,
@@ -278,10 +297,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["ma", "mb", "mseq", "macc"])
     def _summary_kernel(hidden, stride_h, n_h, logits, stride_l, n_l, rows, logit_rows, rows_out, sums, absmax,
                         hpart, bmax, bsum, keys, topk_p, topk_id, tickets, ia, ma, ib, mb, iseq, mseq, iacc, macc,
-                        ints_out, NODES, R, K, H, S, HS, V, NB,
+                        ints_out, stamps, NODES, R, K, H, S, HS, V, NB,
                         BLOCK_HS: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr,
                         GROUP: tl.constexpr, K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr,
-                        NC_P2: tl.constexpr, GATHER: tl.constexpr):
+                        NC_P2: tl.constexpr, GATHER: tl.constexpr, STAMPS: tl.constexpr):
         """The whole summary in one launch, every input byte read once. Program (j, r) of selected row r: for
         j < K * S, slice j of its hidden chunks (``_hidden_part``), else logits chunk j - K * S of its logits row
         ``logit_rows[r]`` (``_logits_chunk``). The last program of a row to finish (a ticket per row, taken with an
@@ -289,10 +308,17 @@ if triton is not None:
         the ticket for the next launch (graph replays included). Program (0, r) also copies rows[r] out and, with
         ``GATHER``, reads the verify's token ids at row r (``_gather_ints``). A padding row (-1) does nothing but
         mark itself: a layout's capacity (256 rows at 64 requests x 4 draft tokens) costs next to nothing when a
-        launch uses 4 of them."""
+        launch uses 4 of them. ``STAMPS`` (a bench's profile, ``bench/gpu_summary_stages.py``): program (j, r) writes
+        ``stamps[r, j, :]``: the nanosecond timer at its start, then the cycle counter at its start, after its
+        part's stages (a hidden slice: one, written three times; a logits chunk: three), after its ticket and (the
+        row's merger only) after the merge, then the timer and the counter at its end."""
         j = tl.program_id(0)
         r = tl.program_id(1)
         P = K * S
+        st = stamps + (r * (P + NB) + j) * 9
+        if STAMPS:
+            tl.store(st, _globaltimer())
+            tl.store(st + 1, _clock())
         row = tl.load(rows + r)
         if row < 0:
             if j == 0:
@@ -300,17 +326,30 @@ if triton is not None:
         else:
             if j < P:
                 _hidden_part(hidden, stride_h, n_h, rows, hpart, r, j, R, P, H, S, HS, BLOCK_HS)
+                if STAMPS:
+                    now = _clock()
+                    tl.store(st + 2, now)
+                    tl.store(st + 3, now)
+                    tl.store(st + 4, now)
                 if j == 0:
                     tl.store(rows_out + r, row)
                     if GATHER:
                         _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
             else:
-                _logits_chunk(logits, stride_l, n_l, logit_rows, bmax, bsum, keys, r, j - P, V, NB, TOPK, TOPK_P2,
-                              GROUPS, GROUP)
-            if tl.atomic_add(tickets + r, 1) == P + NB - 1:
+                _logits_chunk(logits, stride_l, n_l, logit_rows, bmax, bsum, keys, r, j - P, V, NB, st, TOPK, TOPK_P2,
+                              GROUPS, GROUP, STAMPS)
+            ticket = tl.atomic_add(tickets + r, 1)
+            if STAMPS:
+                tl.store(st + 5, _clock())
+            if ticket == P + NB - 1:
                 _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK, K_P2, S_P2,
                            NB_P2, NC_P2)
                 tl.atomic_xchg(tickets + r, 0)
+                if STAMPS:
+                    tl.store(st + 6, _clock())
+            if STAMPS:
+                tl.store(st + 7, _globaltimer())
+                tl.store(st + 8, _clock())
 
 class TritonPath:
     """Scratch and the one launch of a Summarizer layout. ``run`` returns False for inputs it does not take (a
@@ -325,9 +364,10 @@ class TritonPath:
         # Tuned on an H200 by bench/gpu_summarize.py, which tries others: warps per program of the hidden-only
         # kernel ("hidden_warps") and of the summary kernel ("warps"); the summary's group width ("group": the
         # columns whose max ranks them within a logits chunk) and widest hidden slice read by one program
-        # ("hidden_slice", at least 1024; None: 2048 per warp, at most 8192).
+        # ("hidden_slice", at least 1024; None: 2048 per warp, at most 8192). "stamps": None in service; a bench's
+        # int64 buffer of ``stamp_shape()`` makes the summary kernel time its stages into it (``_summary_kernel``).
         self.tuning = {"hidden_warps": max(1, min(16, self.hblock // 512)), "warps": 4, "group": 16,
-                       "hidden_slice": None}
+                       "hidden_slice": None, "stamps": None}
         self.block = None
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
@@ -364,6 +404,11 @@ class TritonPath:
         group = max(1, min(pow2_at_least(self.tuning["group"]), tb // kp2))
         return S, HS, (pow2_at_least(HS), k, kp2, tb // group, group, pow2_at_least(self.num_chunks),
                        pow2_at_least(S), pow2_at_least(nb), pow2_at_least(nb * k))
+
+    def stamp_shape(self) -> tuple:
+        """The shape of a ``tuning["stamps"]`` buffer: a slot of 9 per program (selected row, program of the row)."""
+        S = self.geometry()[0]
+        return self.max_rows, self.num_chunks * S + self.nb, 9
 
     def copy(self, buf: torch.Tensor, out: Outputs) -> None:
         """The device buffer ``buf`` (bytes, a multiple of 8) into the ring slot of ``out``, by a kernel: a copy
@@ -407,11 +452,12 @@ class TritonPath:
                                              lambda o: (*o.head, *tail))
                 self.plan(out)
             return True
-        nb, k = self.nb, self.topk
+        nb, k, stamps = self.nb, self.topk, self.tuning["stamps"]
         S, HS, consts = self.geometry()
         sl, nl, lp, lrp = logits.stride(0), logits.shape[0], logits.data_ptr(), lrows.data_ptr()
         key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0),
-               (lrows.dtype, lrp % 16 == 0), _int_key(sh), _int_key(nh), _int_key(sl), _int_key(nl), consts)
+               (lrows.dtype, lrp % 16 == 0), _int_key(sh), _int_key(nh), _int_key(sl), _int_key(nl), consts,
+               stamps is not None)
         if ints is not None:  # each source as int32 words (its address), and the words per element
             *tensors, nodes = ints
             words = []
@@ -423,7 +469,8 @@ class TritonPath:
         else:  # unused pointers (GATHER is off): any address of this device
             words, nodes = [rp, 1] * 4, 1
         grid = (K * S + nb, R)
-        sizes = (nodes, R, K, self.chunk_width, S, HS, self.vocab_size, nb, *consts, ints is not None)
+        sizes = (nodes, R, K, self.chunk_width, S, HS, self.vocab_size, nb, *consts, ints is not None,
+                 stamps is not None)
         compiled = self._summary.compiled(key)
         if compiled is None:
             tensors = [t.view(torch.int32) for t in ints[:4]] if ints is not None else [rows] * 4
@@ -431,11 +478,12 @@ class TritonPath:
             v = out.views
             self._summary.first(grid, key, hidden, sh, nh, logits, sl, nl, rows, lrows, v["rows"], v["sums"],
                                 v["absmax"], self.hpart, self.bmax, self.bsum, self.keys, v["topk_p"], v["topk_id"],
-                                self.tickets, *words, v.get("ints", rows), *sizes)
+                                self.tickets, *words, v.get("ints", rows), rows if stamps is None else stamps, *sizes)
         else:
             scratch, middle = self._scratch, (self._tickets, *words)
+            sp = rp if stamps is None else stamps.data_ptr()
             self.plan = Launches.planned(
                 compiled, grid, hidden.device.index, (hp, sh, nh, lp, sl, nl, rp, lrp),
-                lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, *sizes))
+                lambda o: (*o.head, *scratch, *o.topk, *middle, rp if o.ints is None else o.ints, sp, *sizes))
             self.plan(out)
         return True
