@@ -373,3 +373,20 @@ def test_steps_that_lost_their_topk_are_said_plainly(client, kimi_run) -> None:
     assert 'id="step-topk-lost"' not in client.get(f"/runs/{kimi_run}/requests/req-a/steps/0").text
     steps = client.get(f"/runs/{kimi_run}/requests/req-a.json").json()["steps"]
     assert [s["topk_lost"] for s in steps][2:5] == [["target"], ["draft_first"], ["draft_later"]]
+
+
+def test_the_tracer_on_the_gpu_shows_what_its_engine_recorded() -> None:
+    """vLLM's tracer records no recomputes; a run from before the memory figure has none; odd values show as
+    they are."""
+    from draftscope.web.facts_view import fact_sections
+
+    def device(d):
+        return dict(fact_sections({"tracing": {"device": d}})).get("Tracer on the GPU")
+
+    assert device({"prepared_rows": 16, "layouts": 4, "reserved_bytes": 3 * 2**20}) == [
+        ("Rows per summary launch", "16"), ("Summary layouts", "4"), ("GPU memory reserved at attach", "3.0 MiB")]
+    assert device({"prepared_rows": 64, "layouts": 5, "graphed_recomputes": []}) == [
+        ("Rows per summary launch", "64"), ("Summary layouts", "5"), ("Recomputes as CUDA graphs", "none")]
+    assert device({"reserved_bytes": "lots", "layouts": True}) == [
+        ("Summary layouts", "yes"), ("GPU memory reserved at attach", "lots")]
+    assert device(None) is None and device("odd") is None

@@ -66,7 +66,7 @@ def fact_sections(facts: dict[str, Any] | None) -> list[tuple[str, list[tuple[st
         sections.append(("Draft weights check", _rows(draft["weights"], _WEIGHTS)))
     tracing = facts.get("tracing")
     device = tracing.get("device") if isinstance(tracing, dict) else None
-    if isinstance(device, dict):  # what the tracer built on the GPU at attach (its own memory among it)
-        sections.append(("Tracer on the GPU", _rows({**device, "reserved_bytes": mib(device.get("reserved_bytes"))},
-                                                    _DEVICE)))
+    if isinstance(device, dict):  # what the tracer built on the GPU at attach, as far as its engine records it
+        shown = {**device, "reserved_bytes": mib(device.get("reserved_bytes"))}
+        sections.append(("Tracer on the GPU", [(label, show(shown[key])) for label, key in _DEVICE if key in device]))
     return sections

@@ -151,6 +151,7 @@ class Summarizer:
 
     @property
     def triton_stamp_shape(self) -> tuple:
+        """The shape of a stage-clocks buffer for ``triton_tuning["stamps"]`` (``bench/gpu_summary_stages.py``)."""
         return self._paths.triton.stamp_shape()
 
     @property
