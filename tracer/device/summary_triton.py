@@ -189,12 +189,6 @@ if triton is not None:
         return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
     @triton.jit
-    def _globaltimer():
-        """The device's nanosecond timer (programs on different SMs compare on it: ``STAMPS``)."""
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                         pack=1)
-
-    @triton.jit
     def _hidden_part(hidden, stride_row, n_rows, rows, hpart, r, p, R, P, H, S, HS, BLOCK_HS: tl.constexpr):
         """Part p of selected row r (chunk p // S, its slice p % S of width HS) in one read, fp32: sum, NaN count,
         non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``."""
@@ -317,7 +311,7 @@ if triton is not None:
         P = K * S
         st = stamps + (r * (P + NB) + j) * 9
         if STAMPS:
-            tl.store(st, _globaltimer())
+            tl.store(st, tl.extra.cuda.globaltimer())
             tl.store(st + 1, _clock())
         row = tl.load(rows + r)
         if row < 0:
@@ -348,7 +342,7 @@ if triton is not None:
                 if STAMPS:
                     tl.store(st + 6, _clock())
             if STAMPS:
-                tl.store(st + 7, _globaltimer())
+                tl.store(st + 7, tl.extra.cuda.globaltimer())
                 tl.store(st + 8, _clock())
 
 class TritonPath:
