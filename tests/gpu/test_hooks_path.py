@@ -131,6 +131,24 @@ def test_kernels_write_summaries_straight_into_pinned_slots(monkeypatch):
     assert copies == [] and direct.fallbacks == copied.fallbacks == 0
 
 
+def test_the_step_tap_is_read_by_a_kernel_into_its_pinned_slots():
+    """The draft hook's read of the step tap (positions 2..) is a copy kernel into the tap's mapped pinned slot
+    (compiled at install, then launched directly), not ``Tensor.copy_``, and brings the tap's bytes each time."""
+    from testbed.gpu.hooks_path import HooksPath
+
+    path = HooksPath(8, sample_every=1)
+    tap = path.tracer.capture.step_tap
+    assert tap._copy is not None, "the step tap reads by Tensor.copy_: its slots are not mapped, or the kernel failed"
+    for _ in range(3):
+        tap._buf.copy_(torch.randint(0, 256, tap._buf.shape, dtype=torch.uint8, device="cuda"))
+        steps = tap.read(1)
+        torch.cuda.synchronize()
+        assert torch.equal(steps._host, tap._buf.cpu())
+        steps.release(read=True)
+    assert tap._copy is not None and tap._copy._copy._plans, "the reads did not go through the direct launch"
+    path.close()
+
+
 def test_a_launch_repeated_on_the_same_buffers_is_planned_and_reads_their_new_values():
     """The hooks' launches repeat on the same buffers every decode iteration: the second one on the same
     tensors and rows goes through its plan (no checks, no argument work), and reads what the buffers hold then."""

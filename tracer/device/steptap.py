@@ -10,7 +10,8 @@ writes the softmax top-k of its logits at the rows in a static row buffer into s
 a few device operations on static buffers, with no host sync and no Python decision that depends on
 data, so a captured graph replays exactly what an eager run does. The draft hook fills the row buffer
 with the sampled requests' rows before the draft (unused slots 0) and, after it, copies the results
-into pinned memory without blocking (:meth:`StepTap.read`).
+into pinned memory without blocking (:meth:`StepTap.read`: by a small kernel where that memory is mapped for the
+device, a few µs of host time; else by ``Tensor.copy_``).
 
 Tree drafting (``--speculative-eagle-topk`` k > 1): each draft forward runs k branch rows per request
 (row ``request * k + branch``), so a sampled request takes k rows; and ``draft_forward``'s return value
@@ -38,6 +39,8 @@ import torch
 
 from draftscope_tracer.device.devicecopy import HostSlots, device_index, mark_later, wait_later
 from draftscope_tracer.device.softmax_topk import softmax_topk
+from draftscope_tracer.device.summary_ring import mapped_address
+from draftscope_tracer.device.summary_triton import WordCopy, triton
 from draftscope_tracer.stats import ArrayBytes, DraftSteps, Resolved, draft_steps
 
 # Sampled requests per batch whose draft steps are read: 16 lost positions 2.. of 4,464 steps on the H200 at 64
@@ -78,8 +81,10 @@ class StepTap:
         self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
         self._loaded: Optional[tuple] = None  # the requests' rows the row buffer holds
-        self._slots = HostSlots(self._bytes, READS, dev, events=False)  # each read marked for its reader
+        # slots of a multiple of 16 bytes: each starts at the alignment the copy kernel was compiled for
+        self._slots = HostSlots(-(-self._bytes // 16) * 16, READS, dev, events=False)  # each read marked for its reader
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
+        self._copy = _slot_copy(self._buf, self._slots)  # None: ``Tensor.copy_`` (no Triton, or no mapped memory)
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -151,8 +156,43 @@ class StepTap:
         slot = self._slots.reserve()
         if slot is None:
             return None
-        return StepTopk(self._buf, (self._shape, self._tree_shape, self.branches), n, self._slots, slot,
-                        self._host[slot])
+        host = self._host[slot]
+        if self._copy is None or not self._copy(host, slot):
+            self._copy = None
+            host.copy_(self._buf, non_blocking=True)
+        return StepTopk(host, (self._shape, self._tree_shape, self.branches), n, self._slots, slot, self._buf.is_cuda)
+
+
+class _SlotCopy:
+    """The tap's result buffer into a pinned slot by a kernel (``summary_triton.WordCopy``: a few µs of host time a
+    read, where ``Tensor.copy_`` costs ~12 µs on a GPU server's host), the slots' memory being mapped for the device.
+    Compiled at install, before SGLang captures its graphs: a failure then or later leaves ``Tensor.copy_``."""
+
+    def __init__(self, copy, slots: HostSlots, base: int):
+        self._copy, self._slots, self._base = copy, slots, base
+
+    def __call__(self, host: torch.Tensor, slot: int) -> bool:
+        """Copy into ``slot`` (``host``: its buffer); False when the kernel failed (the caller copies)."""
+        try:
+            self._copy(host, self._base + slot * self._slots.nbytes)
+            return True
+        except Exception:  # noqa: BLE001 - never raise into the serving process
+            return False
+
+
+def _slot_copy(buf: torch.Tensor, slots: HostSlots) -> Optional[_SlotCopy]:
+    """A :class:`_SlotCopy` of ``buf`` into ``slots``, its kernel compiled by a first copy into slot 0; None off CUDA,
+    without Triton, or where the slots' memory is not mapped for the device."""
+    if not buf.is_cuda:
+        return None
+    try:
+        base = mapped_address(slots.memory) if triton is not None else None
+        if base is None:
+            return None
+        copy = _SlotCopy(WordCopy(buf), slots, base)
+        return copy if copy(slots.buffer(0), 0) else None
+    except Exception:  # noqa: BLE001 - the tap still reads, by Tensor.copy_
+        return None
 
 
 def _split(buf: torch.Tensor, shape: tuple, tree_shape: tuple) -> tuple:
@@ -168,11 +208,11 @@ class StepTopk:
     (per draft step and row, ``[(id, prob), ...]`` best first, ties by id; a tree's ints per request) for the
     first ``n`` requests. Pickles as the arrays' bytes (waits for the copy)."""
 
-    def __init__(self, buf: torch.Tensor, layout: tuple, n: int, slots: HostSlots, slot: int, host: torch.Tensor):
-        host.copy_(buf, non_blocking=True)
+    def __init__(self, host: torch.Tensor, layout: tuple, n: int, slots: HostSlots, slot: int, cuda: bool):
+        """``host``: the slot's buffer, its copy just issued (``cuda``: on the current stream)."""
         self._host, self._layout = host, layout  # split on the reader's thread
-        self._cuda = buf.is_cuda
-        if self._cuda:  # its reader records the event that marks the copy
+        self._cuda = cuda
+        if cuda:  # its reader records the event that marks the copy
             mark_later(self)
         self._n, self._slots, self._slot = n, slots, slot
         self._value: Optional[DraftSteps] = None

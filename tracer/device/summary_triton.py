@@ -86,6 +86,38 @@ class Launches:
         return plan
 
 
+class WordCopy:
+    """Copies of one device buffer (bytes, a multiple of 8; the same buffer at every call) into pinned host memory
+    mapped for the device, by a small kernel launched directly after the first time (:class:`Launches`): a few µs
+    of host time, where ``Tensor.copy_`` into pinned memory costs a ``cudaMemcpyAsync`` and an event of PyTorch's
+    pinned-memory allocator, and a copy engine's transfer of a few KB takes several µs on the stream."""
+
+    BLOCK = 1024
+
+    def __init__(self, src: torch.Tensor):
+        self.src = src.view(torch.int64)
+        self.n = self.src.numel()
+        self.grid = (-(-self.n // self.BLOCK), 1)
+        self._launches = Launches(_copy_words, lambda: 4)
+        self._plans: dict = {}  # the destination's 16-byte alignment -> its direct launch
+
+    def __call__(self, dst: torch.Tensor, address: int) -> None:
+        """Into host tensor ``dst`` (at least the buffer's bytes), which kernels reach at ``address``."""
+        key = (address % 16 == 0,)
+        plan = self._plans.get(key)
+        if plan is not None and not hooked():
+            plan(address)
+            return
+        compiled = self._launches.compiled(key)
+        if compiled is None:
+            self._launches.first(self.grid, key, self.src, dst.view(torch.int64), self.n, self.BLOCK)
+        else:
+            n, block = self.n, self.BLOCK
+            plan = self._plans[key] = Launches.planned(compiled, self.grid, self.src.device.index,
+                                                       (self.src.data_ptr(),), lambda a: (a, n, block))
+            plan(address)
+
+
 def _launcher(compiled) -> tuple:
     """``(fn, head)``: ``fn(gridX, gridY, gridZ, stream, *head, *kernel args)`` launches ``compiled``. Where
     Triton's CUDA launcher needs no scratch memory (Triton 3.6: ``CudaLauncher``), its C ``launch`` is called
@@ -366,8 +398,7 @@ class TritonPath:
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
         self._hidden = Launches(_hidden_stats_kernel, lambda: self.tuning["hidden_warps"])
-        self._copy = Launches(_copy_words, lambda: 4)
-        self._copy_plan: Optional[Callable[[Outputs], None]] = None
+        self._copy: Optional[WordCopy] = None  # the Summarizer's device buffer into ring slots, made at first use
         if vocab_size is None:
             return
         V, k, R, K = vocab_size, topk, max_rows, num_chunks
@@ -405,20 +436,12 @@ class TritonPath:
         return self.max_rows, self.num_chunks * S + self.nb, 9
 
     def copy(self, buf: torch.Tensor, out: Outputs) -> None:
-        """The device buffer ``buf`` (bytes, a multiple of 8) into the ring slot of ``out``, by a kernel: a copy
-        engine's transfer of a few KB takes several µs on the stream, a kernel about two."""
-        if self._copy_plan is not None and not hooked():
-            self._copy_plan(out)
-            return
-        n, block = buf.numel() // 8, 1024
-        grid = (-(-n // block), 1)
-        compiled = self._copy.compiled(())
-        if compiled is None:  # the slot's first field (rows) starts the slot: the kernel writes all of it from there
-            self._copy.first(grid, (), buf.view(torch.int64), out.views["rows"], n, block)
-        else:
-            self._copy_plan = Launches.planned(compiled, grid, buf.device.index, (buf.data_ptr(),),
-                                               lambda o: (o.head[0], n, block))
-            self._copy_plan(out)
+        """The device buffer ``buf`` (bytes, a multiple of 8; the same at every call) into the ring slot of ``out``,
+        by a kernel: a copy engine's transfer of a few KB takes several µs on the stream, a kernel about two. The
+        slot's first field (rows) starts the slot: the kernel writes all of it from there."""
+        if self._copy is None:
+            self._copy = WordCopy(buf)
+        self._copy(out.views["rows"], out.head[0])
 
     def run(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor], out: Outputs,
             ints: Optional[tuple] = None, logit_rows: Optional[torch.Tensor] = None) -> bool:
