@@ -149,6 +149,20 @@ def test_the_step_tap_is_read_by_a_kernel_into_its_pinned_slots():
     path.close()
 
 
+def test_reserved_counts_what_a_stretch_reserved_even_where_the_cache_is_emptied_in_it():
+    """The run's ``reserved_bytes`` is the difference of ``devicecopy.reserved`` over attach, where each graph capture
+    empties PyTorch's cache: that must not read as memory given back (it read -3.4 GB on the Kimi bed)."""
+    from draftscope_tracer.device import devicecopy
+
+    cached = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del cached  # a block the cache holds, as the engine's are at attach
+    before, total = devicecopy.reserved("cuda"), torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    kept = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_reserved() < total  # the reserved total did drop: the case this guards
+    assert 64 * 2**20 <= devicecopy.reserved("cuda") - before < 256 * 2**20, kept.shape
+
+
 def test_a_launch_repeated_on_the_same_buffers_is_planned_and_reads_their_new_values():
     """The hooks' launches repeat on the same buffers every decode iteration: the second one on the same
     tensors and rows goes through its plan (no checks, no argument work), and reads what the buffers hold then."""
