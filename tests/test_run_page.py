@@ -389,4 +389,6 @@ def test_the_tracer_on_the_gpu_shows_what_its_engine_recorded() -> None:
         ("Rows per summary launch", "64"), ("Summary layouts", "5"), ("Recomputes as CUDA graphs", "none")]
     assert device({"reserved_bytes": "lots", "layouts": True}) == [
         ("Summary layouts", "yes"), ("GPU memory reserved at attach", "lots")]
+    assert device({"reserved_bytes": -3_443_523_584}) == [  # what a tracer before b6fb5cb recorded on the Kimi bed
+        ("GPU memory reserved at attach", "not measured (-3,443,523,584 bytes recorded: this tracer version misread it)")]
     assert device(None) is None and device("odd") is None

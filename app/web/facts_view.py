@@ -43,8 +43,11 @@ def show(value: Any) -> str:
 
 
 def mib(value: Any) -> Any:
-    """Bytes as MiB text; any other value as it is (``show`` writes it)."""
+    """Bytes as MiB text; a negative count as not measured (tracers before b6fb5cb read the allocator's total, which
+    a CUDA graph capture lowers); any other value as it is (``show`` writes it)."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            return f"not measured ({value:,} bytes recorded: this tracer version misread it)"
         return f"{value / 2**20:,.1f} MiB"
     return value
 
