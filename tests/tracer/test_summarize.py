@@ -393,6 +393,25 @@ def test_row_merge_ranks_groups_across_chunks_in_the_interpreter():
     _in_the_interpreter("_triton_row_merge_ranks_groups")
 
 
+def _word_copy_copies_every_word() -> None:
+    """Run under TRITON_INTERPRET=1: ``WordCopy`` (the step tap's read, a ring slot's copy-out) writes every word of
+    its buffer, over a partial last block, and nothing past it."""
+    from draftscope_tracer.device.summary_triton import WordCopy
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    words = 2 * WordCopy.BLOCK + 3
+    src = torch.randint(0, 256, (words * 8,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    copy = WordCopy(src)
+    for _ in range(2):  # the interpreter has no compiled kernel to plan: each copy goes through the JITFunction
+        dst = torch.zeros(words * 8 + 16, dtype=torch.uint8)
+        copy(dst, dst.data_ptr())
+        assert torch.equal(dst[:words * 8], src) and not dst[words * 8:].any()
+
+
+def test_word_copy_copies_every_word_in_the_interpreter():
+    _in_the_interpreter("_word_copy_copies_every_word")
+
+
 def _gathered_ints_match(backend: str) -> None:
     """A verify's token ids read at the summary's rows (``gather``): what indexing on the host gives, -1 for
     padding rows, from int32 and int64 tensors alike."""
