@@ -145,7 +145,7 @@ def test_the_step_tap_is_read_by_a_kernel_into_its_pinned_slots():
         torch.cuda.synchronize()
         assert torch.equal(steps._host, tap._buf.cpu())
         steps.release(read=True)
-    assert tap._copy is not None and tap._copy._copy._plans, "the reads did not go through the direct launch"
+    assert tap._copy is not None and tap._copy._plans, "the reads did not go through the direct launch"
     path.close()
 
 

@@ -84,7 +84,7 @@ class StepTap:
         # slots of a multiple of 16 bytes: each starts at the alignment the copy kernel was compiled for
         self._slots = HostSlots(-(-self._bytes // 16) * 16, READS, dev, events=False)  # each read marked for its reader
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
-        self._copy = _slot_copy(self._buf, self._slots)  # None: ``Tensor.copy_`` (no Triton, or no mapped memory)
+        self._copy, self._base = _copy_kernel(self._buf, self._slots)  # (None, 0): reads by ``Tensor.copy_``
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -157,42 +157,30 @@ class StepTap:
         if slot is None:
             return None
         host = self._host[slot]
-        if self._copy is None or not self._copy(host, slot):
-            self._copy = None
+        if self._copy is not None:
+            try:
+                self._copy(host, self._base + slot * self._slots.nbytes)
+            except Exception:  # noqa: BLE001 - never raise into the serving process: Tensor.copy_ from now on
+                self._copy = None
+        if self._copy is None:
             host.copy_(self._buf, non_blocking=True)
         return StepTopk(host, (self._shape, self._tree_shape, self.branches), n, self._slots, slot, self._buf.is_cuda)
 
 
-class _SlotCopy:
-    """The tap's result buffer into a pinned slot by a kernel (``summary_triton.WordCopy``: a few µs of host time a
-    read, where ``Tensor.copy_`` costs ~12 µs on a GPU server's host), the slots' memory being mapped for the device.
-    Compiled at install, before SGLang captures its graphs: a failure then or later leaves ``Tensor.copy_``."""
-
-    def __init__(self, copy, slots: HostSlots, base: int):
-        self._copy, self._slots, self._base = copy, slots, base
-
-    def __call__(self, host: torch.Tensor, slot: int) -> bool:
-        """Copy into ``slot`` (``host``: its buffer); False when the kernel failed (the caller copies)."""
-        try:
-            self._copy(host, self._base + slot * self._slots.nbytes)
-            return True
-        except Exception:  # noqa: BLE001 - never raise into the serving process
-            return False
-
-
-def _slot_copy(buf: torch.Tensor, slots: HostSlots) -> Optional[_SlotCopy]:
-    """A :class:`_SlotCopy` of ``buf`` into ``slots``, its kernel compiled by a first copy into slot 0; None off CUDA,
-    without Triton, or where the slots' memory is not mapped for the device."""
-    if not buf.is_cuda:
-        return None
+def _copy_kernel(buf: torch.Tensor, slots: HostSlots) -> tuple:
+    """``(WordCopy of buf, the address through which kernels reach slots' memory)``: the tap's results into a pinned
+    slot by a kernel, a few µs of host time a read where ``Tensor.copy_`` costs ~12 µs on a GPU server's host. Its
+    kernel is compiled by a first copy into slot 0, at install (before SGLang captures its graphs). ``(None, 0)`` off
+    CUDA, without Triton, where that memory is not mapped for the device, or when the first copy fails."""
     try:
-        base = mapped_address(slots.memory) if triton is not None else None
+        base = mapped_address(slots.memory) if buf.is_cuda and triton is not None else None
         if base is None:
-            return None
-        copy = _SlotCopy(WordCopy(buf), slots, base)
-        return copy if copy(slots.buffer(0), 0) else None
+            return None, 0
+        copy = WordCopy(buf)
+        copy(slots.buffer(0), base)
+        return copy, base
     except Exception:  # noqa: BLE001 - the tap still reads, by Tensor.copy_
-        return None
+        return None, 0
 
 
 def _split(buf: torch.Tensor, shape: tuple, tree_shape: tuple) -> tuple:
