@@ -18,6 +18,10 @@ eager launches, each alone on an idle GPU (inputs in L2 after the first, as the 
   stamps' own cost shows.
 
     python bench/gpu_summary_stages.py [--launches 50]    # JSON to $OUT/gpu_summary_stages.json if OUT is set
+    python bench/gpu_summary_stages.py --tuning "" --tuning block=2048,warps=1    # each case under each tuning
+
+``--tuning`` (repeatable) runs every case under a kernel tuning: ``block`` (the logits chunk of one program) and
+the keys of ``triton_tuning`` (``warps``, ``group``, ``hidden_slice``), comma-separated; ``""`` is the default.
 
 Needs a CUDA GPU, torch, Triton and the tracer importable as ``draftscope_tracer``, as ``gpu_summarize.py``.
 """
@@ -69,14 +73,26 @@ def stages(launches: list, rows: int, hidden_programs: int) -> dict:
     }
 
 
-def run_case(batch: int, every: int | None, launches: int) -> dict:
+def parse_tuning(text: str) -> dict:
+    """``"block=2048,warps=1"`` -> ``{"block": 2048, "warps": 1}`` (``""``: the defaults)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in ("block", "warps", "group", "hidden_slice") or not value.isdigit():
+            raise SystemExit(f"--tuning {text!r}: {item!r} is not block/warps/group/hidden_slice=<int>")
+        out[name] = int(value)
+    return out
+
+
+def run_case(batch: int, every: int | None, launches: int, tuning: dict) -> dict:
     import torch
     import gpu_summarize as gs
 
     hidden, logits = gs.inputs(batch)
     picked = gs.sampled_rows(batch, every)
     rows = torch.tensor(picked, dtype=torch.int64, device="cuda")
-    summ = gs.make(len(picked), "auto", ring_size=17)
+    summ = gs.make(len(picked), "auto", ring_size=17, block=tuning.get("block"))
+    summ.triton_tuning.update({k: v for k, v in tuning.items() if k != "block"})
     summ.compute(hidden, rows, logits)  # compiles; the path taken must be Triton's
     assert summ.backend == "triton" and summ.fallbacks == 0, f"Triton path not used: {summ.fallback_error}"
     plain_us = gs.queued_us(lambda: summ.summarize(hidden, rows, logits))
@@ -93,18 +109,19 @@ def run_case(batch: int, every: int | None, launches: int) -> dict:
         summ.compute(hidden, rows, logits)
         taken.append(stamps.cpu().numpy())
     hidden_programs = summ.triton_stamp_shape[1] - -(-logits.shape[1] // summ.triton_block)
-    return {"batch": batch, "rows": len(picked), "sampling": "all rows" if every is None else f"1 in {every}",
+    return {"tuning": tuning, "block": summ.triton_block, "batch": batch, "rows": len(picked), "sampling": "all rows" if every is None else f"1 in {every}",
             "launches": launches, "programs_per_row": summ.triton_stamp_shape[1], "hidden_programs": hidden_programs,
             "eager_us": plain_us, "eager_stamped_us": stamped_us, **stages(taken, len(picked), hidden_programs)}
 
 
 def table(cases: list) -> str:
     cell = lambda d: "-" if d["p50"] is None else f"{d['p50']:.2f} / {d['p90']:.2f}"  # noqa: E731
-    lines = ["| batch | rows | sampling | eager µs, plain / stamped | span p50 | programs start, p50 / last | "
+    lines = ["| tuning | batch | rows | sampling | eager µs, plain / stamped | span p50 | programs start, p50 / last | "
              "logits read | groups ranked | columns ranked | hidden slice | ticket | merge | merge ends |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
-        lines.append(f"| {c['batch']} | {c['rows']} | {c['sampling']} | {c['eager_us']:.1f} / "
+        tuning = ", ".join(f"{k} {v}" for k, v in c["tuning"].items()) or "default"
+        lines.append(f"| {tuning} | {c['batch']} | {c['rows']} | {c['sampling']} | {c['eager_us']:.1f} / "
                      f"{c['eager_stamped_us']:.1f} | {c['span_us']['p50']:.2f} | "
                      f"{c['program_start_us']['p50']:.2f} / {c['program_start_us']['last']:.2f} | "
                      f"{cell(c['logits_read_us'])} | {cell(c['logits_groups_ranked_us'])} | "
@@ -116,15 +133,25 @@ def table(cases: list) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--launches", type=int, default=50, help="stamped launches per case (default %(default)s)")
+    ap.add_argument("--tuning", action="append", default=None, metavar="K=V,...",
+                    help="run every case under this kernel tuning (repeatable; \"\" is the default tuning)")
     args = ap.parse_args()
+    tunings = [parse_tuning(t) for t in (args.tuning or [""])]
     sys.path.insert(0, str(HERE))
     import torch
     import triton
 
-    cases = [run_case(batch, every, args.launches) for batch, every in CASES]
+    cases = []
+    for tuning in tunings:
+        for batch, every in CASES:
+            cases.append(run_case(batch, every, args.launches, tuning))
+            print(json.dumps({k: cases[-1][k] for k in ("tuning", "batch", "sampling", "eager_us", "span_us")}),
+                  flush=True)
     print(table(cases))
+    command = " ".join(["python bench/gpu_summary_stages.py", f"--launches {args.launches}",
+                        *(f"--tuning '{t}'" for t in args.tuning or [])])
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "command": "python bench/gpu_summary_stages.py --launches %d" % args.launches, "cases": cases}
+           "command": command, "cases": cases}
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["OUT"]) / "gpu_summary_stages.json").write_text(json.dumps(out, indent=1))
