@@ -51,3 +51,24 @@ def test_stages_give_back_the_times_the_stamps_were_made_from():
     assert got["merge_ends_us"]["p90"] == pytest.approx(0.14 + 3.74, rel=1e-3)
     assert got["span_us"]["p50"] == pytest.approx(0.14 + 3.74, rel=1e-3)
     assert got["program_start_us"] == {"p50": pytest.approx(0.07), "last": pytest.approx(0.14)}
+
+
+def test_a_tuning_is_read_from_its_text_and_a_wrong_key_or_value_is_named():
+    assert bench.parse_tuning("") == {}
+    assert bench.parse_tuning("block=2048,warps=1") == {"block": 2048, "warps": 1}
+    for bad, named in (("chunk=2048", "'chunk=2048'"), ("warps=one", "'warps=one'"), ("warps", "'warps'")):
+        with pytest.raises(SystemExit, match=named):
+            bench.parse_tuning(bad)
+
+
+def test_the_table_names_each_case_by_its_tuning():
+    stage = {"p50": 1.0, "p90": 2.0}
+    case = {"batch": 1, "rows": 4, "sampling": "all rows", "eager_us": 13.4, "eager_stamped_us": 13.5,
+            "span_us": stage, "program_start_us": {"p50": 0.1, "last": 0.2}, "logits_read_us": stage,
+            "logits_groups_ranked_us": stage, "logits_columns_ranked_us": stage, "hidden_slice_us": stage,
+            "ticket_us": stage, "merge_us": {"p50": None, "p90": None}, "merge_ends_us": stage}
+    lines = bench.table([{**case, "tuning": {}}, {**case, "tuning": {"block": 2048, "warps": 1}}]).splitlines()
+    assert lines[2].startswith("| default | 1 | 4 | all rows | 13.4 / 13.5 |")
+    assert lines[3].startswith("| block 2048, warps 1 | 1 | 4 |")
+    assert "| - |" in lines[3]  # a stage no program ran
+    assert all(line.count("|") == lines[0].count("|") for line in lines[:4])
