@@ -21,7 +21,8 @@ eager launches, each alone on an idle GPU (inputs in L2 after the first, as the 
     python bench/gpu_summary_stages.py --tuning "" --tuning block=2048,warps=1    # each case under each tuning
 
 ``--tuning`` (repeatable) runs every case under a kernel tuning: ``block`` (the logits chunk of one program) and
-the keys of ``triton_tuning`` (``warps``, ``group``, ``hidden_slice``), comma-separated; ``""`` is the default.
+the keys of ``triton_tuning`` (``warps``, ``group``, ``hidden_slice``), comma-separated; ``""`` is the
+default. Each case's summary is first checked against float64 statistics and ``torch.topk``.
 
 Needs a CUDA GPU, torch, Triton and the tracer importable as ``draftscope_tracer``, as ``gpu_summarize.py``.
 """
@@ -78,8 +79,8 @@ def parse_tuning(text: str) -> dict:
     out = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        if name not in ("block", "warps", "group", "hidden_slice") or not value.isdigit():
-            raise SystemExit(f"--tuning {text!r}: {item!r} is not block/warps/group/hidden_slice=<int>")
+        if name not in ("block", "warps", "group", "hidden_slice", "pairs") or not value.isdigit():
+            raise SystemExit(f"--tuning {text!r}: {item!r} is not block/warps/group/hidden_slice/pairs=<int>")
         out[name] = int(value)
     return out
 
@@ -93,8 +94,9 @@ def run_case(batch: int, every: int | None, launches: int, tuning: dict) -> dict
     rows = torch.tensor(picked, dtype=torch.int64, device="cuda")
     summ = gs.make(len(picked), "auto", ring_size=17, block=tuning.get("block"))
     summ.triton_tuning.update({k: v for k, v in tuning.items() if k != "block"})
-    summ.compute(hidden, rows, logits)  # compiles; the path taken must be Triton's
+    summ.compute(hidden, rows, logits)  # compiles; the path taken must be Triton's, and right
     assert summ.backend == "triton" and summ.fallbacks == 0, f"Triton path not used: {summ.fallback_error}"
+    gs.check_against_reference(summ.publish().result(), hidden, logits, picked)
     plain_us = gs.queued_us(lambda: summ.summarize(hidden, rows, logits))
     stamps = torch.zeros(summ.triton_stamp_shape, dtype=torch.int64, device="cuda")
     summ.triton_tuning["stamps"] = stamps
