@@ -79,8 +79,8 @@ def parse_tuning(text: str) -> dict:
     out = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
-        if name not in ("block", "warps", "group", "hidden_slice", "pairs") or not value.isdigit():
-            raise SystemExit(f"--tuning {text!r}: {item!r} is not block/warps/group/hidden_slice/pairs=<int>")
+        if name not in ("block", "warps", "group", "hidden_slice") or not value.isdigit():
+            raise SystemExit(f"--tuning {text!r}: {item!r} is not block/warps/group/hidden_slice=<int>")
         out[name] = int(value)
     return out
 

@@ -275,13 +275,13 @@ def _triton_matches_torch() -> None:
     assert [i for i, _ in summary.rows[1].topk] == list(range(0, 24, 3))
 
 
-def _in_the_interpreter(check: str, *args) -> None:
-    """Run ``check(*args)`` (a function of this module) in a fresh process under ``TRITON_INTERPRET=1``: the
-    interpreter is chosen when Triton is imported."""
+def _in_the_interpreter(check: str) -> None:
+    """Run ``check`` (a function of this module) in a fresh process under ``TRITON_INTERPRET=1``: the interpreter is
+    chosen when Triton is imported."""
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", f"import tests.tracer.test_summarize as t; t.{check}(*{args!r})"],
+    done = subprocess.run([sys.executable, "-c", f"import tests.tracer.test_summarize as t; t.{check}()"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -290,14 +290,7 @@ def test_triton_kernels_match_torch_path_in_the_interpreter():
     _in_the_interpreter("_triton_matches_torch")
 
 
-def _triton(pairs: int, **kwargs) -> Summarizer:
-    """A Summarizer on the Triton path, its rankings by rounds (``pairs`` 0) or by all pairs (1)."""
-    summ = Summarizer(backend="triton", **kwargs)
-    summ.triton_tuning.update(pairs=pairs)
-    return summ
-
-
-def _triton_split_rows_match(pairs: int) -> None:
+def _triton_split_rows_match() -> None:
     """Run under TRITON_INTERPRET=1: the summary kernel's split rows (hidden chunks in several slices, logits in
     chunks of groups ranked by their maxima) against float64 and torch.topk, where the ranking could go wrong."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -316,7 +309,7 @@ def _triton_split_rows_match(pairs: int) -> None:
     rows = torch.tensor([0, 1, 2, 3, -1])
     summ = {b: Summarizer(max_rows=5, width=2 * width, chunk_width=width, vocab_size=2000, block=512, backend=b)
             for b in ("triton", "torch")}
-    summ["triton"].triton_tuning.update(hidden_slice=1024, group=16, pairs=pairs)
+    summ["triton"].triton_tuning.update(hidden_slice=1024, group=16)
     got, want = (summ[b].summarize(hidden, rows, logits).result() for b in ("triton", "torch"))
     assert [(c.nan_count, c.inf_count) for c in got.rows[1].chunks] == [(1, 0), (0, 1)]
     assert got.rows[2].chunks[1].absmax == 7e4
@@ -341,18 +334,17 @@ def _triton_split_rows_match(pairs: int) -> None:
 
     small = torch.randn(3, 10, generator=torch.Generator().manual_seed(10))  # top-9 of 10, 5 of 10: k not a power of 2
     for k in (9, 5):
-        got = _triton(pairs, max_rows=3, width=H, vocab_size=10, topk=k).summarize(
+        got = Summarizer(max_rows=3, width=H, vocab_size=10, topk=k, backend="triton").summarize(
             torch.zeros(3, H), torch.tensor([2, 0, 1]), small).result()
         for r in got.rows:
             assert [i for i, _ in r.topk] == torch.topk(small[r.row], k).indices.tolist()
 
 
-@pytest.mark.parametrize("pairs", [0, 1])
-def test_split_rows_and_ranked_groups_match_references_in_the_interpreter(pairs):
-    _in_the_interpreter("_triton_split_rows_match", pairs)
+def test_split_rows_and_ranked_groups_match_references_in_the_interpreter():
+    _in_the_interpreter("_triton_split_rows_match")
 
 
-def _triton_row_merge_ranks_groups(pairs: int) -> None:
+def _triton_row_merge_ranks_groups() -> None:
     """Run under TRITON_INTERPRET=1: each logits chunk hands on its best groups (by their maxima), and the row's last
     program ranks them across chunks and then their columns; torch.topk's order (value, then smaller id) whichever
     chunk and group the winners sit in, for k of and not of a power of 2, one chunk with fewer candidates than the
@@ -374,7 +366,7 @@ def _triton_row_merge_ranks_groups(pairs: int) -> None:
     for k in (8, 5, 1):
         summ = {b: Summarizer(max_rows=6, width=H, vocab_size=vocab, topk=k, block=256, backend=b)
                 for b in ("triton", "torch")}
-        summ["triton"].triton_tuning.update(group=16, pairs=pairs)
+        summ["triton"].triton_tuning.update(group=16)
         got, want = (summ[b].summarize(torch.zeros(6, H), torch.arange(6), logits).result() for b in ("triton", "torch"))
         for r, w in zip(got.rows, want.rows):
             row = logits[r.row].tolist()
@@ -383,7 +375,7 @@ def _triton_row_merge_ranks_groups(pairs: int) -> None:
                 assert [p for _, p in r.topk] == pytest.approx([p for _, p in w.topk], rel=1e-5), (k, r.row)
         assert all(math.isnan(p) for _, p in got.rows[3].topk) and all(math.isnan(p) for _, p in want.rows[3].topk)
     assert [i for i, _ in got.rows[0].topk] == [5]
-    top = _triton(pairs, max_rows=6, width=H, vocab_size=vocab, block=256).summarize(
+    top = Summarizer(max_rows=6, width=H, vocab_size=vocab, block=256, backend="triton").summarize(
         torch.zeros(6, H), torch.arange(6), logits).result()
     assert [i for i, _ in top.rows[0].topk] == [5, 33, 260, 299, 300, 700, 1024, 1025]
     assert [i for i, _ in top.rows[1].topk] == [17, 1040, 1998, 1999, 1041, 16, 18, 0]
@@ -392,14 +384,13 @@ def _triton_row_merge_ranks_groups(pairs: int) -> None:
     assert [i for i, _ in top.rows[4].topk] == [1777, 0, 1, 2, 3, 4, 5, 6] and top.rows[4].topk[0][1] == 1.0
     small = torch.full((2, 10), -math.inf)                             # one chunk, 5 candidates for 8 places
     small[1, 9] = 1.0
-    got = _triton(pairs, max_rows=2, width=H, vocab_size=10, topk=5).summarize(
+    got = Summarizer(max_rows=2, width=H, vocab_size=10, topk=5, backend="triton").summarize(
         torch.zeros(2, H), torch.arange(2), small).result()
     assert [[i for i, _ in r.topk] for r in got.rows] == [[0, 1, 2, 3, 4], [9, 0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("pairs", [0, 1])
-def test_row_merge_ranks_groups_across_chunks_in_the_interpreter(pairs):
-    _in_the_interpreter("_triton_row_merge_ranks_groups", pairs)
+def test_row_merge_ranks_groups_across_chunks_in_the_interpreter():
+    _in_the_interpreter("_triton_row_merge_ranks_groups")
 
 
 def _word_copy_copies_every_word() -> None:
@@ -516,11 +507,11 @@ def test_a_launch_plan_is_keyed_by_everything_its_arguments_come_from():
     assert len(set(others)) == len(others)
 
 
-@pytest.mark.parametrize("stamps, pairs", [(False, 0), (True, 0), (False, 1)])
-def test_the_summary_kernel_compiles_for_hopper(stamps, pairs):
+@pytest.mark.parametrize("stamps", [False, True])
+def test_the_summary_kernel_compiles_for_hopper(stamps):
     """The summary kernel at Kimi-K2.5 widths, built for sm_90 by Triton's own compiler and ptxas (no GPU needed):
     in service, and as bench/gpu_summary_stages.py runs it, where each program reads the SM's clocks (its timer
-    and cycle counter) and in service it reads neither; and with its rankings by all pairs (``pairs``)."""
+    and cycle counter) and in service it reads neither."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -530,10 +521,7 @@ def test_the_summary_kernel_compiles_for_hopper(stamps, pairs):
     path = summary_triton.TritonPath(max_rows=4, num_chunks=3, chunk_width=7168, vocab_size=163_840, topk=8,
                                      block=None, device=torch.device("cpu"), gather=True)
     names = summary_triton._summary_kernel.arg_names
-    path.tuning.update(pairs=pairs, group=32 if pairs else 16)
-    consts = path.geometry()[2]
-    assert consts[-1] == bool(pairs)
-    values = dict(zip(names[-12:], (*consts, True, stamps)))  # BLOCK_HS ... NC_P2, PAIRS, GATHER, STAMPS
+    values = dict(zip(names[-11:], (*path.geometry()[2], True, stamps)))  # BLOCK_HS ... NC_P2, GATHER, STAMPS
     pointers = {"hidden": "*bf16", "logits": "*bf16", "tickets": "*i32", "ia": "*i32", "ib": "*i32", "iseq": "*i32",
                 "iacc": "*i32", "sums": "*fp32", "absmax": "*fp32", "hpart": "*fp32", "bmax": "*fp32",
                 "bsum": "*fp32", "topk_p": "*fp32"}

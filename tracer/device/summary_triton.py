@@ -25,9 +25,6 @@ except Exception:  # noqa: BLE001
     knobs = None
 
 
-PAIRS_MAX = 512  # the most entries one all-pairs ranking takes (``tuning["pairs"]``): its comparisons grow as the square
-
-
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -224,19 +221,6 @@ if triton is not None:
         return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
     @triton.jit
-    def _ranks(keys, N: tl.constexpr):
-        """Each of ``keys`` ([N], distinct) ranked among them: how many are greater (0: the best). Every pair is
-        compared at once, 16 columns at a time, so no step waits on another's result (``_NONE`` padding ranks last)."""
-        if N > 16:
-            rank = tl.zeros([N], dtype=tl.int32)
-            for j0 in tl.static_range(0, N, 16):
-                kj = tl.gather(keys, j0 + tl.arange(0, 16), 0)
-                rank += tl.sum((kj[None, :] > keys[:, None]).to(tl.int32), axis=1)
-        else:
-            rank = tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), axis=1)
-        return rank
-
-    @triton.jit
     def _hidden_part(hidden, stride_row, n_rows, rows, hpart, r, p, R, P, H, S, HS, BLOCK_HS: tl.constexpr):
         """Part p of selected row r (chunk p // S, its slice p % S of width HS) in one read, fp32: sum, NaN count,
         non-finite count, sum of squares, absmax ignoring NaN, into plane q of ``hpart [5, R, P]``."""
@@ -260,13 +244,12 @@ if triton is not None:
     @triton.jit
     def _logits_chunk(logits, stride_row, n_rows, rows, bmax, bsum, keys_out, r, b, V, NB, st,
                       TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
-                      PAIRS: tl.constexpr, STAMPS: tl.constexpr):
+                      STAMPS: tl.constexpr):
         """Chunk b of selected row r (GROUPS groups of GROUP columns; its logits row ``rows[r]``, any float dtype,
         fp32 from the load on), read once: its max, sum of exp(x - max) and the order keys of its top TOPK. Those
         lie in the TOPK_P2 groups whose maxima rank highest (a value in any other group is outranked by the maxima
         of those), so only they are read again, from cache, and ranked. ``STAMPS``: the cycle counter after the
-        read with its softmax partials, the groups' ranking and the columns' into ``st[2:5]``. ``PAIRS``: each ranking
-        by ``_ranks`` (all pairs compared at once), else by TOPK_P2 and TOPK rounds of a block-wide max."""
+        read with its softmax partials, the groups' ranking and the columns' into ``st[2:5]``."""
         row = tl.load(rows + r)
         row = tl.minimum(tl.maximum(row, 0), n_rows - 1)
         base = logits + row * stride_row
@@ -284,36 +267,26 @@ if triton is not None:
             tl.store(st + 2, _clock())
         gkeys = _order_keys(gmax, g)
         k = tl.arange(0, TOPK_P2)
-        if PAIRS:
-            grank = _ranks(gkeys, GROUPS)
-            picked = tl.sum(tl.where(grank[None, :] == k[:, None], g[None, :], 0), axis=1)
-        else:
-            picked = tl.zeros([TOPK_P2], dtype=tl.int32)
-            for j in tl.static_range(TOPK_P2):
-                best = tl.max(gkeys, axis=0)
-                picked = tl.where(k == j, _key_id(best), picked)
-                gkeys = tl.where(gkeys == best, _NONE, gkeys)
+        picked = tl.zeros([TOPK_P2], dtype=tl.int32)
+        for j in tl.static_range(TOPK_P2):
+            best = tl.max(gkeys, axis=0)
+            picked = tl.where(k == j, _key_id(best), picked)
+            gkeys = tl.where(gkeys == best, _NONE, gkeys)
         if STAMPS:
             tl.store(st + 3, _clock())
         cols = start + picked[:, None] * GROUP + e[None, :]
         keys = _order_keys(tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32), cols)
         out = keys_out + (r * NB + b) * TOPK
-        if PAIRS:
-            flat = tl.reshape(keys, [TOPK_P2 * GROUP])
-            crank = _ranks(flat, TOPK_P2 * GROUP)
-            tl.store(out + crank, flat, mask=crank < TOPK)
-        else:
-            for j in tl.static_range(TOPK):
-                best = tl.max(tl.max(keys, axis=1), axis=0)
-                tl.store(out + j, best)
-                keys = tl.where(keys == best, _NONE, keys)
+        for j in tl.static_range(TOPK):
+            best = tl.max(tl.max(keys, axis=1), axis=0)
+            tl.store(out + j, best)
+            keys = tl.where(keys == best, _NONE, keys)
         if STAMPS:
             tl.store(st + 4, _clock())
 
     @triton.jit
     def _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK: tl.constexpr,
-                   K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr,
-                   PAIRS: tl.constexpr):
+                   K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr, NC_P2: tl.constexpr):
         """Row r from its parts: each chunk's statistics (over its slices), the logits max and softmax denominator
         (over the chunks'), the top TOPK of the chunks' candidates and their probabilities."""
         c = tl.arange(0, K_P2)
@@ -339,17 +312,11 @@ if triton is not None:
         denom = tl.sum(tl.where(bm > float("-inf"), bs * tl.exp(bm - m), 0.0), axis=0)
         oc = tl.arange(0, NC_P2)
         ck = tl.load(keys + r * NB * TOPK + oc, mask=oc < NB * TOPK, other=_NONE)
-        if PAIRS:
-            rank = _ranks(ck, NC_P2)
-            top = rank < TOPK
-            tl.store(topk_id + r * TOPK + rank, _key_id(ck).to(tl.int64), mask=top)
-            tl.store(topk_p + r * TOPK + rank, tl.exp(_key_value(ck) - m) / denom, mask=top)
-        else:
-            for j in tl.static_range(TOPK):
-                best = tl.max(ck, axis=0)
-                tl.store(topk_id + r * TOPK + j, _key_id(best).to(tl.int64))
-                tl.store(topk_p + r * TOPK + j, tl.exp(_key_value(best) - m) / denom)
-                ck = tl.where(ck == best, _NONE, ck)
+        for j in tl.static_range(TOPK):
+            best = tl.max(ck, axis=0)
+            tl.store(topk_id + r * TOPK + j, _key_id(best).to(tl.int64))
+            tl.store(topk_p + r * TOPK + j, tl.exp(_key_value(best) - m) / denom)
+            ck = tl.where(ck == best, _NONE, ck)
 
     # the int32 word counts of the gathered ints are never specialised (1 for int32 sources, 2 for int64): one
     # compiled kernel for every mix of dtypes
@@ -359,7 +326,7 @@ if triton is not None:
                         ints_out, stamps, NODES, R, K, H, S, HS, V, NB,
                         BLOCK_HS: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, GROUPS: tl.constexpr,
                         GROUP: tl.constexpr, K_P2: tl.constexpr, S_P2: tl.constexpr, NB_P2: tl.constexpr,
-                        NC_P2: tl.constexpr, PAIRS: tl.constexpr, GATHER: tl.constexpr, STAMPS: tl.constexpr):
+                        NC_P2: tl.constexpr, GATHER: tl.constexpr, STAMPS: tl.constexpr):
         """The whole summary in one launch, every input byte read once. Program (j, r) of selected row r: for
         j < K * S, slice j of its hidden chunks (``_hidden_part``), else logits chunk j - K * S of its logits row
         ``logit_rows[r]`` (``_logits_chunk``). The last program of a row to finish (a ticket per row, taken with an
@@ -396,13 +363,13 @@ if triton is not None:
                         _gather_ints(ia, ma, ib, mb, iseq, mseq, iacc, macc, ints_out, rows, r, NODES)
             else:
                 _logits_chunk(logits, stride_l, n_l, logit_rows, bmax, bsum, keys, r, j - P, V, NB, st, TOPK, TOPK_P2,
-                              GROUPS, GROUP, PAIRS, STAMPS)
+                              GROUPS, GROUP, STAMPS)
             ticket = tl.atomic_add(tickets + r, 1)
             if STAMPS:
                 tl.store(st + 5, _clock())
             if ticket == P + NB - 1:
                 _row_final(hpart, sums, absmax, bmax, bsum, keys, topk_p, topk_id, r, R, K, S, NB, TOPK, K_P2, S_P2,
-                           NB_P2, NC_P2, PAIRS)
+                           NB_P2, NC_P2)
                 tl.atomic_xchg(tickets + r, 0)
                 if STAMPS:
                     tl.store(st + 6, _clock())
@@ -425,10 +392,8 @@ class TritonPath:
         # columns whose max ranks them within a logits chunk) and widest hidden slice read by one program
         # ("hidden_slice", at least 1024; None: 2048 per warp, at most 8192). "stamps": None in service; a bench's
         # int64 buffer of ``stamp_shape()`` makes the summary kernel time its stages into it (``_summary_kernel``).
-        # "pairs": rank a chunk's groups, its columns and the row's candidates by comparing all pairs at once
-        # (``_ranks``) instead of rounds of a block-wide max, where each ranks at most PAIRS_MAX entries.
         self.tuning = {"hidden_warps": max(1, min(16, self.hblock // 512)), "warps": 4, "group": 16,
-                       "hidden_slice": None, "stamps": None, "pairs": 0}
+                       "hidden_slice": None, "stamps": None}
         self.block = None
         # the last launch, when it was direct: launches it again with the same inputs into another destination
         self.plan: Optional[Callable[[Outputs], None]] = None
@@ -455,17 +420,15 @@ class TritonPath:
 
     def geometry(self) -> tuple:
         """``(S, HS, constexprs)`` of the summary kernel under the current tuning: hidden slices per chunk and
-        their width, then BLOCK_HS, TOPK, TOPK_P2, GROUPS, GROUP, K_P2, S_P2, NB_P2, NC_P2, PAIRS."""
+        their width, then BLOCK_HS, TOPK, TOPK_P2, GROUPS, GROUP, K_P2, S_P2, NB_P2, NC_P2."""
         H, k, tb, nb = self.chunk_width, self.topk, self.block, self.nb
         slice_ = self.tuning["hidden_slice"] or min(8192, 2048 * self.tuning["warps"])
         S = -(-H // max(1024, slice_))
         HS = -(-H // S)
         kp2 = pow2_at_least(k)
         group = max(1, min(pow2_at_least(self.tuning["group"]), tb // kp2))
-        nc = pow2_at_least(nb * k)
-        pairs = bool(self.tuning["pairs"]) and max(tb // group, kp2 * group, nc) <= PAIRS_MAX
         return S, HS, (pow2_at_least(HS), k, kp2, tb // group, group, pow2_at_least(self.num_chunks),
-                       pow2_at_least(S), pow2_at_least(nb), nc, pairs)
+                       pow2_at_least(S), pow2_at_least(nb), pow2_at_least(nb * k))
 
     def stamp_shape(self) -> tuple:
         """The shape of a ``tuning["stamps"]`` buffer: a slot of 9 per program (selected row, program of the row)."""
