@@ -15,6 +15,9 @@ runner's log (``run.log``: the rounds it printed, for a run whose ``results.json
     python bench/gpu_throughput.py results.json
     python bench/gpu_throughput.py --log run.log
 
+After a Kimi-shaped run's table: each server's GPU memory and what its tracer reserved on the GPU at attach
+(``tracing.device.reserved_bytes`` of its run, which the runner reads from the trace on the device).
+
 Several runs of the same servers (one lease's rounds are few at Kimi widths), pooled into one levels table::
 
     python bench/gpu_throughput.py --pool bench/gpu_runs/2026-12-06-vllm-kimi-1in16-a.json \\
@@ -61,8 +64,22 @@ def main(argv: list[str]) -> int:
         print(f"no throughput result in {argv[0]}: {', '.join(filter(None, errors)) or 'no phase ran'}",
               file=sys.stderr)
         return 1
-    print("\n\n".join(filter(None, tables)))
+    print("\n\n".join(filter(None, [*tables, memory_line(saved.get("kimi_throughput_servers") or {})])))
     return 0
+
+
+def memory_line(servers: dict) -> str | None:
+    """Each server's GPU memory (nvidia-smi, MiB) and, for a traced one, what its tracer reserved through PyTorch's
+    allocator at attach (its run's ``tracing.device.reserved_bytes``, where the run kept it)."""
+    parts = []
+    for name, s in servers.items():
+        if s.get("gpu_memory_mib") is None:
+            continue
+        device = s.get("tracing_device") or {}
+        reserved = device.get("reserved_bytes")
+        note = f" (the tracer reserved {reserved / 2**20:,.1f} MiB at attach)" if isinstance(reserved, int) else ""
+        parts.append(f"{name} {s['gpu_memory_mib']:,} MiB{note}")
+    return "GPU memory by server: " + "; ".join(parts) if parts else None
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from testbed.gpu import kimi_models, throughput
+from testbed.gpu import kimi_models, throughput, traces
 from testbed.gpu.bed import Spec
 from testbed.scenarios import FINDINGS
 
@@ -200,7 +200,20 @@ def run_throughput(bed, models: Path, deadline: float, workload: str = "short",
     bed.stop_all(state)
     for s in state.values():
         s["gpu_memory_mib"] = memory["per_server_mib"].get(s["name"])
+        s["tracing_device"] = tracing_device(s.get("trace"))
     return {"kimi_throughput": result, "kimi_throughput_servers": state}
+
+
+def tracing_device(trace) -> dict | None:
+    """What the traced server's tracer built on the GPU at attach (its run's ``facts.tracing.device``: prepared rows,
+    layouts, ``reserved_bytes``), read from its trace here, since the trace itself is too large to come back; None
+    for the server without the tracer, or when the trace holds none."""
+    if not trace or not Path(trace).exists():
+        return None
+    try:
+        return ((traces.run_record(trace).get("facts") or {}).get("tracing") or {}).get("device")
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 PROFILE_CONFIGS = ("no-tracer", "every")

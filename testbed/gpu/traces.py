@@ -79,6 +79,19 @@ def load(path: Path | str) -> Trace:
     return t
 
 
+def run_record(path: Path | str) -> dict:
+    """The run record of a trace (its updates merged), read without its requests, steps and samples: a throughput
+    run's trace is too large to come back from the device, its run's facts (what the tracer reserved on the GPU)
+    are not."""
+    run: dict = {}
+    with open(path) as f:
+        for line in f:
+            if '"run"' in line:
+                batch = json.loads(line)
+                run.update(batch.get("run") or {})
+    return run
+
+
 def only(t: Trace, prefix: str) -> Trace:
     """The records of ``t``'s requests whose ids start with ``prefix``."""
     return Trace(run=t.run, requests={k: v for k, v in t.requests.items() if k.startswith(prefix)},
