@@ -111,15 +111,16 @@ def run_case(batch: int, every: int | None, launches: int, tuning: dict) -> dict
         summ.compute(hidden, rows, logits)
         taken.append(stamps.cpu().numpy())
     hidden_programs = summ.triton_stamp_shape[1] - -(-logits.shape[1] // summ.triton_block)
-    return {"tuning": tuning, "block": summ.triton_block, "batch": batch, "rows": len(picked), "sampling": "all rows" if every is None else f"1 in {every}",
-            "launches": launches, "programs_per_row": summ.triton_stamp_shape[1], "hidden_programs": hidden_programs,
+    return {"tuning": tuning, "block": summ.triton_block, "batch": batch, "rows": len(picked),
+            "sampling": "all rows" if every is None else f"1 in {every}", "launches": launches,
+            "programs_per_row": summ.triton_stamp_shape[1], "hidden_programs": hidden_programs,
             "eager_us": plain_us, "eager_stamped_us": stamped_us, **stages(taken, len(picked), hidden_programs)}
 
 
 def table(cases: list) -> str:
     cell = lambda d: "-" if d["p50"] is None else f"{d['p50']:.2f} / {d['p90']:.2f}"  # noqa: E731
-    lines = ["| tuning | batch | rows | sampling | eager µs, plain / stamped | span p50 | programs start, p50 / last | "
-             "logits read | groups ranked | columns ranked | hidden slice | ticket | merge | merge ends |",
+    lines = ["| tuning | batch | rows | sampling | eager µs, plain / stamped | span p50 | "
+             "programs start, p50 / last | logits read | groups ranked | columns ranked | hidden slice | ticket | merge | merge ends |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         tuning = ", ".join(f"{k} {v}" for k, v in c["tuning"].items()) or "default"
