@@ -191,3 +191,66 @@ def test_a_kimi_wide_vocabulary_reads_the_softmax_top_k():
                 assert len(got[step][j]) == 8
                 assert {i for i, _ in got[step][j]} == set(want.indices.tolist())
                 assert sorted(p for _, p in got[step][j]) == pytest.approx(sorted(want.values.tolist()), rel=1e-4)
+
+
+def test_no_rows_selected_sets_the_buffer_back_to_unused_and_does_not_arm():
+    """Unused slots hold -1 (the summary kernel skips them); selecting no rows puts them all back, so the draft
+    graphs' replays read nothing while no request is sampled, and the eager loop does no work."""
+    logits = [torch.randn(BS, V) for _ in range(STEPS - 1)]
+    w = _worker(logits)
+    tap = StepTap(w, 2, _guard([]))
+    assert (tap.rows == -1).all()
+    assert tap.select([3, 1]) == 2 and tap.armed and tap.rows[:3].tolist() == [3, 1, -1]
+    tap.read(2).release()
+    assert tap.select([]) == 0 and not tap.armed and (tap.rows == -1).all()
+    assert tap.select([]) == 0 and not tap.armed  # already unused: no copy
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert (tap.ids == -1).all()  # not armed: nothing written
+
+
+def _kernel_reads_the_selected_rows() -> None:
+    """Run under TRITON_INTERPRET=1: the tap's top-k by the summary kernel (``TapTopk``) gives the softmax top-k
+    of the selected rows, best first; a replay with no row selected writes nothing; logits it was not compiled
+    for take ``softmax_topk``."""
+    import os
+
+    from draftscope_tracer.device.tap_topk import TapTopk
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.manual_seed(3)
+    logits = [torch.randn(BS, V) * 3 for _ in range(STEPS - 1)]
+    w = _worker(logits)
+    tap = StepTap(w, 3, _guard([]))
+    assert tap._topk is None  # a CPU: softmax_topk, unless told otherwise as here
+    tap._topk = TapTopk(tap.rows, V, 3, backend="triton")
+    assert (tap.rows == -1).all(), "compiling its variants must leave the row buffer as it was"
+    assert tap._topk.takes(logits[0]) and not tap._topk.takes(logits[0].to(torch.bfloat16))
+    assert tap.select([4, 1]) == 2
+    w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    got = tap.read(2).result().positions
+    for step, lg in enumerate(logits):
+        for j, row in enumerate([4, 1]):
+            want = torch.topk(torch.softmax(lg[row], -1), 3)
+            assert [i for i, _ in got[step][j]] == want.indices.tolist()
+            assert [p for _, p in got[step][j]] == pytest.approx(want.values.tolist(), rel=1e-5)
+    tap.select([])
+    tap._write(0, torch.randn(BS, V))  # a graph's replay with nothing selected: every slot skipped
+    assert (tap._topk._summary.device_views["rows"] == -1).all()
+    tap.select([2])
+    bf16 = torch.randn(BS, V).to(torch.bfloat16)
+    tap._write(1, bf16)  # not a compiled variant: softmax_topk (its entries in no particular order)
+    assert set(tap.ids[1, 0].tolist()) == set(torch.topk(bf16[2].float(), 3).indices.tolist())
+
+
+def test_the_summary_kernel_reads_the_selected_rows_in_the_interpreter():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", "import tests.tracer.test_steptap as t; t._kernel_reads_the_selected_rows()"],
+                          cwd=root, env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -20,14 +20,15 @@ says which candidates became the verify's nodes (``top_scores_index``) and whose
 buffer (graph-capturable too), so one copy brings back every node's draft top-k and the tree's shape
 (:func:`draftscope_tracer.transport.records.draft_tree` maps them to nodes).
 
-Costs: in every draft-decode graph replay, sampled or not, one gather of at most ``ROWS`` logits rows (no
-more than the graph's batch has) and per draft step the softmax top-k of those rows
-(:func:`~draftscope_tracer.device.softmax_topk.softmax_topk`: with fewer than 8 rows a two-stage top-k of the
-logits and the probabilities of the chosen entries only, 59 µs of GPU a replay on an H100 at vocabulary 163,840
-and 1 row where a softmax then a topk took 106; with more rows the softmax then a topk, faster there); no host
-time; eager runs do that work only when the hook has selected rows. More sampled
-requests in one batch than ``ROWS`` rows hold: the others get no positions 2.. (counted as ``draft_tap_full``
-drops).
+Costs: every draft-decode graph replay, sampled or not, runs the tap's work for each draft step. On a GPU that
+is the summary kernel over the row buffer (:class:`~draftscope_tracer.device.tap_topk.TapTopk`): unused slots
+hold -1, so a replay with nothing selected costs one launch whose programs return at once, and the row buffer is
+set back to -1 when nothing is selected (:meth:`StepTap.select` with no rows). Logits it was not compiled for,
+and a CPU, take :func:`~draftscope_tracer.device.softmax_topk.softmax_topk` over the rows the graph's batch
+holds instead (with fewer than 8 rows a two-stage top-k, 59 µs of GPU a replay on an H100 at vocabulary 163,840
+and 1 row, selected or not). No host time; eager runs do that work only when the hook has selected rows. More
+sampled requests in one batch than ``ROWS`` rows hold: the others get no positions 2.. (counted as
+``draft_tap_full`` drops).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from draftscope_tracer.device.devicecopy import HostSlots, device_index, mark_la
 from draftscope_tracer.device.softmax_topk import softmax_topk
 from draftscope_tracer.device.summary_ring import mapped_address
 from draftscope_tracer.device.summary_triton import WordCopy, triton
+from draftscope_tracer.device.tap_topk import TapTopk, draft_vocab
 from draftscope_tracer.stats import ArrayBytes, DraftSteps, Resolved, draft_steps
 
 # Sampled requests per batch whose draft steps are read: 16 lost positions 2.. of 4,464 steps on the H200 at 64
@@ -67,6 +69,7 @@ class StepTap:
         # the logits rows each draft forward reads, then (trees) the requests' rows of draft_forward's outputs
         self._select = torch.zeros(ROWS + self.requests, dtype=torch.int64, device=dev)
         self.rows, self.reqs = self._select[:ROWS], self._select[ROWS:]
+        self.rows.fill_(-1)  # unused logits-row slots: the summary kernel skips them
         # a tree's per-request ints: its verify nodes' candidate indices (N - 1), then parent_list
         nodes = worker.speculative_num_draft_tokens - 1
         self._tree_width = nodes + self.branches * self.steps + 1 if self.branches > 1 else 0
@@ -85,6 +88,7 @@ class StepTap:
         self._slots = HostSlots(-(-self._bytes // 16) * 16, READS, dev, events=False)  # each read marked for its reader
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._copy, self._base = _copy_kernel(self._buf, self._slots)  # (None, 0): reads by ``Tensor.copy_``
+        self._topk = _tap_topk(self.rows, draft_vocab(runner), topk)  # None: softmax_topk on every write
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -116,6 +120,9 @@ class StepTap:
         replays for every batch of its size, armed or not, and the row buffer may still hold the rows of
         a larger batch (an index past the end is a device-side assert, which kills the server)."""
         k, n = min(self.k, logits.shape[-1]), min(ROWS, logits.shape[0])  # a batch never selects more rows than it has
+        if self._topk is not None and self._topk.takes(logits):  # the kernel clamps rows itself
+            self._topk.write(logits, self.probs[i, :, :k], self.ids[i, :, :k])
+            return
         rows = self.rows[:n].clamp(0, logits.shape[0] - 1)
         softmax_topk(logits.index_select(0, rows), k, out=(self.probs[i, :n, :k], self.ids[i, :n, :k]))
 
@@ -130,23 +137,24 @@ class StepTap:
     def select(self, rows: List[int]) -> int:
         """Requests (their batch rows) of the next draft to read (at most ``requests``); how many were taken (0:
         no pinned slot was free for the row list). The row buffer keeps its rows from one draft to the next: a
-        batch whose sampled rows have not changed costs no copy."""
+        batch whose sampled rows have not changed costs no copy. No rows: the buffer goes back to -1 (unused),
+        so that the graphs' replays read nothing, and the next draft is not read."""
         n, b = min(len(rows), self.requests), self.branches
         key = tuple(rows[:n])
         if key == self._loaded:
-            self.armed = True
+            self.armed = n > 0
             return n
         if b == 1:  # a chain: the logits rows are the requests' rows, and draft_forward's outputs are not read
-            index, target = device_index(rows[:n] + [0] * (ROWS - n), self.rows.device), self.rows
+            index, target = device_index(rows[:n] + [-1] * (ROWS - n), self.rows.device), self.rows
         else:
             logits_rows = [r * b + j for r in rows[:n] for j in range(b)]
-            index = device_index(logits_rows + [0] * (ROWS - len(logits_rows)) + rows[:n] + [0] * (self.requests - n),
+            index = device_index(logits_rows + [-1] * (ROWS - len(logits_rows)) + rows[:n] + [0] * (self.requests - n),
                                  self._select.device)
             target = self._select
         if index is None:
             return 0
         target.copy_(index, non_blocking=True)
-        self._loaded, self.armed = key, True
+        self._loaded, self.armed = key, n > 0
         return n
 
     def read(self, n: int) -> Optional["StepTopk"]:
@@ -165,6 +173,17 @@ class StepTap:
         if self._copy is None:
             host.copy_(self._buf, non_blocking=True)
         return StepTopk(host, (self._shape, self._tree_shape, self.branches), n, self._slots, slot, self._buf.is_cuda)
+
+
+def _tap_topk(rows: torch.Tensor, vocab: Optional[int], topk: int) -> Optional[TapTopk]:
+    """The tap's top-k by the summary kernel (compiled here, at install), or None: off CUDA, without Triton, without
+    the draft's vocabulary, or when it cannot be built (``softmax_topk`` then takes every write)."""
+    if not rows.is_cuda or triton is None or not vocab:
+        return None
+    try:
+        return TapTopk(rows, vocab, topk)
+    except Exception:  # noqa: BLE001 - the tap still reads, by softmax_topk
+        return None
 
 
 def _copy_kernel(buf: torch.Tensor, slots: HostSlots) -> tuple:

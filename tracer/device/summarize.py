@@ -163,6 +163,11 @@ class Summarizer:
         """The raw result bytes on the device (``nbytes`` uint8), as :meth:`compute` leaves them."""
         return self._dev_buf
 
+    @property
+    def device_views(self) -> dict:
+        """The device buffer's fields (name -> typed tensor: ``rows``, ``sums``, ``absmax``, ``topk_p``, ...)."""
+        return self._dev.views
+
     def summarize(self, hidden: torch.Tensor, rows: torch.Tensor, logits: Optional[torch.Tensor] = None,
                   tag: Any = None, ints: Optional[tuple] = None,
                   logit_rows: Optional[torch.Tensor] = None) -> Optional[Pending]:

@@ -68,9 +68,13 @@ class TensorProbes:
         if periodic and h is not None:
             self.features.record(worker, h, periodic, [(i, i + 1) for i, _, _ in periodic], "draft_decode",
                                  with_aux=False)
-        if self.capture.step_tap is None or not rows:
+        tap = self.capture.step_tap
+        if tap is None:
             return []
-        n = self.capture.step_tap.select(list(map(ROW, rows)))
+        if not rows:
+            tap.select([])  # the draft graphs' replays read nothing
+            return []
+        n = tap.select(list(map(ROW, rows)))
         if n < len(rows):
             self.health.drop("draft_tap_full", len(rows) - n)
         return rows[:n]

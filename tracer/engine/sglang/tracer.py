@@ -135,6 +135,8 @@ class Tracer:
                 self.expected_to_fire = []
             self.probes.drafts.forget(rid)
             out.append(record)
+        if not self.sampled.live and self.capture.step_tap is not None:  # the draft hook no longer runs: the graphs'
+            self.capture.step_tap.select([])  # replays read no rows until a request is sampled again
         if self.recording:
             self.transport.submit("finish", records.finished, out)
 
