@@ -39,14 +39,12 @@ class TapTopk:
         views = self._summary.device_views
         self._probs, self._ids = views["topk_p"], views["topk_id"]
         self._variants: set = set()
-        saved = rows.clone()
-        rows.fill_(-1)
-        rows[0] = 0  # one selected row: every program's path is compiled
+        one = torch.full_like(rows, -1)
+        one[0] = 0  # one selected row: every program's path is compiled
         for n in (1, 2, 16):
             logits = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-            self._summary.compute(self._hidden, rows, logits, logit_rows=rows)
+            self._summary.compute(self._hidden, one, logits, logit_rows=one)
             self._variants.add(_variant(logits))
-        rows.copy_(saved)
         if self._summary.backend != "triton" or self._summary.fallbacks:
             raise RuntimeError(f"the summary kernel is not taken here: {self._summary.fallback_error}")
 
