@@ -27,6 +27,11 @@ class Spec:
     tracer: dict = field(default_factory=dict)  # DRAFTSCOPE_* (empty: the plugin is not on the path)
 
 
+def gpu_out_of_memory(log_path: Path) -> bool:
+    """Whether an exited server's log says CUDA ran out of memory (torch's ``CUDA out of memory``)."""
+    return "cuda out of memory" in Path(log_path).read_text(errors="replace").lower()
+
+
 class Bed:
     """Servers started at once from ``Spec``s, each in its own process group, traced into ``work/traces``
     and logged into ``work/logs``; ``launcher`` is the command before the server's arguments. An engine's bed
@@ -78,14 +83,25 @@ class Bed:
     def start_all(self, specs: list, timeout_s: float = START_TIMEOUT_S) -> dict:
         """Start every server at once; wait until each answers ``/model_info`` (or failed). A server whose
         port another process took first (``testbed.server.port_taken``) is restarted on a new port, up to
-        ``PORT_ATTEMPTS`` launches in all."""
+        ``PORT_ATTEMPTS`` launches in all. One that ran out of GPU memory beside the others (start-up peaks
+        coincide: two Kimi-shaped servers fit an H100 once up, not always while both capture their graphs) is
+        started once more, alone, when the others have settled."""
         t0 = time.monotonic()
         started = {s.name: (s, *self.start(s)) for s in specs}
         launches = dict.fromkeys(started, 1)
-        state = {}
+        state, crowded, again = {}, set(), set()  # out of GPU memory beside the others; started again alone
         while len(state) < len(started) and time.monotonic() - t0 < timeout_s:
+            for name in sorted(crowded):
+                if all(n in state for n in started if n not in crowded):
+                    crowded.discard(name)
+                    again.add(name)
+                    launches[name] += 1
+                    started[name] = (started[name][0], *self.start(started[name][0]))
+                    print(f"[runner] server {name}: out of GPU memory beside another start, started again alone",
+                          flush=True)
+                    break  # one at a time
             for name, (spec, handle, trace) in started.items():
-                if name in state:
+                if name in state or name in crowded:
                     continue
                 if handle.process.poll() is not None:
                     if port_taken(handle.log_path) and launches[name] < PORT_ATTEMPTS:
@@ -93,6 +109,10 @@ class Bed:
                         launches[name] += 1
                         started[name] = (spec, *self.start(spec))
                         print(f"[runner] server {name}: its port was taken, restarted on a new one", flush=True)
+                        continue
+                    if len(started) > 1 and name not in again and gpu_out_of_memory(handle.log_path):
+                        handle.stop()
+                        crowded.add(name)
                         continue
                     state[name] = {"ok": False, "error": f"exited with {handle.process.returncode}",
                                    "log_tail": log_tail(handle.log_path, 30)}

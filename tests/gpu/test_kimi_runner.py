@@ -22,11 +22,13 @@ from testbed.server import PORT_ATTEMPTS
 # Answers /model_info and /generate as SGLang does (token ids in, as many ids out as asked); each launch that
 # wins one of the CLASHES slots exits as SGLang does when its port was taken; every request id is logged.
 FAKE_SGLANG = r'''
-import json, os, sys
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 args, state = sys.argv[1:], Path(os.environ["FAKE_STATE"])
+with open(state / "launches", "a") as f:
+    f.write(f"start {time.time()}\n")
 for slot in range(int(os.environ.get("FAKE_CLASHES", "0"))):
     try:
         os.close(os.open(state / f"clash-{slot}", os.O_CREAT | os.O_EXCL))
@@ -34,6 +36,15 @@ for slot in range(int(os.environ.get("FAKE_CLASHES", "0"))):
         continue
     print("ERROR:    [Errno 98] error while attempting to bind on address: address already in use", flush=True)
     sys.exit(1)
+for slot in range(int(os.environ.get("FAKE_OOMS", "0"))):  # as SGLang ends when its graph capture ran out
+    try:
+        os.close(os.open(state / f"oom-{slot}", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        continue
+    with open(state / "launches", "a") as f:
+        f.write(f"oom {time.time()}\n")
+    print("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 20.00 MiB.", flush=True)
+    sys.exit(-9 % 256)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -80,7 +91,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 ThreadingHTTPServer.request_queue_size = 128  # 64 requests at once, as uvicorn takes them
-ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+server = ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler)
+with open(state / "launches", "a") as f:
+    f.write(f"serve {time.time()}\n")
+server.serve_forever()
 '''
 
 
@@ -115,6 +129,29 @@ def test_a_port_taken_at_every_launch_fails_after_the_attempts(bed, tmp_path, mo
     (s,) = state.values()
     assert (s["ok"], s["launches"], s["error"]) == (False, PORT_ATTEMPTS, "exited with 1"), s
     assert "address already in use" in s["log_tail"]
+
+
+def test_a_server_out_of_gpu_memory_beside_others_starts_again_alone(bed, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_OOMS", "1")
+    state = bed.start_all(specs(tmp_path, 3), timeout_s=60)
+    bed.stop_all(state)
+    assert all(s["ok"] for s in state.values()), state
+    assert sorted(s["launches"] for s in state.values()) == [1, 1, 2], state
+    events = [(e, float(t)) for e, t in map(str.split, (tmp_path / "state" / "launches").read_text().splitlines())]
+    assert [e for e, _ in events].count("oom") == 1 and [e for e, _ in events][-2:] == ["start", "serve"], events
+    first_serves = [t for e, t in events[:-1] if e == "serve"]
+    assert len(first_serves) == 2 and events[-2][1] >= max(first_serves), events  # started again after both were up
+
+
+def test_out_of_gpu_memory_alone_or_twice_is_a_failure(bed, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_OOMS", "1")
+    (alone,) = bed.start_all(specs(tmp_path, 1), timeout_s=60).values()
+    assert (alone["ok"], alone["launches"]) == (False, 1) and "CUDA out of memory" in alone["log_tail"], alone
+    monkeypatch.setenv("FAKE_OOMS", "99")  # every launch runs out
+    state = bed.start_all(specs(tmp_path, 2), timeout_s=60)
+    bed.stop_all(state)
+    assert [(s["ok"], s["launches"]) for s in state.values()] == [(False, 2)] * 2, state
+    assert all("CUDA out of memory" in s["log_tail"] for s in state.values()), state
 
 
 def test_kimi_phase_serves_every_scenario_in_waves(bed, tmp_path):
