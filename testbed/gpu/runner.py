@@ -144,7 +144,8 @@ def main() -> int:
                     help="seconds after the runner starts by which the Kimi throughput rounds end (default: %(default)s)")
     ap.add_argument("--kimi-throughput-servers", default=",".join(throughput.SERVERS),
                     help="the Kimi throughput phase's servers, no-tracer among them (default: %(default)s; two for an "
-                    "H100, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled)")
+                    "H100, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled; no-tracer-b: a second "
+                    "server without it, the bed's own spread)")
     ap.add_argument("--kimi-workload", default="short", choices=sorted(throughput.WORKLOADS),
                     help="the Kimi throughput phase's requests per level (testbed/gpu/throughput.py WORKLOADS)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "

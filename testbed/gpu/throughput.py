@@ -32,11 +32,13 @@ from testbed.overhead import bootstrap_interval, request_id
 
 WORKLOAD = {"rounds": 12, "warmup_rounds": 3, "requests": 32, "concurrency": 8, "new_tokens": 64}
 CONFIGS = {"no-tracer": {}, "1/16": {"DRAFTSCOPE_SAMPLE_RATE": "1/16"}, "every": {"DRAFTSCOPE_SAMPLE_RATE": "1"},
-           "unsampled": {"DRAFTSCOPE_SAMPLE_RATE": "0"}}
-# the servers a phase starts unless told which: "unsampled" (the tracer installed, nothing sampled: what every
-# unsampled request pays) is asked for by name, beside no-tracer (issue 33 item 4)
+           "unsampled": {"DRAFTSCOPE_SAMPLE_RATE": "0"}, "no-tracer-b": {}}
+# the servers a phase starts unless told which. Asked for by name, beside no-tracer: "unsampled" (the tracer
+# installed, nothing sampled: what every unsampled request pays; issue 33 item 4) and "no-tracer-b" (a second server
+# without the tracer: what the bed reads between two identical servers, the yardstick for "within noise")
 SERVERS = ("no-tracer", "1/16", "every")
-LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request", "unsampled": "installed, nothing sampled"}
+LABELS = {"no-tracer": "no tracer", "1/16": "1 in 16", "every": "every request", "unsampled": "installed, nothing sampled",
+          "no-tracer-b": "no tracer, a second server"}
 LEVELS = {"1": (16, 16), "8": (16, 32), "64": (64, 32)}  # concurrent requests -> (requests a round, new tokens)
 # The runner's --kimi-workload: "short" (LEVELS) weighs what the tracer does once per request (a sampled prompt's
 # summaries and recomputes, its finish record) against 16-32 tokens; "long" against 6x more, as production

@@ -261,7 +261,8 @@ def main() -> int:
                     help="seconds after the runner starts by which the throughput rounds end (default: %(default)s)")
     ap.add_argument("--throughput-servers", default=",".join(throughput.SERVERS),
                     help="with --throughput: the servers measured, no-tracer among them (default: %(default)s; "
-                    "with --kimi an H100 takes two, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled)")
+                    "with --kimi an H100 takes two, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled; "
+                    "no-tracer-b: a second server without it, the bed's own spread)")
     ap.add_argument("--throughput-levels", default=",".join(vllm_throughput.LEVELS),
                     help="with --throughput: the concurrency levels measured, of %(default)s (one alone: all the "
                     "call's rounds at it)")

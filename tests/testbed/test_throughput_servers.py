@@ -31,6 +31,19 @@ def test_the_unsampled_server_is_asked_for_by_name_and_samples_nothing():
     assert sum(request_sampled(rid, 1 / 16) for rid in picked) == 2
 
 
+def test_a_second_server_without_the_tracer_is_measured_against_the_first():
+    """The A/A run: what the bed reads between two identical servers, in the same table as a traced server's cost."""
+    assert "no-tracer-b" not in throughput.SERVERS and throughput.CONFIGS["no-tracer-b"] == {}
+    assert throughput.servers("no-tracer,no-tracer-b") == ("no-tracer", "no-tracer-b")
+    specs = kimi_phase.throughput_specs(Path("models"), ("no-tracer", "no-tracer-b"))
+    assert [(s.name, s.tracer) for s in specs] == [("no-tracer", {}), ("no-tracer-b", {})]
+    rounds = [{"1": {"no-tracer": 100.0, "no-tracer-b": 100.0 / (1 + d)}} for d in (0.0, 0.01, -0.01, 0.02, 0.0)]
+    result = throughput.summarize_rounds(rounds, {"1": (16, 16)}, warmup_rounds=1)
+    assert result["levels"]["1"]["cost_vs_no_tracer"]["no-tracer-b"]["median"] == pytest.approx(0.005), result
+    table = throughput.levels_table(result)
+    assert "| 1 | no tracer, a second server | " in table and "+0.5% [" in table, table
+
+
 def test_the_kimi_phase_starts_the_servers_asked_for():
     specs = kimi_phase.throughput_specs(Path("models"), ("no-tracer", "unsampled"))
     assert [(s.name, s.tracer) for s in specs] == [("no-tracer", {}), ("unsampled", {"DRAFTSCOPE_SAMPLE_RATE": "0"})]
