@@ -387,6 +387,10 @@ def test_the_tracer_on_the_gpu_shows_what_its_engine_recorded() -> None:
         ("Rows per summary launch", "16"), ("Summary layouts", "4"), ("GPU memory reserved at attach", "3.0 MiB")]
     assert device({"prepared_rows": 64, "layouts": 5, "graphed_recomputes": []}) == [
         ("Rows per summary launch", "64"), ("Summary layouts", "5"), ("Recomputes as CUDA graphs", "none")]
+    assert device({"reserved_bytes": 78 * 2**20, "step_tap_reserved_bytes": 2 * 2**20,
+                   "process_reserved_bytes": 36_000 * 2**20}) == [
+        ("GPU memory reserved at attach", "78.0 MiB"), ("GPU memory reserved for the step tap", "2.0 MiB"),
+        ("The server's PyTorch GPU memory after attach", "36,000.0 MiB")]
     assert device({"reserved_bytes": "lots", "layouts": True}) == [
         ("Summary layouts", "yes"), ("GPU memory reserved at attach", "lots")]
     assert device({"reserved_bytes": -3_443_523_584}) == [  # what a tracer before b6fb5cb recorded on the Kimi bed

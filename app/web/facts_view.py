@@ -25,7 +25,10 @@ _HOT = [("Present", "present"), ("Size", "size"), ("Smallest id", "min_id"), ("L
         ("All ids in target vocabulary", "in_target_vocab"),
         ("Equals d2t + arange", "equals_d2t_plus_arange")]
 _DEVICE = [("Rows per summary launch", "prepared_rows"), ("Summary layouts", "layouts"),
-           ("Recomputes as CUDA graphs", "graphed_recomputes"), ("GPU memory reserved at attach", "reserved_bytes")]
+           ("Recomputes as CUDA graphs", "graphed_recomputes"), ("GPU memory reserved at attach", "reserved_bytes"),
+           ("GPU memory reserved for the step tap", "step_tap_reserved_bytes"),
+           ("The server's PyTorch GPU memory after attach", "process_reserved_bytes")]
+_BYTES = ("reserved_bytes", "step_tap_reserved_bytes", "process_reserved_bytes")
 _WEIGHTS = [("Parameters checked", "checked"), ("Matched the checkpoint", "matched"),
             ("Differ from the checkpoint", "mismatched"), ("Not in the checkpoint", "not_in_checkpoint"),
             ("Checkpoint keys unused", "checkpoint_keys_unused"), ("Non-finite", "nonfinite")]
@@ -70,6 +73,6 @@ def fact_sections(facts: dict[str, Any] | None) -> list[tuple[str, list[tuple[st
     tracing = facts.get("tracing")
     device = tracing.get("device") if isinstance(tracing, dict) else None
     if isinstance(device, dict):  # what the tracer built on the GPU at attach, as far as its engine records it
-        shown = {**device, "reserved_bytes": mib(device.get("reserved_bytes"))}
+        shown = {**device, **{key: mib(device.get(key)) for key in _BYTES}}
         sections.append(("Tracer on the GPU", [(label, show(shown[key])) for label, key in _DEVICE if key in device]))
     return sections

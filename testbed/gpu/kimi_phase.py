@@ -9,6 +9,11 @@ sixteen eight at a time (token ids, fixed request ids), then stopped with SIGTER
 ``kimi-throughput`` (``--only kimi-throughput``): the healthy draft's server three times at once (no
 tracer, 1 in 16, every request) and ``testbed/gpu/throughput.py``'s ``measure_levels`` at 1, 8 and 64 concurrent
 requests, in interleaved, shuffled rounds until the phase's deadline.
+
+``kimi-memory`` (``--only kimi-memory``): the same server without the tracer and with it (``MEMORY_SERVERS``), each
+started alone, one after the other, so that SGLang's own account of its start-up (the device memory free after each
+phase, from its log) and ``nvidia-smi``'s figure for the process are this server's alone: where the traced server's
+extra memory is taken.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -202,6 +208,77 @@ def run_throughput(bed, models: Path, deadline: float, workload: str = "short",
         s["gpu_memory_mib"] = memory["per_server_mib"].get(s["name"])
         s["tracing_device"] = tracing_device(s.get("trace"))
     return {"kimi_throughput": result, "kimi_throughput_servers": state}
+
+
+MEMORY_SERVERS = ("no-tracer", "unsampled")  # the tracer's start-up memory does not depend on sampling
+# SGLang's start-up lines that state the device memory free after a phase: weights loaded (target, then draft), the KV
+# pools, each CUDA-graph capture, the scheduler ready (after the tracer's attach)
+_PHASE = re.compile(r"(Load weight end\.|Memory pool end\.|Capture (?P<graph>[a-z ]+) CUDA graph end\.|"
+                    r"max_total_num_tokens=)(?:.*?type=(?P<type>\w+))?.*?(?:avail mem|available_gpu_mem)=(?P<gb>[0-9.]+) ?GB")
+
+
+def memory_phases(log: Path) -> list:
+    """``[[phase, GB free after it], ...]`` in the order SGLang logged them (``_PHASE``)."""
+    phases = []
+    for line in Path(log).read_text(errors="replace").splitlines():
+        m = _PHASE.search(line)
+        if m is None:
+            continue
+        head = m.group(1)
+        label = (f"weights {m.group('type') or ''}".strip() if head.startswith("Load") else "KV pool"
+                 if head.startswith("Memory") else f"{m.group('graph')} graphs" if m.group("graph") else "ready")
+        phases.append([label, float(m.group("gb"))])
+    return phases
+
+
+def run_memory(bed, models: Path, deadline: float, names: tuple = MEMORY_SERVERS) -> dict:
+    """The ``kimi-memory`` phase: each server of ``names`` started alone, its GPU memory (``nvidia-smi``, its process
+    group) and SGLang's start-up phases read, then stopped; none started that could not be up by ``deadline``."""
+    out = {}
+    for name in names:
+        if time.monotonic() + WAVE_MIN_START_S > deadline:
+            out[name] = {"ok": False, "error": "not started: too little of the phase's time left"}
+            continue
+        wait_gpu_free()
+        state = bed.start_all(throughput_specs(models, (name,)), min(START_TIMEOUT_S, deadline - time.monotonic()))
+        s, memory = state[name], gpu_memory(state)
+        log = s["handle"].log_path
+        bed.stop_all(state)
+        out[name] = {"ok": s["ok"], "error": s.get("error"), "gpu_memory_mib": memory["per_server_mib"].get(name),
+                     "phases": memory_phases(log), "tracing_device": tracing_device(s.get("trace"))}
+        print(f"[runner] kimi memory, {name}: {out[name]}", flush=True)
+    return {"kimi_memory": out}
+
+
+def memory_table(result: dict) -> str:
+    """The servers side by side: GB free after each start-up phase (the n-th line of each kind paired), then the
+    process's MiB; the last column, each traced server's less the first's (what the tracer took by then)."""
+    names = [n for n, s in result.items() if s.get("phases")]
+    if len(names) < 2:
+        return "kimi memory: fewer than two servers started"
+    base, rest = names[0], names[1:]
+    lines = [f"| phase | {' | '.join(f'{n}: GB free' for n in names)} | {' | '.join(f'{n} took more, GB' for n in rest)} |",
+             "|---|" + "---|" * (len(names) + len(rest))]
+    keyed = {n: _keyed(result[n]["phases"]) for n in names}
+    for (label, n), first in keyed[base].items():
+        row = [first, *(keyed[other].get((label, n)) for other in rest)]
+        more = [f"{first - v:+.2f}" if v is not None else "" for v in row[1:]]
+        name = label if n == 1 else f"{label} ({n})"
+        lines.append(f"| {name} | {' | '.join('' if v is None else f'{v:.2f}' for v in row)} | {' | '.join(more)} |")
+    mib = [result[n].get("gpu_memory_mib") for n in names]
+    more = [f"{(v - mib[0]) / 1024:+.2f}" if None not in (v, mib[0]) else "" for v in mib[1:]]
+    lines.append(f"| the process (nvidia-smi), MiB | {' | '.join('' if v is None else f'{v:,}' for v in mib)} | "
+                 f"{' | '.join(more)} |")
+    return "\n".join(lines)
+
+
+def _keyed(phases: list) -> dict:
+    """``{(phase, its n-th occurrence): GB free}``, in the log's order."""
+    out, seen = {}, {}
+    for label, gb in phases:
+        seen[label] = seen.get(label, 0) + 1
+        out[(label, seen[label])] = gb
+    return out
 
 
 def tracing_device(trace) -> dict | None:

@@ -17,9 +17,10 @@ Runs on the device, from the kit (``testbed/gpu/run_device.sh`` sets the paths a
 4. ``pytest -m gpu`` over the checks of the phases that ran (``PHASE_CHECKS``; and the live CUDA checks).
 
 Those four run by default. ``--only cross-engine`` serves the ``ids-0-1-2`` draft (graphs on) for the
-cross-engine compare with the vLLM kit's run of it. ``--only kimi``, ``--only kimi-throughput`` and ``--only kimi-profile`` run instead
-the Kimi-K2.5-shaped phases (``testbed/gpu/kimi_phase.py``: bf16, production widths, each fits one device call),
-then their checks (the profile phase has none: ``--skip pytest``; ``bench/gpu_profile.py`` reads it).
+cross-engine compare with the vLLM kit's run of it. ``--only kimi``, ``--only kimi-throughput``, ``--only kimi-profile``
+and ``--only kimi-memory`` run instead the Kimi-K2.5-shaped phases (``testbed/gpu/kimi_phase.py``: bf16, production
+widths, each fits one device call), then their checks (the profile and memory phases have none: ``bench/gpu_profile.py``
+reads the profile; the memory phase prints its table).
 
 Everything lands in ``DIR``: ``results.json`` (servers, answers, throughput, hooks, kimi), ``traces/``,
 ``logs/``, ``pytest.log``, the benches' JSON.
@@ -54,7 +55,8 @@ CHECKED_SCENARIOS = ("aux-off", "algo-eagle", "weights-dropped", "top-level-ids"
 # with the vLLM kit's, tests/test_cross_engine_gpu.py)
 CROSS_ENGINE = "ids-0-1-2"
 KIT_SCENARIOS = (*CHECKED_SCENARIOS, CROSS_ENGINE)
-PHASES = ("hooks", "checks", "throughput", "cross-engine", "kimi", "kimi-throughput", "kimi-profile", "pytest")
+PHASES = ("hooks", "checks", "throughput", "cross-engine", "kimi", "kimi-throughput", "kimi-profile", "kimi-memory",
+          "pytest")
 DEFAULT_PHASES = ("hooks", "checks", "throughput", "pytest")
 PHASE_CHECKS = {"hooks": ["tests/gpu/test_hooks_path.py"],
                 "checks": ["tests/gpu/test_gpu_bed.py", "tests/gpu/test_hooks_path.py"],
@@ -146,6 +148,9 @@ def main() -> int:
                     help="the Kimi throughput phase's servers, no-tracer among them (default: %(default)s; two for an "
                     "H100, e.g. no-tracer,every; unsampled: the tracer installed, nothing sampled; no-tracer-b: a second "
                     "server without it, the bed's own spread)")
+    ap.add_argument("--kimi-memory-servers", default=",".join(kimi_phase.MEMORY_SERVERS),
+                    help="the Kimi memory phase's servers, each started alone in turn, no-tracer among them "
+                    "(default: %(default)s)")
     ap.add_argument("--kimi-workload", default="short", choices=sorted(throughput.WORKLOADS),
                     help="the Kimi throughput phase's requests per level (testbed/gpu/throughput.py WORKLOADS)")
     ap.add_argument("--only", default="", help="comma list of the phases to run instead of the default ones, their "
@@ -153,6 +158,7 @@ def main() -> int:
     a = ap.parse_args()
     try:
         kimi_servers = throughput.servers(a.kimi_throughput_servers)
+        memory_servers = throughput.servers(a.kimi_memory_servers)
     except ValueError as exc:
         ap.error(str(exc))
     began = time.monotonic()
@@ -207,12 +213,13 @@ def main() -> int:
         bed.stop_all(state)
         results["throughput_servers"] = state
         save()
-    if run & {"kimi", "kimi-throughput", "kimi-profile"}:
+    kimi = {"kimi", "kimi-throughput", "kimi-profile", "kimi-memory"}
+    if run & kimi:
         try:
             models, results["kimi_models"] = kimi_phase.make_models(a.work)
         except Exception as exc:  # noqa: BLE001 - recorded, the checks fail on it
             results["kimi_models"] = {"error": f"{type(exc).__name__}: {exc}"}
-            skip |= {"kimi", "kimi-throughput", "kimi-profile"}
+            skip |= kimi
         save()
     if "kimi" not in skip:
         results["kimi"] = kimi_phase.run_traces(bed, models, began + KIMI_BUDGET_S)
@@ -225,6 +232,10 @@ def main() -> int:
         results.update(kimi_phase.run_profile(bed, models, a.work, began + KIMI_BUDGET_S))
         results["kimi_profile_summary"] = gpu_profile.summarize_runs(results["kimi_profile"])
         print(gpu_profile.table(results["kimi_profile_summary"]), flush=True)
+        save()
+    if "kimi-memory" not in skip:
+        results.update(kimi_phase.run_memory(bed, models, began + KIMI_BUDGET_S, memory_servers))
+        print(kimi_phase.memory_table(results["kimi_memory"]), flush=True)
         save()
     checks = sorted({f for phase in PHASES if phase not in skip for f in PHASE_CHECKS.get(phase, [])})
     if "pytest" not in skip and checks:  # the cross-engine phase's check runs here, beside the vLLM kit's trace

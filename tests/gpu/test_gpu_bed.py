@@ -102,6 +102,8 @@ def test_the_tracer_prepared_the_servers_draft_on_the_device(results):
         # a captured graph's pool takes new segments; without graphs the buffers may fit segments already cached
         assert device["reserved_bytes"] > 0 if graphed else device["reserved_bytes"] >= 0, (name, device)
         assert device["graphed_recomputes"] == graphed, (name, device)
+        # the tap's buffers (a chain: installed on both), and the whole process's PyTorch memory (weights, KV cache)
+        assert device["step_tap_reserved_bytes"] >= 0 and device["process_reserved_bytes"] > 0, (name, device)
     assert trace(results, "graphs").last_health()["heartbeats"].get("draft_extend_logits", 0) > 0
     assert "draft_extend_logits" not in trace(results, "eager").last_health()["heartbeats"]
 

@@ -36,6 +36,8 @@ class Capture:
         self.fc: Optional[graphed.Graphed] = None
         self.prepared_rows: Optional[int] = None  # rows per launch the prepared Summarizers take (on a GPU)
         self.reserved_bytes: Optional[int] = None  # GPU memory the caching allocator reserved while preparing
+        self.step_tap_reserved_bytes: Optional[int] = None  # ... while installing the step tap (before SGLang's capture)
+        self.process_reserved_bytes: Optional[int] = None  # the allocator's reserved total, whole process, after attach
         self.extend_logits: Optional[torch.Tensor] = None  # the draft-extend graph's last output logits
 
     def watch_draft_extend(self, worker) -> None:
@@ -60,7 +62,9 @@ class Capture:
         """Before SGLang captures the draft's graphs: the tap that reads positions 2.. of a draft chain (the
         nodes below the first of a tree)."""
         if worker.speculative_num_steps > 1:
+            before = devicecopy.reserved(worker.device)
             self.step_tap = StepTap(worker, self.topk, guard)
+            self.step_tap_reserved_bytes = devicecopy.reserved(worker.device) - before
 
     def prepare(self, device: torch.device, dtype: torch.dtype, hidden: int, aux: int, vocab: int,
                 draft_vocab: Optional[int], draft_tokens: int, max_requests: int, hot=None, draft_model=None) -> None:
@@ -89,6 +93,7 @@ class Capture:
         if hot is not None:
             self.hot = Shared("hot_token_id", later_list(hot))
         self.reserved_bytes = devicecopy.reserved(device) - before
+        self.process_reserved_bytes = devicecopy.reserved_now(device)
 
     def _capture_recomputes(self, model, device, dtype, hidden: int, aux: int, requests: int, rows: int) -> None:
         """The draft's logits at position 1 (one row per sampled request) and its ``fc`` (on the verify's rows)."""
@@ -100,7 +105,8 @@ class Capture:
     def describe(self) -> dict:
         """What was built on the device at attach (run facts: ``tracing.device``)."""
         return {"prepared_rows": self.prepared_rows, "layouts": len(self.summaries._by_shape),
-                "reserved_bytes": self.reserved_bytes,
+                "reserved_bytes": self.reserved_bytes, "step_tap_reserved_bytes": self.step_tap_reserved_bytes,
+                "process_reserved_bytes": self.process_reserved_bytes,
                 "graphed_recomputes": [name for name, g in (("draft logits", self.seeds), ("fc", self.fc))
                                        if g is not None]}
 

@@ -186,6 +186,14 @@ def reserved(device: torch.device | str) -> int:
     return torch.cuda.memory_stats(device).get("reserved_bytes.all.allocated", 0) if device.type == "cuda" else 0
 
 
+def reserved_now(device: torch.device | str) -> int:
+    """Bytes the CUDA caching allocator holds reserved on ``device`` now, for the whole process (0 off CUDA):
+    PyTorch's share of what ``nvidia-smi`` shows for the process, the rest being the CUDA context, loaded kernels and
+    memory other libraries take from CUDA directly. Host-side, no sync."""
+    device = torch.device(device)
+    return torch.cuda.memory_stats(device).get("reserved_bytes.all.current", 0) if device.type == "cuda" else 0
+
+
 def device_index(values: Sequence[int], device: torch.device, pad: int = 0) -> Optional[torch.Tensor]:
     """``values`` (then ``-1`` up to ``pad`` entries) as an int64 tensor on ``device`` (callers only read it).
     On CUDA it is staged through a pinned slot and copied without blocking; recent lists are kept. None when
