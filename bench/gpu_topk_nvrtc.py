@@ -92,8 +92,11 @@ class TorchTopk:
 
 
 def compile_kernels() -> dict:
+    """Both kernels of ``SOURCE``, built by NVRTC for this GPU (``torch.cuda._compile_kernel``, torch 2.8 and later)."""
+    if not hasattr(torch.cuda, "_compile_kernel"):
+        raise SystemExit(f"torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): torch 2.8 or later")
     src = SOURCE.read_text()
-    return {dtype: torch.cuda._compile_kernel(src, name, nvcc_options=["--std=c++17"])
+    return {dtype: torch.cuda._compile_kernel(src, name)
             for dtype, name in ((torch.float32, "topk_softmax_f32"), (torch.bfloat16, "topk_softmax_bf16"))}
 
 
