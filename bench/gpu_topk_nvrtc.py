@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_summarize import LAUNCH_FLOOR_US, clocks_up, copy_bandwidth  # noqa: E402
+from gpu_summarize import LAUNCH_FLOOR_US, capture, clocks_up, copy_bandwidth  # noqa: E402
 
 from draftscope_tracer.device.softmax_topk import softmax_topk  # noqa: E402
 from draftscope_tracer.device.summarize import Summarizer  # noqa: E402
@@ -100,19 +100,6 @@ def compile_kernels() -> dict:
             for dtype, name in ((torch.float32, "topk_softmax_f32"), (torch.bfloat16, "topk_softmax_bf16"))}
 
 
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def queued_us(graph: torch.cuda.CUDAGraph, launches: int = 20, rounds: int = 9) -> float:
     """GPU µs of one replay: ``launches`` replays queued behind a GPU sleep, CUDA events around them; median."""
     clocks_up()
@@ -153,7 +140,7 @@ def check(kernel: NvrtcTopk, logits: torch.Tensor, rows: list, label: str, expec
         assert ids[y].tolist() == want_ids, f"{label}: slot {y} (row {row}): ids {ids[y].tolist()} != {want_ids}"
         for a, b in zip(probs[y].tolist(), want_p):
             assert abs(a - b) <= 1e-5 * abs(b) + 1e-12, f"{label}: slot {y}: probability {a} != {b}"
-    graph = graph_of(lambda: kernel(logits, slots))
+    graph = capture(lambda: kernel(logits, slots))
     for _ in range(2):
         kernel.probs.fill_(-3.0)
         graph.replay()
@@ -194,12 +181,12 @@ def run_case(kernels: dict, bw: float, dtype: torch.dtype, slots: int, used: int
     for chunk in CHUNKS:
         kernel = NvrtcTopk(kernels, dtype, slots, V, chunk)
         check(kernel, logits, rows, f"{label}, chunk {chunk}")
-        r["nvrtc_us"][chunk] = queued_us(graph_of(lambda k=kernel: k(logits, slot_t)))
+        r["nvrtc_us"][chunk] = queued_us(capture(lambda k=kernel: k(logits, slot_t)))
     triton = TritonTopk(slots, V)
-    r["triton_us"] = queued_us(graph_of(lambda: triton(logits, slot_t)))
+    r["triton_us"] = queued_us(capture(lambda: triton(logits, slot_t)))
     if used:
         torch_path = TorchTopk(slots)
-        r["torch_us"] = queued_us(graph_of(lambda: torch_path(logits, slot_t)))
+        r["torch_us"] = queued_us(capture(lambda: torch_path(logits, slot_t)))
     r["best_chunk"] = min(r["nvrtc_us"], key=r["nvrtc_us"].get)
     r["best_us"] = r["nvrtc_us"][r["best_chunk"]]
     r["floor_us"] = used * V * logits.element_size() / bw * 1e6
