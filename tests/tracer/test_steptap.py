@@ -222,11 +222,16 @@ def _kernel_reads_the_selected_rows() -> None:
     w = _worker(logits)
     tap = StepTap(w, 3, _guard([]))
     assert tap._topk is None  # a CPU: softmax_topk, unless told otherwise as here
-    tap._topk = TapTopk(tap.rows, V, 3, backend="triton")
+    tap._topk = TapTopk(tap.rows, V, 3, backend="triton", into=tap.step_outputs())
     assert (tap.rows == -1).all(), "compiling its variants must leave the row buffer as it was"
     assert tap._topk.takes(logits[0]) and not tap._topk.takes(logits[0].to(torch.bfloat16))
+    assert len(tap._topk._into) == STEPS - 1  # every step's buffers written by the kernel itself
+    own = tap._topk._summary.device_views
+    before = own["topk_p"].clone(), own["topk_id"].clone()
     assert tap.select([4, 1]) == 2
     w.draft_forward(SimpleNamespace(forward_mode=_Mode(True)))
+    assert torch.equal(own["topk_p"], before[0]) and torch.equal(own["topk_id"], before[1]), \
+        "the step's top-k went through the Summarizer's own buffer (a copy), not straight into the tap's"
     got = tap.read(2).result().positions
     for step, lg in enumerate(logits):
         for j, row in enumerate([4, 1]):

@@ -21,8 +21,9 @@ buffer (graph-capturable too), so one copy brings back every node's draft top-k 
 (:func:`draftscope_tracer.transport.records.draft_tree` maps them to nodes).
 
 Costs: every draft-decode graph replay, sampled or not, runs the tap's work for each draft step. On a GPU that
-is the summary kernel over the row buffer (:class:`~draftscope_tracer.device.tap_topk.TapTopk`): unused slots
-hold -1, so a replay with nothing selected costs one launch whose programs return at once, and the row buffer is
+is the summary kernel over the row buffer, writing the step's buffers itself
+(:class:`~draftscope_tracer.device.tap_topk.TapTopk`): unused slots hold -1, so a replay with nothing selected
+costs one launch a step whose programs return at once, and the row buffer is
 set back to -1 when nothing is selected (:meth:`StepTap.select` with no rows). Logits it was not compiled for,
 and a CPU, take :func:`~draftscope_tracer.device.softmax_topk.softmax_topk` over the rows the graph's batch
 holds instead (with fewer than 8 rows a two-stage top-k, 59 µs of GPU a replay on an H100 at vocabulary 163,840
@@ -81,14 +82,14 @@ class StepTap:
         self._bytes = n * 12 + t * 8
         self._buf = torch.zeros(self._bytes, dtype=torch.uint8, device=dev)
         self.probs, self.ids, self.tree = _split(self._buf, shape, self._tree_shape)
-        self.ids.fill_(-1)
         self.armed = False  # eager runs read only when the draft hook selected rows
         self._loaded: Optional[tuple] = None  # the requests' rows the row buffer holds
         # slots of a multiple of 16 bytes: each starts at the alignment the copy kernel was compiled for
         self._slots = HostSlots(-(-self._bytes // 16) * 16, READS, dev, events=False)  # each read marked for its reader
         self._host = [self._slots.buffer(i)[:self._bytes] for i in range(READS)]  # each slot's buffer, sliced once
         self._copy, self._base = _copy_kernel(self._buf, self._slots)  # (None, 0): reads by ``Tensor.copy_``
-        self._topk = _tap_topk(self.rows, draft_vocab(runner), topk)  # None: softmax_topk on every write
+        self._topk = _tap_topk(self.rows, draft_vocab(runner), topk, self.step_outputs())  # None: softmax_topk
+        self.ids.fill_(-1)  # (after the kernel's variants were compiled into step 0's buffers)
         self._step = 0
         forward, draft_forward = runner.forward, worker.draft_forward
 
@@ -113,6 +114,10 @@ class StepTap:
             i, self._step = self._step, self._step + 1
             if i < self.steps and (self.armed or _capturing()):
                 self._write(i, out.logits_output.next_token_logits)
+
+    def step_outputs(self) -> list:
+        """``(probs, ids)`` of each draft step: where its top-k goes (``[ROWS, k]`` each)."""
+        return [(self.probs[i], self.ids[i]) for i in range(self.steps)]
 
     def _write(self, i: int, logits: torch.Tensor) -> None:
         """Softmax top-k of step ``i``'s logits at the selected rows (device operations only: graph-capturable).
@@ -175,13 +180,14 @@ class StepTap:
         return StepTopk(host, (self._shape, self._tree_shape, self.branches), n, self._slots, slot, self._buf.is_cuda)
 
 
-def _tap_topk(rows: torch.Tensor, vocab: Optional[int], topk: int) -> Optional[TapTopk]:
-    """The tap's top-k by the summary kernel (compiled here, at install), or None: off CUDA, without Triton, without
-    the draft's vocabulary, or when it cannot be built (``softmax_topk`` then takes every write)."""
+def _tap_topk(rows: torch.Tensor, vocab: Optional[int], topk: int, into: list) -> Optional[TapTopk]:
+    """The tap's top-k by the summary kernel (compiled here, at install) straight into ``into`` (each step's buffers),
+    or None: off CUDA, without Triton, without the draft's vocabulary, or when it cannot be built (``softmax_topk``
+    then takes every write)."""
     if not rows.is_cuda or triton is None or not vocab:
         return None
     try:
-        return TapTopk(rows, vocab, topk)
+        return TapTopk(rows, vocab, topk, into=into)
     except Exception:  # noqa: BLE001 - the tap still reads, by softmax_topk
         return None
 

@@ -228,6 +228,20 @@ class Summarizer:
         """Write the summary into the device buffer only (capturable in a CUDA graph)."""
         self._run(hidden, rows, logits, logit_rows, ints, None)
 
+    def outputs_with_topk(self, probs: torch.Tensor, ids: torch.Tensor) -> Outputs:
+        """The device buffer's outputs, but the top-k into ``probs`` and ``ids`` (``[max_rows, topk]``, float32 and
+        int64, contiguous, on this device): for :meth:`compute_into`."""
+        dev = self._dev
+        address = {"rows": dev.head[0], "sums": dev.head[1], "absmax": dev.head[2], "topk_p": probs.data_ptr(),
+                   "topk_id": ids.data_ptr(), "ints": dev.ints}
+        return Outputs({**dev.views, "topk_p": probs, "topk_id": ids}, address)
+
+    def compute_into(self, out: Outputs, hidden: torch.Tensor, rows: torch.Tensor, logits: torch.Tensor,
+                     logit_rows: Optional[torch.Tensor] = None) -> bool:
+        """:meth:`compute`, its top-k into ``out`` (:meth:`outputs_with_topk`) by the Triton path: True; False when
+        the torch path computed it instead, into the device buffer (capturable in a CUDA graph)."""
+        return self._run(hidden, rows, logits, logit_rows, None, out)
+
     def _run(self, hidden, rows, logits, logit_rows, ints, slot: Optional[Outputs]) -> bool:
         """Compute one summary: into ``slot`` (a ring slot's outputs) when the Triton path takes it, True; else
         into the device buffer, False."""

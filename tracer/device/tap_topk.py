@@ -6,7 +6,8 @@ Done by :func:`~draftscope_tracer.device.softmax_topk.softmax_topk` over the row
 selected. The summary kernel (``summary_triton._summary_kernel``) takes a row buffer padded with -1 instead: a
 padding row's programs return at once, so a replay with nothing selected costs one launch that does nothing, and
 a selected row costs what a summary of it costs (11-17 µs at 1-16 rows there). It reads each logits row once, in
-place at the tap's rows, and writes the row's top-k and their softmax probabilities, best first.
+place at the tap's rows, and writes the row's top-k and their softmax probabilities, best first, straight into the
+tap's buffers of that draft step (``into``): one kernel a step, no copy after it.
 
 Triton compiles a variant per argument specialisation, and nothing may compile inside SGLang's graph capture: the
 variants the draft's logits can take (float32, as SGLang's logits processor returns them; 1, 2 and 16 rows, the
@@ -28,9 +29,10 @@ HIDDEN = 8  # the width of the stand-in hidden row: the kernel reads one (its st
 class TapTopk:
     """The summary kernel over the tap's ``rows`` buffer (``[R]`` int64, -1 for an unused slot) of logits ``[n, vocab]``."""
 
-    def __init__(self, rows: torch.Tensor, vocab: int, topk: int, backend: str = "auto"):
+    def __init__(self, rows: torch.Tensor, vocab: int, topk: int, backend: str = "auto", into=()):
         """Builds the Summarizer and compiles its variants (a GPU's; ``backend="triton"`` on a CPU runs Triton's
-        interpreter, as the tests do). Raises where the Triton path is not taken."""
+        interpreter, as the tests do). ``into``: the tap's ``(probs, ids)`` of each draft step, written directly
+        where they are ``[rows, topk]`` and contiguous. Raises where the Triton path is not taken."""
         device = rows.device
         self.vocab, self.rows = vocab, rows
         self._summary = Summarizer(max_rows=rows.numel(), width=HIDDEN, vocab_size=vocab, topk=min(topk, vocab),
@@ -38,12 +40,18 @@ class TapTopk:
         self._hidden = torch.zeros(1, HIDDEN, dtype=torch.float32, device=device)
         views = self._summary.device_views
         self._probs, self._ids = views["topk_p"], views["topk_id"]
+        self._into = {(p.data_ptr(), i.data_ptr()): self._summary.outputs_with_topk(p, i) for p, i in into
+                      if p.shape == self._probs.shape and i.shape == self._ids.shape and p.is_contiguous()
+                      and i.is_contiguous()}
         self._variants: set = set()
         one = torch.full_like(rows, -1)
         one[0] = 0  # one selected row: every program's path is compiled
-        for n in (1, 2, 16):
+        first = next(iter(self._into.values()), None)
+        for n in (1, 2, 16):  # each into the device buffer and into the first step's buffers (one alignment: 16 bytes)
             logits = torch.zeros(n, vocab, dtype=torch.float32, device=device)
             self._summary.compute(self._hidden, one, logits, logit_rows=one)
+            if first is not None:
+                self._summary.compute_into(first, self._hidden, one, logits, logit_rows=one)
             self._variants.add(_variant(logits))
         if self._summary.backend != "triton" or self._summary.fallbacks:
             raise RuntimeError(f"the summary kernel is not taken here: {self._summary.fallback_error}")
@@ -55,10 +63,15 @@ class TapTopk:
 
     def write(self, logits: torch.Tensor, probs: torch.Tensor, ids: torch.Tensor) -> None:
         """The top-k of each selected row of ``logits`` into its slot of ``probs`` and ``ids`` (``[R, k]``, best first;
-        an unused slot gets what the kernel's buffer held, which no read takes). Device operations only:
-        graph-capturable."""
-        self._summary.compute(self._hidden, self.rows, logits, logit_rows=self.rows)
-        k = probs.shape[-1]
+        an unused slot keeps what it held, which no read takes). Into the tap's own buffers of a step (``into``) by
+        the kernel alone; else into the Summarizer's and copied. Device operations only: graph-capturable."""
+        out = self._into.get((probs.data_ptr(), ids.data_ptr()))
+        if out is not None:
+            if self._summary.compute_into(out, self._hidden, self.rows, logits, logit_rows=self.rows):
+                return
+        else:
+            self._summary.compute(self._hidden, self.rows, logits, logit_rows=self.rows)
+        k = probs.shape[-1]  # the torch path (or buffers not taken directly): the Summarizer's buffer, copied
         probs.copy_(self._probs[:, :k])
         ids.copy_(self._ids[:, :k])
 
