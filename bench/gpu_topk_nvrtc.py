@@ -1,22 +1,25 @@
-"""Issue 33 item 1, option (a): a softmax top-k of selected logits rows in CUDA C++ (``bench/topk_softmax.cu``, warp
-shuffles, one launch, the row split over blocks and merged by its last block), compiled at run time by NVRTC
-(``torch.cuda._compile_kernel``: torch's CUDA wheels carry NVRTC, so a tracer could build it at attach), against the
-tracer's Triton summary kernel on the same rows (as the step tap runs it: ``Summarizer`` with a stand-in hidden row of
-8), the torch path (``softmax_topk``) and the memory floor. A prototype: the logits' part of a summary only.
+"""Issue 33 item 1, option (a): the summary kernel's work in CUDA C++ (``bench/topk_softmax.cu``: warp shuffles,
+one launch, each row split over blocks and merged by its last block), compiled at run time by NVRTC
+(``torch.cuda._compile_kernel``: torch's CUDA wheels carry NVRTC, so a tracer could build it at attach). A prototype:
+the logits' softmax top-k, and the hidden chunks' statistics in the same launch; not the verify's token ids.
 
 Run on a CUDA machine, the tracer importable as ``draftscope_tracer`` (``bash bench/bench_kit.sh nvrtc``)::
 
     python bench/gpu_topk_nvrtc.py           # results also go to $OUT/gpu_topk_nvrtc.json if OUT is set
 
-1. Checks, each case and chunk width: the kernel's ids equal a float64 reference's best K (value descending, ties by
-   the lower id: ``torch.sort(stable=True)``), its probabilities the float64 softmax's to 1e-5 relative; unused row
-   slots (-1) left untouched; a CUDA graph's replays (twice: the row tickets reset themselves) equal the eager launch.
-   Any failure raises; the last line says "ALL CHECKS PASSED".
-2. GPU µs per launch (graph replays queued behind a GPU sleep, CUDA events, median of rounds; clocks at boost): per
-   case (float32 and bf16 logits, vocabulary 163,840, top-8; 1 to 256 rows; and 64 slots with 1 or no row used, as
-   the step tap's replays have) the kernel at each chunk width, the Triton kernel, the torch path and the floor
-   (bytes of the used rows / measured copy bandwidth), with item 1's target: within 3x of the floor, or 8 µs where
-   the floor is below the launch cost.
+1. Checks, each case and tuning: the kernel's ids equal a float64 reference's best K (value descending, ties by the
+   lower id: ``torch.sort(stable=True)``), its probabilities the float64 softmax's to 1e-5 relative, the hidden
+   statistics float64's (counts exactly, the rest to 1e-4); unused row slots (-1) left untouched; a CUDA graph's
+   replays (twice: the row tickets reset themselves) equal the eager launch; adversarial rows (every winner in one
+   chunk, ties, -inf, NaN, a short last chunk). Any failure raises; the last line says "ALL CHECKS PASSED".
+2. GPU µs per launch (graph replays queued behind a GPU sleep, CUDA events, median of rounds; clocks at boost):
+   - the logits alone (float32 and bf16, vocabulary 163,840, top-8; 1 to 256 rows; and 64 slots with 1 or no row
+     used, as the step tap's replays have) at each chunk width, against the Triton kernel on the same rows as the
+     step tap runs it, the torch path (``softmax_topk``) and the floor;
+   - ``bench/gpu_summarize.py``'s verify steps (hidden 3 x 7168 bf16 and float32 logits; batch 1, 8, 64, every row
+     and 1 in 16) against the tracer's Triton summary (``compute``, no copy out on either side) and the floor
+     (bytes of the used rows / measured copy bandwidth), with item 1's target: within 3x of the floor, or 8 µs where
+     the floor is below the launch cost.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_summarize import LAUNCH_FLOOR_US, capture, clocks_up, copy_bandwidth  # noqa: E402
+from gpu_summarize import (BATCHES, H, K, LAUNCH_FLOOR_US, SAMPLE_EVERY, capture, clocks_up,  # noqa: E402
+                           copy_bandwidth, inputs, make, sampled_rows)
 
 from draftscope_tracer.device.softmax_topk import softmax_topk  # noqa: E402
 from draftscope_tracer.device.summarize import Summarizer  # noqa: E402
@@ -45,28 +49,38 @@ CASES = [(torch.float32, n, n) for n in (1, 4, 16, 32, 256)] + [(torch.bfloat16,
 
 
 class NvrtcTopk:
-    """The kernel for ``slots`` row slots of ``dtype`` logits ``[n, vocab]``, ``chunk`` columns a block."""
+    """The kernel for ``slots`` row slots of ``dtype`` logits ``[n, vocab]``, ``chunk`` columns a block; with ``kc``
+    > 0 also the statistics of bf16 hidden rows of ``kc`` chunks of ``hwidth``, each read in ``slices`` blocks."""
 
-    def __init__(self, kernels: dict, dtype: torch.dtype, slots: int, vocab: int, chunk: int):
+    def __init__(self, kernels: dict, dtype: torch.dtype, slots: int, vocab: int, chunk: int, kc: int = 0,
+                 hwidth: int = 0, slices: int = 1):
         self.kernel, self.vocab, self.chunk = kernels[dtype], vocab, chunk
         self.chunks = -(-vocab // chunk)
+        self.kc, self.hwidth, self.slices = kc, hwidth, slices
         dev = torch.device("cuda")
         parts = slots * self.chunks
         self.part_v = torch.empty(parts * TOPK, dtype=torch.float32, device=dev)
         self.part_i = torch.empty(parts * TOPK, dtype=torch.int32, device=dev)
         self.part_m = torch.empty(parts, dtype=torch.float32, device=dev)
         self.part_s = torch.empty(parts, dtype=torch.float32, device=dev)
+        self.hpart = torch.empty(max(1, slots * kc * slices * 5), dtype=torch.float32, device=dev)
         self.tickets = torch.zeros(slots, dtype=torch.int32, device=dev)
         self.probs = torch.full((slots, TOPK), -2.0, device=dev)
         self.ids = torch.full((slots, TOPK), -2, dtype=torch.int64, device=dev)
+        self.hstats = torch.full((slots, kc, 5), -2.0, device=dev)
 
-    def __call__(self, logits: torch.Tensor, rows: torch.Tensor) -> None:
+    def __call__(self, logits: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         vec = 16 // logits.element_size()
         assert logits.stride(1) == 1 and logits.stride(0) % vec == 0 and logits.data_ptr() % 16 == 0
         assert self.chunk % vec == 0
-        self.kernel(grid=(self.chunks, rows.numel(), 1), block=(THREADS, 1, 1),
+        if self.kc:
+            assert hidden.dtype == torch.bfloat16 and hidden.stride(1) == 1 and hidden.stride(0) % 8 == 0
+            assert self.hwidth % 8 == 0 and hidden.shape[1] == self.kc * self.hwidth and hidden.data_ptr() % 16 == 0
+        self.kernel(grid=(self.kc * self.slices + self.chunks, rows.numel(), 1), block=(THREADS, 1, 1),
                     args=[logits, logits.stride(0), rows, self.vocab, self.chunk, self.chunks, self.part_v,
-                          self.part_i, self.part_m, self.part_s, self.tickets, self.probs, self.ids])
+                          self.part_i, self.part_m, self.part_s, self.tickets, self.probs, self.ids,
+                          self.hpart if hidden is None else hidden, 0 if hidden is None else hidden.stride(0),
+                          self.hwidth, self.kc, self.slices, self.hpart, self.hstats])
 
 
 class TritonTopk:
@@ -125,11 +139,13 @@ def reference(logits: torch.Tensor, row: int) -> tuple:
     return ids.tolist(), torch.softmax(x, -1)[ids].tolist()
 
 
-def check(kernel: NvrtcTopk, logits: torch.Tensor, rows: list, label: str, expected: torch.Tensor | None = None) -> None:
+def check(kernel: NvrtcTopk, logits: torch.Tensor, rows: list, label: str, expected: torch.Tensor | None = None,
+          run=None) -> None:
     """The kernel's results at each used slot against ``reference`` (of ``expected``, default ``logits``); unused
-    slots untouched; a graph's two replays equal the eager launch."""
+    slots untouched; a graph's two replays equal the eager launch. ``run``: the launch (default: the logits alone)."""
     slots = torch.tensor(rows, dtype=torch.int64, device="cuda")
-    kernel(logits, slots)
+    run = run or (lambda: kernel(logits, slots))
+    run()
     torch.cuda.synchronize()
     probs, ids = kernel.probs.cpu(), kernel.ids.cpu()
     for y, row in enumerate(rows):
@@ -140,7 +156,7 @@ def check(kernel: NvrtcTopk, logits: torch.Tensor, rows: list, label: str, expec
         assert ids[y].tolist() == want_ids, f"{label}: slot {y} (row {row}): ids {ids[y].tolist()} != {want_ids}"
         for a, b in zip(probs[y].tolist(), want_p):
             assert abs(a - b) <= 1e-5 * abs(b) + 1e-12, f"{label}: slot {y}: probability {a} != {b}"
-    graph = capture(lambda: kernel(logits, slots))
+    graph = capture(run)
     for _ in range(2):
         kernel.probs.fill_(-3.0)
         graph.replay()
@@ -195,6 +211,46 @@ def run_case(kernels: dict, bw: float, dtype: torch.dtype, slots: int, used: int
     return r
 
 
+def check_hidden(kernel: NvrtcTopk, hidden: torch.Tensor, rows: list, label: str) -> None:
+    """Each used slot's hidden chunk statistics against float64: NaN and non-finite counts exactly, sum, sum of
+    squares and absmax (NaN left out) to 1e-4."""
+    got = kernel.hstats.cpu()
+    for y, row in enumerate(rows):
+        x = hidden[row].double().view(kernel.kc, kernel.hwidth)
+        want = torch.stack([x.sum(-1), x.isnan().sum(-1), (~x.isfinite()).sum(-1), (x * x).sum(-1),
+                            torch.where(x.isnan(), 0.0, x.abs()).amax(-1)], -1).cpu()
+        assert torch.equal(got[y, :, 1:3].double(), want[:, 1:3]), f"{label}: slot {y}: NaN / non-finite counts"
+        assert torch.allclose(got[y][:, [0, 3, 4]].double(), want[:, [0, 3, 4]], rtol=1e-4, atol=1e-2, equal_nan=True), \
+            f"{label}: slot {y}: statistics {got[y].tolist()} != {want.tolist()}"
+
+
+def run_summary_case(kernels: dict, bw: float, batch: int, every: int | None) -> dict:
+    """bench/gpu_summarize.py's verify step (hidden 3 x 7168 bf16, float32 logits of 163,840, top-8): the kernel with
+    the hidden statistics in the same launch, against the tracer's Triton summary (``compute`` only, no copy out,
+    on both sides), at each chunk width and 1 or 2 blocks per hidden chunk."""
+    hidden, logits = inputs(batch)
+    picked = sampled_rows(batch, every)
+    slot_t = torch.tensor(picked, dtype=torch.int64, device="cuda")
+    label = f"summary, batch {batch}, {'every row' if every is None else f'1 in {every}'}"
+    r = {"batch": batch, "sampling": "every row" if every is None else f"1 in {every}", "rows": len(picked),
+         "nvrtc_us": {}}
+    for chunk in CHUNKS:
+        for slices in (1, 2):
+            kernel = NvrtcTopk(kernels, torch.float32, len(picked), V, chunk, kc=K, hwidth=H, slices=slices)
+            check(kernel, logits, picked, f"{label}, chunk {chunk}, {slices} slices",
+                  run=lambda k=kernel: k(logits, slot_t, hidden))
+            check_hidden(kernel, hidden, picked, f"{label}, chunk {chunk}, {slices} slices")
+            r["nvrtc_us"][f"{chunk}/{slices}"] = queued_us(capture(lambda k=kernel: k(logits, slot_t, hidden)))
+    summ = make(len(picked), "triton")
+    r["triton_us"] = queued_us(capture(lambda: summ.compute(hidden, slot_t, logits)))
+    r["best"] = min(r["nvrtc_us"], key=r["nvrtc_us"].get)
+    r["best_us"] = r["nvrtc_us"][r["best"]]
+    r["floor_us"] = len(picked) * (K * H * hidden.element_size() + V * logits.element_size()) / bw * 1e6
+    r["target_us"] = max(3 * r["floor_us"], LAUNCH_FLOOR_US)
+    r["meets"] = r["best_us"] <= r["target_us"]
+    return r
+
+
 def main() -> None:
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -213,6 +269,13 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     checks.append("every case and chunk: ids == float64 reference (ties by id), probabilities to 1e-5, unused slots "
                   "untouched, two graph replays == eager")
+    summaries = []
+    for every in (None, SAMPLE_EVERY):
+        for batch in BATCHES:
+            r = run_summary_case(kernels, bw, batch, every)
+            summaries.append(r)
+            print(json.dumps(r), flush=True)
+    checks.append("every summary case: the same, and the hidden statistics == float64 (counts exactly, the rest 1e-4)")
     print("\n| logits | row slots | rows used | NVRTC kernel, best chunk | its chunks: µs | Triton summary kernel "
           "| torch path | floor | target (3x floor, >= 8 µs) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -222,10 +285,17 @@ def main() -> None:
         print(f"| {r['dtype']} | {r['slots']} | {r['rows']} | {r['best_us']:.1f} ({r['best_chunk']}) | {per} "
               f"| {r['triton_us']:.1f} | {torch_us} | {r['floor_us']:.1f} "
               f"| {r['target_us']:.1f}: {'met' if r['meets'] else 'MISSED'} |")
+    print("\n| batch | rows | sampling | NVRTC summary, best (chunk/slices) | Triton summary kernel | floor "
+          "| NVRTC / floor | target (3x floor, >= 8 µs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in summaries:
+        print(f"| {r['batch']} | {r['rows']} | {r['sampling']} | {r['best_us']:.1f} ({r['best']}) | {r['triton_us']:.1f} "
+              f"| {r['floor_us']:.1f} | {r['best_us'] / r['floor_us']:.1f}x "
+              f"| {r['target_us']:.1f}: {'met' if r['meets'] else 'MISSED'} |")
     out = os.environ.get("OUT")
     if out:
-        Path(out, "gpu_topk_nvrtc.json").write_text(json.dumps({"info": info, "cases": cases, "checks": checks},
-                                                               indent=1))
+        Path(out, "gpu_topk_nvrtc.json").write_text(json.dumps(
+            {"info": info, "cases": cases, "summaries": summaries, "checks": checks}, indent=1))
     print("ALL CHECKS PASSED")
 
 

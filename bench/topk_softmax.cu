@@ -1,12 +1,16 @@
-// A softmax top-k of selected logits rows in one launch, by warp shuffles: the CUDA C++ prototype of issue 33 item 1
-// (option a), compiled at run time by NVRTC (torch.cuda._compile_kernel) and timed by bench/gpu_topk_nvrtc.py.
+// A summary of selected rows in one launch, by warp shuffles: the CUDA C++ prototype of issue 33 item 1 (option a),
+// compiled at run time by NVRTC (torch.cuda._compile_kernel) and timed by bench/gpu_topk_nvrtc.py: the softmax top-k
+// of each row's logits and, when asked (kc > 0), the statistics of its bf16 hidden row's kc chunks, as the tracer's
+// Triton summary kernel computes both (the verify's token ids, which that kernel also gathers, are left out).
 //
-// Grid (C, R): block (c, y) reads chunk c of logits row rows[y] (rows[y] < 0: an unused slot, the block returns at
-// once). Each thread keeps a sorted top-K of the elements it reads and their online softmax statistics (max, sum of
-// exp); a warp merges its lanes' lists in K rounds of a 5-step shuffle argmax, the block its warps' in K more. Each
-// block writes its top-K and statistics to the row's partials; the last block of the row to arrive (a ticket, reset
-// for the next launch) merges the C partials the same way and writes the row's K ids, best first (ties: the lower
-// id), with their softmax probabilities. NaN elements are left out of both (unlike torch.topk, which ranks them first).
+// Grid (kc * slices + C, R): block (x, y) works for row slot y (rows[y] < 0: an unused slot, the block returns at
+// once). Blocks x < kc * slices each read one slice of one hidden chunk (sum, NaN count, non-finite count, sum of
+// squares, absmax without NaN, in float32); the others read logits chunk c = x - kc * slices. For those, each thread
+// keeps a sorted top-K of the elements it reads and their online softmax statistics (max, sum of exp); a warp merges
+// its lanes' lists in K rounds of a 5-step shuffle argmax, the block its warps' in K more. Every block writes its
+// partials; the last block of the row to arrive (a ticket, reset for the next launch) merges them: the row's K ids,
+// best first (ties: the lower id), with their softmax probabilities, and each hidden chunk's statistics. NaN logits
+// are left out of both the top-k and the softmax (unlike torch.topk, which ranks them first).
 
 #define K 8
 #define THREADS 256
@@ -112,37 +116,91 @@ __device__ void block_merge(float (&v)[K], int (&id)[K], float m, float s, float
   }
 }
 
+// One slice of a bf16 hidden chunk: the block's sum, NaN count, non-finite count, sum of squares and absmax
+// (NaN left out) into part[0..4]
+__device__ void hidden_slice(const unsigned short* r, int lo, int hi, float* part, float* sh) {
+  float sum = 0.f, nan = 0.f, nonfinite = 0.f, sq = 0.f, amax = 0.f;
+  for (int i = lo + threadIdx.x * 8; i < hi; i += THREADS * 8) {  // 16-byte loads of 8 bf16 (slices of 8s)
+    uint4 q = __ldcs(reinterpret_cast<const uint4*>(r + i));
+    unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float x = __uint_as_float(j & 1 ? w[j / 2] & 0xffff0000u : w[j / 2] << 16);
+      bool is_nan = x != x, is_inf = fabsf(x) == __int_as_float(0x7f800000);
+      sum += x; sq += x * x;
+      nan += is_nan; nonfinite += is_nan || is_inf;
+      if (!is_nan) amax = fmaxf(amax, fabsf(x));
+    }
+  }
+  float vals[5] = {sum, nan, nonfinite, sq, amax};
+#pragma unroll
+  for (int k = 0; k < 5; ++k)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float other = __shfl_xor_sync(0xffffffff, vals[k], o);
+      vals[k] = k == 4 ? fmaxf(vals[k], other) : vals[k] + other;
+    }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < 5; ++k) sh[warp * 5 + k] = vals[k];
+  __syncthreads();
+  if (threadIdx.x < 5) {
+    float t = 0.f;  // (absmax is >= 0)
+    for (int w = 0; w < WARPS; ++w) t = threadIdx.x == 4 ? fmaxf(t, sh[w * 5 + 4]) : t + sh[w * 5 + threadIdx.x];
+    part[threadIdx.x] = t;
+  }
+}
+
 template <typename LOAD>
 __device__ void topk_softmax(LOAD load, long stride, const long* rows, int vocab, int chunk, int chunks,
                              float* part_v, int* part_i, float* part_m, float* part_s, int* tickets,
-                             float* out_p, long* out_id) {
+                             float* out_p, long* out_id, const unsigned short* hidden, int hstride, int hwidth,
+                             int kc, int slices, float* hpart, float* hstats) {
   __shared__ float sv[WARPS * K];
   __shared__ int si[WARPS * K];
   __shared__ float sm[WARPS], ss[WARPS];
+  __shared__ float sh[WARPS * 5];
   __shared__ bool last;
-  const int c = blockIdx.x, y = blockIdx.y;
+  const int hb = kc * slices, y = blockIdx.y;
   const long row = rows[y];
   if (row < 0) return;
   float v[K];
   int id[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) { v[j] = NEG_INF; id[j] = NO_ID; }
   float m = NEG_INF, s = 0.f;
-  const int lo = c * chunk, hi = min(lo + chunk, vocab);
-  load(row * stride, lo, hi, v, id, m, s);
-  block_merge(v, id, m, s, sv, si, sm, ss);
-  const long slot = (long)y * chunks + c;
-  if (threadIdx.x < K) { part_v[slot * K + threadIdx.x] = sv[threadIdx.x]; part_i[slot * K + threadIdx.x] = si[threadIdx.x]; }
-  if (threadIdx.x == 0) { part_m[slot] = sm[0]; part_s[slot] = ss[0]; }
+  if (blockIdx.x < hb) {  // a slice of a hidden chunk
+    const int p = blockIdx.x, width = (hwidth / slices + 7) / 8 * 8, lo = (p % slices) * width;
+    hidden_slice(hidden + row * hstride + (long)(p / slices) * hwidth, lo, min(lo + width, hwidth),
+                 hpart + ((long)y * hb + p) * 5, sh);
+  } else {  // a logits chunk
+    const int c = blockIdx.x - hb;
+#pragma unroll
+    for (int j = 0; j < K; ++j) { v[j] = NEG_INF; id[j] = NO_ID; }
+    const int lo = c * chunk, hi = min(lo + chunk, vocab);
+    load(row * stride, lo, hi, v, id, m, s);
+    block_merge(v, id, m, s, sv, si, sm, ss);
+    const long slot = (long)y * chunks + c;
+    if (threadIdx.x < K) { part_v[slot * K + threadIdx.x] = sv[threadIdx.x]; part_i[slot * K + threadIdx.x] = si[threadIdx.x]; }
+    if (threadIdx.x == 0) { part_m[slot] = sm[0]; part_s[slot] = ss[0]; }
+  }
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(&tickets[y], 1) == chunks - 1;
+    last = atomicAdd(&tickets[y], 1) == hb + chunks - 1;
     if (last) tickets[y] = 0;  // for the next launch (a graph replays this one)
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
+  for (int q = threadIdx.x; q < kc * 5; q += THREADS) {  // each hidden chunk's statistics over its slices
+    const int chunk_of = q / 5, k = q % 5;
+    float t = 0.f;
+    for (int sl = 0; sl < slices; ++sl) {
+      const float x = __ldcg(hpart + ((long)y * hb + chunk_of * slices + sl) * 5 + k);
+      t = k == 4 ? fmaxf(t, x) : t + x;
+    }
+    hstats[((long)y * kc + chunk_of) * 5 + k] = t;
+  }
 #pragma unroll
   for (int j = 0; j < K; ++j) { v[j] = NEG_INF; id[j] = NO_ID; }
   m = NEG_INF;
@@ -196,16 +254,21 @@ struct LoadBF16 {
   }
 };
 
+// hidden: bf16 rows of kc chunks of hwidth (hstride apart), each chunk read in `slices` blocks; kc 0: no hidden
+// (its pointers then unused). hpart [R, kc * slices, 5] and hstats [R, kc, 5]: sum, NaN, non-finite, sum of squares,
+// absmax.
 extern "C" __global__ void __launch_bounds__(THREADS) topk_softmax_f32(
     const float* logits, int stride, const long* rows, int vocab, int chunk, int chunks, float* part_v, int* part_i,
-    float* part_m, float* part_s, int* tickets, float* out_p, long* out_id) {
+    float* part_m, float* part_s, int* tickets, float* out_p, long* out_id, const unsigned short* hidden, int hstride,
+    int hwidth, int kc, int slices, float* hpart, float* hstats) {
   topk_softmax(LoadF32{logits}, stride, rows, vocab, chunk, chunks, part_v, part_i, part_m, part_s, tickets, out_p,
-               out_id);
+               out_id, hidden, hstride, hwidth, kc, slices, hpart, hstats);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) topk_softmax_bf16(
     const unsigned short* logits, int stride, const long* rows, int vocab, int chunk, int chunks, float* part_v,
-    int* part_i, float* part_m, float* part_s, int* tickets, float* out_p, long* out_id) {
+    int* part_i, float* part_m, float* part_s, int* tickets, float* out_p, long* out_id, const unsigned short* hidden,
+    int hstride, int hwidth, int kc, int slices, float* hpart, float* hstats) {
   topk_softmax(LoadBF16{logits}, stride, rows, vocab, chunk, chunks, part_v, part_i, part_m, part_s, tickets, out_p,
-               out_id);
+               out_id, hidden, hstride, hwidth, kc, slices, hpart, hstats);
 }
