@@ -3,7 +3,7 @@
 #
 # Here:   bash bench/bench_kit.sh build [COMMIT]     # .cache/bench-kit: orjson for the device's Python 3.12, and
 #                                                    # COMMIT's tracer (a git archive) to compare against
-# There:  bash bench/bench_kit.sh tests|ab|stages|hooks [ARGS...]    # run(carry=[".cache/bench-kit"])
+# There:  bash bench/bench_kit.sh tests|ab|stages|hooks|nvrtc [ARGS...]    # run(carry=[".cache/bench-kit"])
 #
 #   tests   pytest -m gpu tests/gpu/test_hooks_path.py tests/gpu/test_softmax_topk.py (ARGS: more pytest arguments)
 #   ab      bench/gpu_hooks_ab.py: the hooks' host time of this checkout's tracer (a) and COMMIT's (b), in turns
