@@ -24,7 +24,6 @@ struct float4 { float x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };
 
 struct Block {  // the running block's barriers and each warp's shuffle slots
-  int threads;
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<uint32_t> slots;
@@ -58,7 +57,7 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int offset) {
 template <typename F> void launch(int gx, int gy, int threads, F kernel) {
   for (int y = 0; y < gy; ++y)
     for (int x = 0; x < gx; ++x) {
-      Block b{threads, std::make_unique<std::barrier<>>(threads), {}, std::vector<uint32_t>(threads)};
+      Block b{std::make_unique<std::barrier<>>(threads), {}, std::vector<uint32_t>(threads)};
       for (int w = 0; w < threads / 32; ++w) b.warps.push_back(std::make_unique<std::barrier<>>(32));
       block_now = &b;
       std::vector<std::thread> pool;

@@ -46,12 +46,13 @@ class TapTopk:
         self._variants: set = set()
         one = torch.full_like(rows, -1)
         one[0] = 0  # one selected row: every program's path is compiled
-        first = next(iter(self._into.values()), None)
-        for n in (1, 2, 16):  # each into the device buffer and into the first step's buffers (one alignment: 16 bytes)
+        first = next(iter(self._into.values()), None)  # the steps' buffers share one alignment (16 bytes)
+        for n in (1, 2, 16):  # into where the writes will go: the first step's buffers, else the device buffer
             logits = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-            self._summary.compute(self._hidden, one, logits, logit_rows=one)
             if first is not None:
                 self._summary.compute_into(first, self._hidden, one, logits, logit_rows=one)
+            else:
+                self._summary.compute(self._hidden, one, logits, logit_rows=one)
             self._variants.add(_variant(logits))
         if self._summary.backend != "triton" or self._summary.fallbacks:
             raise RuntimeError(f"the summary kernel is not taken here: {self._summary.fallback_error}")
