@@ -121,7 +121,7 @@ class StepTap:
 
     def _write(self, i: int, logits: torch.Tensor) -> None:
         """Softmax top-k of step ``i``'s logits at the selected rows (device operations only: graph-capturable).
-        Unused row slots hold 0 and ``read`` leaves them out. The rows are clamped to this batch: a graph
+        Unused row slots hold -1 and ``read`` leaves them out. The rows are clamped to this batch: a graph
         replays for every batch of its size, armed or not, and the row buffer may still hold the rows of
         a larger batch (an index past the end is a device-side assert, which kills the server)."""
         k, n = min(self.k, logits.shape[-1]), min(ROWS, logits.shape[0])  # a batch never selects more rows than it has
