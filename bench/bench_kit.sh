@@ -3,21 +3,20 @@
 #
 # Here:   bash bench/bench_kit.sh build [COMMIT]     # .cache/bench-kit: orjson for the device's Python 3.12, and
 #                                                    # COMMIT's tracer (a git archive) to compare against
-# There:  bash bench/bench_kit.sh tests|ab|stages|hooks|nvrtc [ARGS...]    # run(carry=[".cache/bench-kit"])
+# There:  bash bench/bench_kit.sh tests|ab|stages|hooks [ARGS...]    # run(carry=[".cache/bench-kit"])
 #
 #   tests   pytest -m gpu tests/gpu/test_hooks_path.py tests/gpu/test_softmax_topk.py (ARGS: more pytest arguments)
 #   ab      bench/gpu_hooks_ab.py: the hooks' host time of this checkout's tracer (a) and COMMIT's (b), in turns
 #           (PAIRS, default 3; the pairs' table, then each tracer's runs); JSON under $OUT/ab
 #   stages  bench/gpu_summary_stages.py ARGS (e.g. --tuning "" --tuning warps=8); JSON in $OUT
 #   hooks   bench/gpu_hooks.py ARGS (records checked against the CPU path, host time, cProfile); JSON in $OUT
-#   nvrtc   bench/gpu_topk_nvrtc.py (the CUDA C++ top-k prototype against the Triton kernel and the floor); JSON in $OUT
 #
 # On the device the image's torch and Triton run the checkout's tracer, copied as the package draftscope_tracer
 # beside orjson into /tmp/pn (COMMIT's into /tmp/po).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=${BENCH_KIT:-.cache/bench-kit}  # (a test points it elsewhere)
-cmd=${1:?"usage: bash bench/bench_kit.sh build [COMMIT] | tests | ab | stages | hooks | nvrtc [ARGS...]"}
+cmd=${1:?"usage: bash bench/bench_kit.sh build [COMMIT] | tests | ab | stages | hooks [ARGS...]"}
 shift
 
 site() {  # site DIR TRACER: orjson and TRACER as draftscope_tracer in DIR
@@ -37,7 +36,7 @@ case "$cmd" in
     git rev-parse --short "$commit" > "$KIT/old/commit"
     echo "[bench-kit] $KIT: $(ls "$KIT/whl"), the tracer of $(cat "$KIT/old/commit") ($(du -sh "$KIT" | cut -f1))"
     ;;
-  tests|ab|stages|hooks|nvrtc)
+  tests|ab|stages|hooks)
     [ -d "$KIT/whl" ] || { echo "[bench-kit] no $KIT: run 'bash bench/bench_kit.sh build' here first" >&2; exit 2; }
     export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/bench-kit-out}
     mkdir -p "$OUT"
@@ -57,11 +56,9 @@ case "$cmd" in
         PYTHONPATH=/tmp/pn:. python3 bench/gpu_summary_stages.py "$@" 2>&1 | tee "$OUT/stages.log" | grep -v '^{' ;;
       hooks)
         PYTHONPATH=/tmp/pn:. python3 bench/gpu_hooks.py "$@" ;;
-      nvrtc)
-        PYTHONPATH=/tmp/pn:. python3 bench/gpu_topk_nvrtc.py "$@" ;;
     esac
     ;;
   *)
-    echo "[bench-kit] unknown command $cmd: build, tests, ab, stages, hooks or nvrtc" >&2
+    echo "[bench-kit] unknown command $cmd: build, tests, ab, stages or hooks" >&2
     exit 2 ;;
 esac
