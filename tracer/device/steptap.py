@@ -9,7 +9,7 @@ graphs (the hook on ``EagleDraftWorker.init_cuda_graphs``), :class:`StepTap` wra
 writes the softmax top-k of its logits at the rows in a static row buffer into static result buffers:
 a few device operations on static buffers, with no host sync and no Python decision that depends on
 data, so a captured graph replays exactly what an eager run does. The draft hook fills the row buffer
-with the sampled requests' rows before the draft (unused slots 0) and, after it, copies the results
+with the sampled requests' rows before the draft (unused slots -1) and, after it, copies the results
 into pinned memory without blocking (:meth:`StepTap.read`: by a small kernel where that memory is mapped for the
 device, a few µs of host time; else by ``Tensor.copy_``).
 
