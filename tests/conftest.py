@@ -6,5 +6,6 @@ pytest_plugins = [
     "tests.fixtures.vllm_server",
     "tests.fixtures.demo_store",
     "tests.fixtures.disk",
+    "tests.fixtures.bundles",
     "tests.fixtures.compose",
 ]

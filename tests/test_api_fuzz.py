@@ -14,18 +14,17 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
 import schemathesis
-import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from draftscope.store import db, wire_schema
-from tests.fixtures.store import make_batch, run_record, sample_record, settle, step_record
+from draftscope.store import wire_schema
+from tests.fixtures.store import (answered, make_batch, render_every_stored_run, run_record, sample_record, settle,
+                                  step_record)
 
 INGEST_TOKEN = "fuzz-ingest-token-0123456789"
 READ_TOKEN = "fuzz-read-token-0123456789ab"
@@ -42,12 +41,6 @@ def _ints(value: Any) -> Any:
     if isinstance(value, list):
         return [_ints(v) for v in value]
     return value
-
-
-def _answered(path: str, response: Any) -> bool:
-    """Below 500; ``/healthz`` may also say 503, its documented answer for a store it finds unready."""
-    return response.status_code < 500 or (path == "/healthz" and response.status_code == 503
-                                          and "status" in response.json())
 
 
 def _send(client, case, headers: dict[str, str], whole_ints: bool = False) -> Any:
@@ -85,9 +78,9 @@ def _fuzz(client, auth: Callable[[str, str], dict[str, str]], *, document: Any =
             def check(case) -> None:
                 response = _send(client, case, auth(*key), whole_ints)
                 seen.setdefault(key, []).append(response.status_code)
-                assert _answered(case.path, response), (f"{case.method} {case.formatted_path} "
-                                                    f"query={case.query} body={case.body!r:.2000}: "
-                                                    f"{response.status_code} {response.text[:2000]}")
+                assert answered(case.path, response), (f"{case.method} {case.formatted_path} "
+                                                   f"query={case.query} body={case.body!r:.2000}: "
+                                                   f"{response.status_code} {response.text[:2000]}")
 
             try:
                 check()
@@ -114,31 +107,6 @@ def _times_until_now(document: Any) -> Any:
     if isinstance(document, list):
         return [_times_until_now(v) for v in document]
     return document
-
-
-def _render_every_stored_run(client, store_url: str, headers: dict[str, str]) -> int:
-    """GET every page of every stored run (and the lists); all below 500. Returns the runs seen."""
-    engine = db.make_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            runs = [r for (r,) in conn.execute(sa.text("SELECT id FROM runs"))]
-            rids = {r: [x for (x,) in conn.execute(sa.text("SELECT rid FROM requests WHERE run_id = :r "
-                                                           "LIMIT 3"), {"r": r})] for r in runs}
-    finally:
-        engine.dispose()
-    paths = ["/", "/runs.json", "/runs.csv", "/api/v1/runs", "/metrics", "/healthz",
-             "/compare?" + "&".join(f"run={r}" for r in runs[:4])]
-    for run in runs:
-        paths += [f"/runs/{run}{suffix}" for suffix in ("", ".json", "/spec.csv", "/findings.csv",
-                                                         "/requests.csv", "/requests", "/bundle.zip")]
-        paths.append(f"/api/v1/runs/{run}")
-        for rid in rids[run]:
-            rid = quote(rid, safe="")
-            paths += [f"/runs/{run}/requests/{rid}", f"/api/v1/runs/{run}/requests/{rid}"]
-    for path in paths:
-        response = client.get(path, headers=headers, follow_redirects=False)
-        assert _answered(path, response), f"GET {path}: {response.status_code} {response.text[:2000]}"
-    return len(runs)
 
 
 def _seed(client, headers: dict[str, str]) -> str:
@@ -180,7 +148,7 @@ def _fuzz_every_route(make_client, store_url: str, tokens: bool) -> None:
     stored = _fuzz(client, auth, document=_batches_with_a_run(client),
                    examples={GenerationMode.POSITIVE: 60}, whole_ints=True)[INGEST]
     settle(client)
-    assert _render_every_stored_run(client, store_url, auth("GET", "/")) >= 1
+    assert render_every_stored_run(client, store_url, auth("GET", "/")) >= 1
     assert any(400 <= s < 500 for s in seen[INGEST]), sorted(set(seen[INGEST]))
     assert 200 in seen[("GET", "/")] and 200 in seen[("GET", "/api/v1/runs")], "the fuzzer never got in"
     assert stored.count(200) >= 10, sorted(stored)

@@ -14,21 +14,15 @@ import stat
 import struct
 import zipfile
 import zlib
-from pathlib import Path
 
 import orjson
 import pytest
-import sqlalchemy as sa
 
-from draftscope.bundle.export import export_bundle
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import BundleError, read_bundle
-from draftscope.store import db, importer
+from draftscope.store import db
 from draftscope.store.ingest import BatchWriter
-
-DEMO = Path(__file__).resolve().parent.parent / "demo"
-TABLES = ("runs", "requests", "verify_steps", "tensor_samples", "tracer_health", "findings",
-          "ingest_batches", "bundle_imports")
+from tests.fixtures.bundles import members, rezip, snapshot
 
 # 1,048,576,000 zero bytes, bzip2-compressed to 753 bytes (a "1 KB -> 1 GB" member). Made by:
 #   c = bz2.BZ2Compressor(9); b"".join(c.compress(bytes(1 << 20)) for _ in range(1000)) + c.flush()
@@ -45,59 +39,6 @@ BOMB = base64.b64decode(
     "U1kOCeLfAV+OQADAAAAIIAAwgE1GQqAlqQqAlzFBWSZTWQ4J4t8BX45AAMAAAAggADCATUZCoCWpCoCXMUFZJlNZQCxKTwEp"
     "IEAIwAAAEAAIIAAwzAUppgIiRsQIiR4u5IpwoSEiv+rq")
 BOMB_SIZE, BOMB_CRC = 1000 << 20, 1693044840
-
-
-@pytest.fixture(scope="module")
-def good_bundle(tmp_path_factory) -> bytes:
-    """A valid bundle of the recorded aux-off run."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('source') / 'store.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
-    try:
-        importer.import_files(engine, [DEMO / "aux-off.jsonl"])
-        with engine.connect() as conn:
-            run_id = conn.execute(sa.text("SELECT id FROM runs")).scalar_one()
-        out = io.BytesIO()
-        export_bundle(engine, run_id, out)
-    finally:
-        engine.dispose()
-    return out.getvalue()
-
-
-@pytest.fixture
-def store(store_url):
-    """A migrated store that already holds the recorded healthy run."""
-    engine = db.make_engine(store_url)
-    importer.import_files(engine, [DEMO / "healthy.jsonl"])
-    yield engine
-    engine.dispose()
-
-
-def _snapshot(engine) -> dict:
-    with engine.connect() as conn:
-        return {t: conn.execute(sa.text(f"SELECT * FROM {t} ORDER BY 1")).all() for t in TABLES}
-
-
-def _members(bundle: bytes) -> dict[str, bytes]:
-    with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
-        return {info.filename: zf.read(info) for info in zf.infolist()}
-
-
-def _rezip(members: dict[str, bytes], fix_manifest: bool = True) -> bytes:
-    """``members`` zipped again; with ``fix_manifest`` the manifest's sizes and sha256 follow them."""
-    members = dict(members)
-    if fix_manifest:
-        import hashlib
-
-        manifest = json.loads(members["manifest.json"])
-        manifest["members"] = {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)}
-                               for n, b in members.items() if n != "manifest.json"}
-        members["manifest.json"] = json.dumps(manifest).encode()
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return out.getvalue()
 
 
 def _raw_zip(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
@@ -119,14 +60,14 @@ def _raw_zip(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
 def _with_member(good: bytes, name: str, data: bytes, method: int, crc: int, size: int) -> bytes:
     """The good bundle's members stored as they are, plus (or instead of) ``name`` as given."""
     entries = [(n, zipfile.ZIP_STORED, b, zlib.crc32(b), len(b))
-               for n, b in _members(good).items() if n != name]
+               for n, b in members(good).items() if n != name]
     return _raw_zip(entries + [(name, method, data, crc, size)])
 
 
 def _symlink(good: bytes) -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as zf:
-        for name, data in _members(good).items():
+        for name, data in members(good).items():
             info = zipfile.ZipInfo(name)
             if name == "README.md":
                 info.external_attr = (stat.S_IFLNK | 0o777) << 16
@@ -136,41 +77,41 @@ def _symlink(good: bytes) -> bytes:
 
 
 def _duplicate(good: bytes) -> bytes:
-    members = _members(good)
+    parts = members(good)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as zf, pytest.warns(UserWarning, match="Duplicate name"):
-        for name, data in members.items():
+        for name, data in parts.items():
             zf.writestr(name, data)
         zf.writestr("verify_steps.jsonl", b"")
     return out.getvalue()
 
 
 def _edit_manifest(good: bytes, change) -> bytes:
-    members = _members(good)
-    manifest = json.loads(members["manifest.json"])
+    parts = members(good)
+    manifest = json.loads(parts["manifest.json"])
     change(manifest)
-    members["manifest.json"] = json.dumps(manifest).encode()
-    return _rezip(members, fix_manifest=False)
+    parts["manifest.json"] = json.dumps(manifest).encode()
+    return rezip(parts, fix_manifest=False)
 
 
 def _edit_line(good: bytes, name: str, change) -> bytes:
-    members = _members(good)
-    lines = members[name].splitlines()
+    parts = members(good)
+    lines = parts[name].splitlines()
     record = orjson.loads(lines[0])
     change(record)
     lines[0] = orjson.dumps(record)
-    members[name] = b"\n".join(lines) + b"\n"
-    return _rezip(members)
+    parts[name] = b"\n".join(lines) + b"\n"
+    return rezip(parts)
 
 
 HOSTILE = {
     "truncated zip": (lambda g: g[: len(g) // 2], "truncated"),
-    "wrong checksum": (lambda g: _rezip({**_members(g), "verify_steps.jsonl":
-                                        _members(g)["verify_steps.jsonl"].replace(b'"accept_len":1', b'"accept_len":4', 1)},
+    "wrong checksum": (lambda g: rezip({**members(g), "verify_steps.jsonl":
+                                        members(g)["verify_steps.jsonl"].replace(b'"accept_len":1', b'"accept_len":4', 1)},
                                        fix_manifest=False), "does not match its sha256"),
-    "dot-dot member name": (lambda g: _rezip({**_members(g), "../evil.jsonl": b"x"}),
+    "dot-dot member name": (lambda g: rezip({**members(g), "../evil.jsonl": b"x"}),
                             "leads outside the bundle"),
-    "absolute member name": (lambda g: _rezip({**_members(g), "/etc/cron.d/evil": b"x"}),
+    "absolute member name": (lambda g: rezip({**members(g), "/etc/cron.d/evil": b"x"}),
                              "absolute path"),
     "symlink member": (_symlink, "symbolic link"),
     "oversized member": (lambda g: _with_member(g, "tensor_samples.jsonl", b"{}\n", zipfile.ZIP_STORED,
@@ -180,7 +121,7 @@ HOSTILE = {
                                                    BOMB_CRC, BOMB_SIZE), "likely zip bomb"),
     "unknown schema version": (lambda g: _edit_manifest(g, lambda m: m.update(bundle_schema_version=99)),
                                "Unsupported bundle_schema_version 99"),
-    "missing manifest": (lambda g: _rezip({n: b for n, b in _members(g).items() if n != "manifest.json"},
+    "missing manifest": (lambda g: rezip({n: b for n, b in members(g).items() if n != "manifest.json"},
                                          fix_manifest=False), "No manifest.json"),
     "duplicate member names": (_duplicate, "appears twice"),
     "record not matching the schema": (
@@ -192,36 +133,36 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("case", HOSTILE)
-def test_hostile_bundle_is_refused_and_nothing_changes(case, good_bundle, store) -> None:
+def test_hostile_bundle_is_refused_and_nothing_changes(case, good_bundle, bundle_store) -> None:
     make, message = HOSTILE[case]
-    before = _snapshot(store)
+    before = snapshot(bundle_store)
     with pytest.raises(BundleError, match=message):
-        store_bundle(BatchWriter(store), read_bundle(io.BytesIO(make(good_bundle))), origin=case)
-    assert _snapshot(store) == before
+        store_bundle(BatchWriter(bundle_store), read_bundle(io.BytesIO(make(good_bundle))), origin=case)
+    assert snapshot(bundle_store) == before
 
 
-def test_a_failure_while_storing_rolls_everything_back(good_bundle, store) -> None:
+def test_a_failure_while_storing_rolls_everything_back(good_bundle, bundle_store) -> None:
     """A bundle that passes every check but conflicts in the store half way (one verify step
     twice): the run, its requests and the batches already written are all rolled back."""
-    members = _members(good_bundle)
-    first = members["verify_steps.jsonl"].splitlines()[0]
-    members["verify_steps.jsonl"] += first + b"\n"
-    manifest = json.loads(members["manifest.json"])
+    parts = members(good_bundle)
+    first = parts["verify_steps.jsonl"].splitlines()[0]
+    parts["verify_steps.jsonl"] += first + b"\n"
+    manifest = json.loads(parts["manifest.json"])
     manifest["counts"]["verify_steps"] += 1
-    members["manifest.json"] = json.dumps(manifest).encode()
-    before = _snapshot(store)
+    parts["manifest.json"] = json.dumps(manifest).encode()
+    before = snapshot(bundle_store)
     with pytest.raises(BundleError, match="sent twice"):
-        store_bundle(BatchWriter(store), read_bundle(io.BytesIO(_rezip(members))), origin="conflict")
-    assert _snapshot(store) == before
+        store_bundle(BatchWriter(bundle_store), read_bundle(io.BytesIO(rezip(parts))), origin="conflict")
+    assert snapshot(bundle_store) == before
 
 
-def test_the_good_bundle_imports_once(good_bundle, store) -> None:
-    writer = BatchWriter(store)
+def test_the_good_bundle_imports_once(good_bundle, bundle_store) -> None:
+    writer = BatchWriter(bundle_store)
     first = store_bundle(writer, read_bundle(io.BytesIO(good_bundle)), origin="good.zip")
-    after = _snapshot(store)
+    after = snapshot(bundle_store)
     again = store_bundle(writer, read_bundle(io.BytesIO(good_bundle)), origin="good.zip")
     assert (first.status, again.status) == ("imported", "already imported")
-    assert _snapshot(store) == after and len(after["runs"]) == 2
+    assert snapshot(bundle_store) == after and len(after["runs"]) == 2
     source = [row for row in after["runs"] if row.id == first.run_id][0].source
     assert source == "bundle" and after["bundle_imports"][0].origin == "good.zip"
 
@@ -236,9 +177,9 @@ def test_the_upload_form_needs_the_ingest_token_when_one_is_set(good_bundle, sto
     assert refused.status_code == 401 and "ingest token" in refused.text
     engine = db.make_engine(store_url)
     try:
-        assert _snapshot(engine)["runs"] == []
+        assert snapshot(engine)["runs"] == []
         accepted = client.post("/import", files=files, data={"token": "s3cret-import-token-5c1d"})
         assert accepted.status_code == 200 and "Imported" in accepted.text
-        assert len(_snapshot(engine)["runs"]) == 1
+        assert len(snapshot(engine)["runs"]) == 1
     finally:
         engine.dispose()
