@@ -24,7 +24,7 @@ from draftscope.store.retention import delete_run
 from tests.fixtures.bundles import members, rezip, snapshot
 from tests.fixtures.store import render_every_stored_run, settle
 
-EXAMPLES = 150
+EXAMPLES = 300
 JSON = st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
                     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=4),

@@ -12,11 +12,13 @@ import io
 import json
 import stat
 import struct
+import time
 import zipfile
 import zlib
 
 import orjson
 import pytest
+import sqlalchemy as sa
 
 from draftscope.bundle.loader import store_bundle
 from draftscope.bundle.reader import BundleError, read_bundle
@@ -95,12 +97,14 @@ def _edit_manifest(good: bytes, change) -> bytes:
 
 
 def _edit_line(good: bytes, name: str, change) -> bytes:
+    """``name``'s first line (``run.json``: the record) changed by ``change``, written by ``json`` (which
+    writes any integer)."""
     parts = members(good)
-    lines = parts[name].splitlines()
+    lines = parts[name].splitlines() if name.endswith(".jsonl") else [parts[name]]
     record = orjson.loads(lines[0])
     change(record)
-    lines[0] = orjson.dumps(record)
-    parts[name] = b"\n".join(lines) + b"\n"
+    lines[0] = json.dumps(record).encode()
+    parts[name] = b"\n".join(lines) + (b"\n" if name.endswith(".jsonl") else b"")
     return rezip(parts)
 
 
@@ -127,6 +131,16 @@ HOSTILE = {
     "record not matching the schema": (
         lambda g: _edit_line(g, "verify_steps.jsonl", lambda r: r.update(accept_len="two")),
         "verify_steps.jsonl line 1 does not match the verify_steps record schema"),
+    "integer past 64 bits in a finding's evidence": (
+        lambda g: _edit_line(g, "findings.jsonl", lambda r: r["evidence"].update(big=2**64)),
+        r"findings.jsonl line 1, evidence.big: integer 18446744073709551616 does not fit in 64 bits\. "
+        "Ingest refuses this value from a tracer too"),
+    "NUL in the server arguments": (
+        lambda g: _edit_line(g, "run.json", lambda r: r["server_args"].update(note="a\x00b")),
+        "run.json.server_args.note: holds a NUL character"),
+    "a time a year ahead": (
+        lambda g: _edit_line(g, "verify_steps.jsonl", lambda r: r.update(at=time.time() + 365 * 86400)),
+        "verify_steps.jsonl line 1, at: .* is more than a day ahead of the dashboard's clock"),
     "manifest not matching the schema": (
         lambda g: _edit_manifest(g, lambda m: m.pop("counts")), "manifest.json does not match the bundle schema: counts"),
 }
@@ -183,3 +197,19 @@ def test_the_upload_form_needs_the_ingest_token_when_one_is_set(good_bundle, sto
         assert len(snapshot(engine)["runs"]) == 1
     finally:
         engine.dispose()
+
+
+def test_facts_the_rules_cannot_read_are_imported_with_a_finding_saying_so(good_bundle, bundle_store) -> None:
+    """Facts are the writer's: a key list holding a null (no tracer writes one) is stored, and the run's
+    runtime findings say they could not read it instead of failing the import."""
+    def odd(run: dict) -> None:
+        run["facts"]["draft"]["weights"] = {"checkpoint_keys_unused": [None]}
+
+    result = store_bundle(BatchWriter(bundle_store), read_bundle(io.BytesIO(_edit_line(good_bundle, "run.json", odd))),
+                          origin="odd facts")
+    with bundle_store.connect() as conn:
+        found = conn.execute(sa.text("SELECT rule_id, message FROM findings WHERE run_id = :r AND source = 'runtime'"),
+                             {"r": result.run_id}).all()
+    assert result.status == "imported"
+    assert [f.rule_id for f in found] == ["run-facts-unreadable"], found
+    assert "AttributeError" in found[0].message

@@ -3,7 +3,9 @@
 The zip's directory is checked first (member names, links, sizes and compression ratios against
 ``Limits``) so that nothing is decompressed from a hostile archive; then the manifest (schema
 version, then schema); then every member's size and sha256 against the manifest; then every
-record against the wire schema. Any problem raises ``BundleError`` naming it.
+record against the wire schema and ingest's own checks (``store.ingest_checks``: no time over a day
+ahead, free-form JSON without NUL, deep nesting or integers past 64 bits), as a tracer's batch. Any
+problem raises ``BundleError`` naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pydantic
 import pydantic_core
 
 from draftscope.bundle import format as fmt
+from draftscope.store.ingest_checks import Refused, check_records, check_run, latest_time
 from draftscope.store.wire_schema import Batch, FastBatch, SUPPORTED_SCHEMA_VERSIONS
 
 _COMPRESSIONS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
@@ -237,16 +240,28 @@ def _errors(exc: pydantic.ValidationError, shown: int = 5) -> str:
 
 def _parse_run(body: bytes) -> Any:
     try:
-        return msgspec.json.decode(body, type=_FAST_RUN)
+        run = msgspec.json.decode(body, type=_FAST_RUN)
     except msgspec.DecodeError:
-        pass
+        try:
+            _RUN_MODEL.model_validate_json(body)
+            run = msgspec.convert(pydantic_core.from_json(body, allow_inf_nan=True), _FAST_RUN)
+        except (pydantic.ValidationError, msgspec.ValidationError) as exc:
+            detail = _errors(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
+            raise BundleError(f"{fmt.RUN} does not match the run record schema "
+                              f"(draftscope_tracer/transport/wire.py RunRecord): {detail}.") from None
+    with _ingest_checks():
+        check_run(run, fmt.RUN, latest_time())
+    return run
+
+
+@contextmanager
+def _ingest_checks() -> Iterator[None]:
+    """``ingest_checks``' refusals as BundleError: a value ingest would not take from a tracer."""
     try:
-        _RUN_MODEL.model_validate_json(body)
-        return msgspec.convert(pydantic_core.from_json(body, allow_inf_nan=True), _FAST_RUN)
-    except (pydantic.ValidationError, msgspec.ValidationError) as exc:
-        detail = _errors(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
-        raise BundleError(f"{fmt.RUN} does not match the run record schema "
-                          f"(draftscope_tracer/transport/wire.py RunRecord): {detail}.") from None
+        yield
+    except Refused as exc:
+        raise BundleError(f"{exc}. Ingest refuses this value from a tracer too, so the bundle was not "
+                          "made by a draftscope export or was altered: export the run again.") from None
 
 
 def _records(archive: zipfile.ZipFile, info: zipfile.ZipInfo, manifest: fmt.Manifest, table: str,
@@ -282,7 +297,8 @@ def _decode(name: str, lines: list[bytes], before: int, table: str) -> list[Any]
     struct = _FAST_RECORDS[table]
     with gc_paused():  # many small objects and no cycles: the collector would rescan them all
         try:
-            return msgspec.json.decode(b"[" + b",".join(lines) + b"]", type=list[struct])
+            return _checked(name, msgspec.json.decode(b"[" + b",".join(lines) + b"]", type=list[struct]),
+                            before, table)
         except msgspec.DecodeError:
             pass
     records = []
@@ -300,4 +316,12 @@ def _decode(name: str, lines: list[bytes], before: int, table: str) -> list[Any]
                               f"(draftscope_tracer/transport/wire.py): {_errors(exc)}.") from None
         except msgspec.ValidationError as exc:
             raise BundleError(f"{name} line {number}: {exc}.") from None
+    return _checked(name, records, before, table)
+
+
+def _checked(name: str, records: list[Any], before: int, table: str) -> list[Any]:
+    """``records`` (lines ``before + 1 ...`` of member ``name``) once ingest's own checks pass them."""
+    with _ingest_checks():
+        check_records(fmt.BATCH_KEYS[table], records, lambda i, sub: f"{name} line {before + 1 + i}, {sub}",
+                      latest_time())
     return records

@@ -29,7 +29,21 @@ DRIFT_Z, DRIFT_Z_FAR, DRIFT_FLOOR = 2.0, 4.0, 0.02
 
 
 def runtime_findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Finding]:
-    """Findings for one run; ``spec`` (the draft read from disk) sharpens them when available."""
+    """Findings for one run; ``spec`` (the draft read from disk) sharpens them when available. The
+    facts are the writer's (a tracer's batch, an imported bundle): facts in a shape this draftscope's
+    tracer does not write give ``run-facts-unreadable``, not an exception, so that the run is still
+    stored, imported and shown."""
+    try:
+        return _findings(spec, obs)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return [_f("run-facts-unreadable", "warning",
+                   f"the runtime rules could not read this run's facts ({error}): its runtime findings are missing",
+                   "record the run with this draftscope's tracer (the facts came from another version, or were "
+                   "altered)", {"error": error})]
+
+
+def _findings(spec: DraftFeatureSpec | None, obs: Observation) -> list[Finding]:
     facts = obs.facts or {}
     target, draft = facts.get("target") or {}, facts.get("draft") or {}
     engine = engines.engine_of(facts)

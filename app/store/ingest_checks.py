@@ -8,12 +8,15 @@
 - what a tracer does not own: ``run.source`` "bundle" is written by import alone.
 
 The schema itself already refuses server-owned statuses (``pruning``), unknown engines and severities,
-non-finite times, integers outside their column, unsafe ids and NUL in typed strings.
+non-finite times, integers outside their column, unsafe ids and NUL in typed strings. An imported
+bundle's records get the same checks (``check_run``, ``check_records``: ``bundle.reader``), named by
+member and line.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from draftscope.store.wire_schema import INT8
@@ -34,40 +37,56 @@ class Refused(ValueError):
 
 def check_batch(batch: Any, now: float | None = None) -> None:
     """Raise Refused for the first value of ``batch`` (a decoded ``FastBatch``) ingest does not take."""
-    latest = (time.time() if now is None else now) + FUTURE_SLACK_S
-    _check_times(batch, latest)
+    latest = latest_time(now)
+    _check_time(batch.sent_at, "sent_at", latest)
     run = batch.run
     if run is not None:
         if run.source != "tracer":
             raise Refused("run.source", f"{run.source!r} is written by `draftscope import` only; a "
                                         "tracer sends \"tracer\"")
-        for name in ("server_args", "tracer_config", "facts"):
-            check_json(getattr(run, name), f"run.{name}")
-    for i, finding in enumerate(batch.findings):
-        check_json(finding.evidence, f"findings[{i}].evidence")
+        check_run(run, "run", latest)
+    for key in _TIMED:
+        check_records(key, getattr(batch, key), lambda i, sub, key=key: f"{key}[{i}].{sub}", latest)
 
 
-def _check_times(batch: Any, latest: float) -> None:
-    def check(value: float | None, field: str) -> None:
-        if value is not None and value > latest:
-            raise Refused(field, f"{value!r} is more than a day ahead of the dashboard's clock "
-                                 f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(latest - FUTURE_SLACK_S))} "
-                                 "UTC); send unix seconds from a clock that is set")
+def latest_time(now: float | None = None) -> float:
+    """The latest time ingest takes: ``now`` (the dashboard's clock) plus ``FUTURE_SLACK_S``."""
+    return (time.time() if now is None else now) + FUTURE_SLACK_S
 
-    check(batch.sent_at, "sent_at")
-    if batch.run is not None:
-        check(batch.run.started_at, "run.started_at")
-        check(batch.run.ended_at, "run.ended_at")
-    for key, fields in _TIMED.items():
-        records = getattr(batch, key)
-        for name in fields:
-            if max((t for r in records if (t := getattr(r, name)) is not None), default=0.0) > latest:
-                for i, record in enumerate(records):
-                    check(getattr(record, name), f"{key}[{i}].{name}")
-    for i, health in enumerate(batch.health):
-        for j, gap in enumerate(health.gaps or ()):
-            for k, t in enumerate(gap):
-                check(t, f"health[{i}].gaps[{j}][{k}]")
+
+def check_run(run: Any, field: str, latest: float) -> None:
+    """A run record's times and free-form JSON (``field``: what to call it); its ``source`` is the
+    caller's to check (a tracer sends "tracer", an import writes "bundle")."""
+    _check_time(run.started_at, f"{field}.started_at", latest)
+    _check_time(run.ended_at, f"{field}.ended_at", latest)
+    for name in ("server_args", "tracer_config", "facts"):
+        check_json(getattr(run, name), f"{field}.{name}")
+
+
+def check_records(key: str, records: list, field: Callable[[int, str], str], latest: float) -> None:
+    """The records of a batch's ``key`` list (``steps``, ``findings``, ...): their times, a health
+    record's gaps, a finding's evidence; ``field(i, name)`` names field ``name`` of record ``i``. The
+    time fields are compared by their maximum first: most batches have none to name."""
+    names = _TIMED[key]
+    if key not in ("health", "findings") and max(
+            (t for r in records for name in names if (t := getattr(r, name)) is not None), default=0.0) <= latest:
+        return
+    for i, record in enumerate(records):
+        for name in names:
+            _check_time(getattr(record, name), field(i, name), latest)
+        if key == "health":
+            for j, gap in enumerate(record.gaps or ()):
+                for k, t in enumerate(gap):
+                    _check_time(t, field(i, f"gaps[{j}][{k}]"), latest)
+        elif key == "findings":
+            check_json(record.evidence, field(i, "evidence"))
+
+
+def _check_time(value: float | None, field: str, latest: float) -> None:
+    if value is not None and value > latest:
+        raise Refused(field, f"{value!r} is more than a day ahead of the dashboard's clock "
+                             f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(latest - FUTURE_SLACK_S))} "
+                             "UTC); send unix seconds from a clock that is set")
 
 
 def check_json(value: Any, field: str, depth: int = 0) -> None:

@@ -6,7 +6,6 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 
 from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
