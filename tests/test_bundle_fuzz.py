@@ -68,6 +68,8 @@ def _paths(value, at: tuple = ()):
 def _changed(draw, record, op: str, said: list):
     """``record`` with one value replaced (``set``) or one key or item dropped (``drop``)."""
     paths = [p for p in _paths(record) if p or op == "set"]
+    if not paths:  # nothing to drop from a scalar
+        return record
     path = draw(st.sampled_from(paths))
     parent = record
     for k in path[:-1]:
