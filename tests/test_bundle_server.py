@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import uuid
 import zipfile
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from draftscope.web.app import create_app
 from testbed import scenarios
 from testbed.server import start_server
 from tests.fixtures.sglang_server import IDLE_SLEEP, PROBE_WITHOUT_GENERATION
-from tests.fixtures.wait import ended
+from tests.fixtures.wait import ended, until
 
 pytestmark = pytest.mark.sglang
 PROMPTS = ("The quick brown fox", "Hello world, this is", "Once upon a time")
@@ -69,7 +70,12 @@ def traced(tmp_path_factory) -> Traced:
         # 32 tokens: with 12, the random-marker prompts' answers decoded to 5 characters at most in one run,
         # and test_default_bundle_holds_no_secret_no_prompt_no_text had no text of DISTINCT_CHARS to look for
         answers = [server.generate(f"{prompt} {marker}", max_new_tokens=32) for prompt in PROMPTS]
-    ended(url)  # the recorder's final flush (it runs in a session of its own) is in the store
+        # every request's records stored before the stop: what the bundle holds does not hang on how fast a
+        # loaded machine relays the last steps while SGLang shuts down
+        until(lambda: _recorded(url, [a["meta_info"]["id"] for a in answers]), "every answered request is stored")
+    status = ended(url)  # the recorder's final flush (it runs in a session of its own) is in the store
+    log = (root / "server.log").read_text()
+    assert status == "ended", [line for line in log.splitlines() if "draftscope" in line][-20:]
     assert secret in (root / "server.log").read_text()  # it was on SGLang's command line
     engine = db.make_engine(url)
     try:
@@ -80,6 +86,19 @@ def traced(tmp_path_factory) -> Traced:
         engine.dispose()
     return Traced(url, run_id, secret, marker, {a["meta_info"]["id"]: a for a in answers},
                   prepared.draft_dir.parent.parent)
+
+
+def _recorded(url: str, rids: list[str]) -> bool:
+    """Each of ``rids`` is finished in the tracer's SQLite store with every verify step it counted."""
+    path = sa.make_url(url).database
+    with closing(sqlite3.connect(path, timeout=30)) as conn:
+        if not conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'verify_steps'").fetchone()[0]:
+            return False
+        done = conn.execute(
+            "SELECT r.rid FROM requests r WHERE r.finished_at IS NOT NULL AND r.traced_verify_ct = "
+            "(SELECT count(*) FROM verify_steps s JOIN runs ON runs.key = s.run_key "
+            " WHERE runs.id = r.run_id AND s.rid = r.rid)").fetchall()
+    return set(rids) <= {rid for (rid,) in done}
 
 
 def _export(url: str, run_id: str, **options) -> bytes:

@@ -186,14 +186,16 @@ def test_a_vanished_scheduler_ends_the_run_as_crashed_and_a_bad_frame_costs_one_
     """End of input without ``close``: the recorder flushes and marks the run crashed."""
     path = tmp_path / "trace.jsonl"
     cfg = TracerConfig(file=str(path), flush_interval_s=30)
-    rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.transport.recorder"], stdin=subprocess.PIPE)
+    rec = subprocess.Popen([sys.executable, "-m", "draftscope_tracer.transport.recorder"], stdin=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
     job = lambda step: frame(pickle.dumps([_verify_call(step, Shared("k", lambda: list(range(40))))]))  # noqa: E731
-    rec.stdin.write(frame(pickle.dumps(("start", cfg, dict(RUN), "r1"))) + job(0) + frame(b"not a pickle") + job(1))
-    rec.stdin.close()
-    assert rec.wait(30) == 0
+    frames = frame(pickle.dumps(("start", cfg, dict(RUN), "r1"))) + job(0) + frame(b"not a pickle") + job(1)
+    stderr = rec.communicate(frames, timeout=30)[1].decode()  # then end of input
+    assert rec.returncode == 0
     batches = _batches(path)
     assert [s["step_index"] for b in batches for s in b["steps"]] == [0, 1]
     assert batches[-1]["run"]["status"] == "crashed"
+    assert "the scheduler's pipe closed without its final flush" in stderr, stderr  # the server's log says why
     assert batches[-1]["health"][-1]["drops"] == {"bad_frame": 1}
 
 

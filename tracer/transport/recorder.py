@@ -91,6 +91,8 @@ def main(argv: list | None = None) -> int:
         try:
             message = read_frame(stdin)
         except EOFError:
+            log.warning("draftscope: the scheduler's pipe closed without its final flush (the scheduler died or was "
+                        "killed first); what it had not relayed is lost, and the run ends as crashed")
             break
         except Exception as exc:  # a frame that does not unpickle: count it, read the next
             health.failed("recorder", exc)
