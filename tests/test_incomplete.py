@@ -66,8 +66,6 @@ def test_a_run_with_gaps_says_so_on_every_page_and_stalled_agrees(client, store_
     for longer than the live window reads "stalled" on the run page as on the runs list."""
     import time
 
-    import sqlalchemy as sa
-
     from draftscope.store import models
 
     run_id, t0 = uuid.uuid4().hex, float(int(time.time()) - 1000)

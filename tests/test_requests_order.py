@@ -9,7 +9,6 @@ import uuid
 
 import orjson
 import pytest
-import sqlalchemy as sa
 
 from draftscope.store import db, queries
 from draftscope.store.ingest import BatchWriter

@@ -205,7 +205,7 @@ def test_json_and_csv_twins(client, run_id) -> None:
     request = client.get(f"/runs/{run_id}/requests/{RID_URL}.json").json()
     assert [s["step_index"] for s in request["steps"]] == [0, 1]
     assert request["expected_widths"]["prefill"] == 384
-    for url, first_column, n in ((f"/runs.csv", "id", None), (f"/runs/{run_id}/requests.csv", "rid", 2),
+    for url, first_column, n in (("/runs.csv", "id", None), (f"/runs/{run_id}/requests.csv", "rid", 2),
                                  (f"/runs/{run_id}/findings.csv", "severity", 3),
                                  (f"/runs/{run_id}/spec.csv", "key", None),
                                  (f"/runs/{run_id}/requests/{RID_URL}/steps.csv", "step_index", 2),

@@ -24,7 +24,6 @@ Run it on the device with the ``run`` tool from the checkout that the tool sends
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tarfile

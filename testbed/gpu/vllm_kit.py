@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import re
 import shutil
 import sys

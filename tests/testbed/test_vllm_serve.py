@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from testbed.gpu.vllm_serve import MODE_ENV, MODES, compare_records, trace_summary
 

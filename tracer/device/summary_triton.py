@@ -469,7 +469,7 @@ class TritonPath:
                                              lambda o: (*o.head, *tail))
                 self.plan(out)
             return True
-        nb, k, stamps = self.nb, self.topk, self.tuning["stamps"]
+        nb, stamps = self.nb, self.tuning["stamps"]
         S, HS, consts = self.geometry()
         sl, nl, lp, lrp = logits.stride(0), logits.shape[0], logits.data_ptr(), lrows.data_ptr()
         key = ((hidden.dtype, hp % 16 == 0), (logits.dtype, lp % 16 == 0), (rows.dtype, rp % 16 == 0),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any, Dict, Optional, Tuple
 
 import torch
