@@ -19,7 +19,9 @@ class Health:
     """Cumulative counters, shared by the hooks and the relay thread (the recorder process has its own)."""
 
     def __init__(self, failure_limit: int = 5):
-        self._lock = threading.Lock()
+        # reentrant: a SIGTERM handler's final round (``relay.Relay.close``) reads the counters on the thread it
+        # interrupted, which may be inside one of these blocks (a drop counted); a plain lock would hang it there
+        self._lock = threading.RLock()
         self.failure_limit = failure_limit
         self.drops: Counter = Counter()
         self.errors: Counter = Counter()

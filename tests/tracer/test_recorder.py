@@ -10,6 +10,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -141,6 +142,72 @@ def test_a_job_wakes_the_sleeping_relay_and_recorder(tmp_path):
     until(lambda: b'"rid":"a"' in path.read_bytes(), "the finish record is stored")
     relay.close(10)
     assert [r["rid"] for b in _batches(path) for r in b["requests"]] == ["a"]
+
+
+def test_close_sends_the_last_round_itself_while_the_relay_thread_is_held(tmp_path, monkeypatch):
+    """On SIGTERM to SGLang's process group the scheduler is SIGKILLed within a second, and a loaded
+    machine took longer to wake the relay thread: ``close`` relays what is queued and the final status on
+    its own thread. Here the relay thread never wakes again, and the run still ends with every step."""
+    held = threading.Event()
+    monkeypatch.setattr(Relay, "_sleep", lambda self, until: held.wait())  # from its first pass on
+    relay, health, path = _relay(tmp_path)
+    hot = Shared("hot_token_id", lambda: list(range(10, 50)))
+    health.beat("verify")
+    for step in range(3):
+        assert relay.submit(_verify_call(step, hot))
+    relay.close(30)
+    assert relay._thread.is_alive()  # still held: none of the above was its doing
+    batches = _batches(path)
+    assert [s["step_index"] for b in batches for s in b["steps"]] == [0, 1, 2]
+    assert batches[-1]["run"]["status"] == "ended"
+    held.set()
+    relay._thread.join(10)
+    assert not relay._thread.is_alive()  # it wakes to the stop and ends, writing nothing more
+    assert _batches(path) == batches
+
+
+def test_a_stalled_recorder_does_not_hold_up_the_final_round(tmp_path):
+    """A loaded machine's recorder reads slowly; the scheduler may be killed a moment after its SIGTERM. The
+    pipe has room for a request's rounds (``PIPE_BYTES``), so ``close`` writes the last of them and the
+    final status without waiting for the recorder, and the recorder, outside the scheduler's tree, reads
+    them all once it runs again. With the default 64 KiB pipe this close waits for the recorder."""
+    jobs = 600  # ~560 bytes each pickled: ~330 KB, five times the default pipe
+    relay, health, path = _relay(tmp_path)
+    recorder = relay.pid
+    os.kill(recorder, signal.SIGSTOP)
+    try:
+        hot = Shared("hot_token_id", lambda: list(range(10, 50)))
+        for step in range(jobs):
+            assert relay.submit(_verify_call(step, hot))
+        closing = threading.Thread(target=relay.close, args=(1.0,))
+        closing.start()
+        closing.join(60)
+        assert not closing.is_alive(), "close waited for the stopped recorder to read"
+    finally:
+        os.kill(recorder, signal.SIGCONT)
+    until(lambda: _dead(recorder), "the recorder read everything and exited", 120)
+    batches = _batches(path)
+    assert [s["step_index"] for b in batches for s in b["steps"]] == list(range(jobs))
+    assert batches[-1]["run"]["status"] == "ended"
+
+
+def test_a_final_round_on_a_thread_inside_the_counters_lock_does_not_wait_on_itself(tmp_path):
+    """The SIGTERM handler runs the final round on the thread the signal interrupted, which may be inside
+    ``Health.drop`` (a drop counted, the counters' lock held): the round re-enters that lock."""
+    relay, health, path = _relay(tmp_path)
+    assert relay.submit(_verify_call(0, Shared("hot_token_id", lambda: list(range(10, 50)))))
+
+    def interrupted() -> None:
+        with health._lock:  # where the signal came
+            relay.close(10)
+
+    closing = threading.Thread(target=interrupted, daemon=True)
+    closing.start()
+    closing.join(60)
+    assert not closing.is_alive(), "the final round waits on a lock its own thread holds"
+    batches = _batches(path)
+    assert [s["step_index"] for b in batches for s in b["steps"]] == [0]
+    assert batches[-1]["run"]["status"] == "ended"
 
 
 def test_the_recorder_imports_no_torch():

@@ -4,7 +4,7 @@ The hooks queue jobs (``records`` functions over summary handles); the first one
 thread, which lets ``POLL_S`` pass for the jobs after it, then pickles what is queued and writes it to
 the recorder's stdin, with the scheduler's health counters. While jobs keep coming it takes them every
 ``POLL_S``; idle, it sleeps until the counters are due (``health_interval_s``) or a recorder is to be
-started again.
+started again. ``close`` runs the last round itself, on the closing thread (``Relay.close`` says why).
 Pickling is where a device summary is waited for and read (``summarize.Pending`` pickles as its
 decoded summary) and where CPU row copies become arrays; building the records and writing the sink
 happen in the recorder (``recorder.py``), off this process's GIL.
@@ -18,6 +18,8 @@ process group nor SGLang's SIGKILL of the scheduler's descendants cuts its final
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import logging
 import math
@@ -26,6 +28,7 @@ import pickle
 import select
 import subprocess
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -42,6 +45,12 @@ PID_WAIT_S = 10.0  # for the recorder's launcher to say the recorder's pid
 # thread once, and one pickle of several iterations' calls costs less per call (a fifth less for eight
 # iterations than for one). A device launch holds its ring slot (``summaries.RING_SIZE`` per layout) until then.
 POLL_S = 0.1
+# The pipe to the recorder (Linux's default is 64 KiB; 1 MiB is the default most an unprivileged process may ask
+# for). A recorder that a loaded machine slows falls this far behind before a round's write waits for it, and
+# what is in the pipe when the scheduler is killed still reaches the recorder: one request's last round measured
+# 112 KB, and waiting on the default's room had SGLang's shutdown kill the scheduler before its final round.
+PIPE_BYTES = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux's number, named in Python 3.10+
 
 
 class _Pickler(pickle.Pickler):
@@ -67,6 +76,8 @@ class Detached:
     def __init__(self):
         cmd = [sys.executable, "-m", "draftscope_tracer.transport.recorder", "--detach", "--scheduler", str(os.getpid())]
         self.launcher = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        with contextlib.suppress(OSError):  # not Linux, or over the user's pipe limit: the default size
+            fcntl.fcntl(self.launcher.stdin.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
         self.stdin, self._out, self._pid, self._eof = self.launcher.stdin, self.launcher.stdout.fileno(), None, False
 
     @property
@@ -107,6 +118,7 @@ class Relay(JobQueue):
         self._sent: set = set()
         self._next_start = 0.0
         self._deadline = 0.0
+        self._round = threading.Lock()  # one round at a time: the relay thread's, or close's final one
         self._start()
         self._thread.start()
 
@@ -115,8 +127,32 @@ class Relay(JobQueue):
         return None if self._proc is None else self._proc.pid
 
     def close(self, timeout_s: float = 10.0, status: str = "ended") -> None:
+        """The final round (what is queued, health, ``close``) on the calling thread, then end of input
+        for the recorder; waits at most ``timeout_s``. Idempotent.
+
+        Not handed to the relay thread: on SIGTERM to the server's process group SGLang's main process
+        sees the detokenizer die of it and SIGKILLs the scheduler at its watchdog's next tick (within
+        1 s), so the final round must be in the pipe at once. Here it waits only for a round in progress,
+        which the pipe's room (``PIPE_BYTES``) keeps short. The round lock is taken here and by the relay
+        thread's rounds, never otherwise by the thread a signal interrupts, so a SIGTERM handler may take it;
+        the counters' lock, which that thread may hold, is reentrant (``Health``). The launches a round reads
+        are those of queued jobs; the hooks' thread locks only the launches of records it dropped."""
+        if self._closed:
+            return
+        self._closed, self._final_status = True, status
+        if os.getpid() != self._pid or not self._thread.is_alive():
+            return
         self._deadline = time.monotonic() + timeout_s
-        super().close(timeout_s, status)
+        self._stop.set()
+        self._bell.put(None)  # the relay thread wakes, finds the stop and ends
+        if not self._round.acquire(timeout=timeout_s):
+            log.warning("draftscope: the relay's last round did not finish within %.1f s; unsent records are lost",
+                        timeout_s)
+            return
+        try:
+            self._round_of(self._taken(), stopping=True, next_health=0.0)
+        finally:
+            self._round.release()
 
     def _start(self) -> bool:
         try:
@@ -145,16 +181,22 @@ class Relay(JobQueue):
             self._sleep(min(next_health, self._restart_at()))
             if self._jobs and not self._stop.is_set():
                 self._stop.wait(POLL_S)  # the jobs of the next iterations join this round
-            stopping = self._stop.is_set()
-            jobs = [self._jobs.popleft() for _ in range(len(self._jobs))]
-            try:
-                next_health = self._relay(jobs, stopping, next_health)
-            except Exception as exc:  # the relay thread never dies of one round
-                self.health.failed("relay", exc)
-                self.health.drop("relay_error", len(jobs), known_records(jobs))
-                next_health = max(next_health, time.monotonic() + POLL_S)  # tried again, not in a spin
-            if stopping:
-                return
+            with self._round:
+                if self._stop.is_set():
+                    return  # ``close`` runs the final round
+                next_health = self._round_of(self._taken(), stopping=False, next_health=next_health)
+
+    def _taken(self) -> list:
+        return [self._jobs.popleft() for _ in range(len(self._jobs))]
+
+    def _round_of(self, jobs: list, stopping: bool, next_health: float) -> float:
+        """One round; the relay thread never dies of one (nor does ``close``): its failure is counted."""
+        try:
+            return self._relay(jobs, stopping, next_health)
+        except Exception as exc:
+            self.health.failed("relay", exc)
+            self.health.drop("relay_error", len(jobs), known_records(jobs))
+            return max(next_health, time.monotonic() + POLL_S)  # tried again, not in a spin
 
     def _restart_at(self) -> float:
         """When a lost recorder is to be started again (infinity while one runs, or tracing stopped)."""
