@@ -137,14 +137,9 @@ class Relay(JobQueue):
         thread's rounds, never otherwise by the thread a signal interrupts, so a SIGTERM handler may take it;
         the counters' lock, which that thread may hold, is reentrant (``Health``). The launches a round reads
         are those of queued jobs; the hooks' thread locks only the launches of records it dropped."""
-        if self._closed:
-            return
-        self._closed, self._final_status = True, status
-        if os.getpid() != self._pid or not self._thread.is_alive():
+        if not self._stopping(status):  # the relay thread wakes, finds the stop and ends
             return
         self._deadline = time.monotonic() + timeout_s
-        self._stop.set()
-        self._bell.put(None)  # the relay thread wakes, finds the stop and ends
         if not self._round.acquire(timeout=timeout_s):
             log.warning("draftscope: the relay's last round did not finish within %.1f s; unsent records are lost",
                         timeout_s)

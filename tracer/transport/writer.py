@@ -108,17 +108,23 @@ class JobQueue:
     def depth(self) -> int:
         return len(self._jobs)
 
+    def _stopping(self, status: str) -> bool:
+        """The first close: the final ``status`` kept, the thread told to stop. False when there is nothing
+        to finish (closed before, in a forked child, or the thread gone)."""
+        if self._closed:
+            return False
+        self._closed, self._final_status = True, status
+        if os.getpid() != self._pid or not self._thread.is_alive():
+            return False
+        self._stop.set()
+        self._bell.put(None)
+        return True
+
     def close(self, timeout_s: float = 10.0, status: str = "ended") -> None:
         """Drain what is queued, send the final run (``status``) and health records, stop the thread;
         waits at most ``timeout_s``. Idempotent. Takes no lock, so a signal handler may call it."""
-        if self._closed:
+        if not self._stopping(status):
             return
-        self._closed = True
-        self._final_status = status
-        if os.getpid() != self._pid or not self._thread.is_alive():
-            return
-        self._stop.set()
-        self._bell.put(None)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("draftscope: %s did not finish within %.1f s; unsent records are lost",
