@@ -1,4 +1,4 @@
-"""Stopping a traced SGLang server by SIGTERM to its process group, on a loaded machine: how each run ends.
+"""Stopping a traced SGLang server by SIGTERM, on a loaded machine: how each run ends.
 
 --stops times: start the CPU test bed's aux-off server (every request sampled, SQLite store, flushed every
 --flush-interval-s as in ``tests/test_bundle_server.py``), answer one request of 32 tokens, then stop it
@@ -6,10 +6,14 @@ as the test bed does (``ServerHandle.stop``: SIGTERM to the process group). SGLa
 sees its detokenizer die of the signal and SIGKILLs the scheduler at its subprocess watchdog's next tick,
 so the tracer's final round races that kill. While it runs, --load busy processes and one that writes
 and fsyncs 512 MB over and over keep the machine loaded. Prints each run's status (``ended`` is right;
-``crashed`` means the final round lost the race), whether every verify step reached the store, and the
-tally.
+``crashed`` means the final round lost the race), whether every verify step reached the store, how long the
+server took to stop after the signal, and the tally.
+
+With --signal-to main the SIGTERM goes to SGLang's main process alone, as ``docker stop`` and Kubernetes
+send it; SGLang then ends its own children.
 
     PYTHONPATH=. .venv/bin/python bench/group_stop.py --stops 16 --load 10
+    PYTHONPATH=. .venv/bin/python bench/group_stop.py --stops 16 --load 10 --signal-to main
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import contextlib
 import multiprocessing
 import os
+import statistics
 import sqlite3
 import subprocess
 import tempfile
@@ -78,9 +83,13 @@ def main() -> None:
     parser.add_argument("--stops", type=int, default=16, help="servers started and stopped")
     parser.add_argument("--load", type=int, default=10, help="busy processes while they run (0: none)")
     parser.add_argument("--flush-interval-s", type=float, default=0.2, help="DRAFTSCOPE_FLUSH_INTERVAL_S")
+    parser.add_argument("--signal-to", choices=("group", "main"), default="group",
+                        help="SIGTERM to the process group (systemd, the test bed) or to SGLang's main process "
+                             "alone (docker stop, Kubernetes)")
     args = parser.parse_args()
     prepared = scenarios.prepare("aux-off")
     tally: Counter = Counter()
+    took: list[float] = []
     with tempfile.TemporaryDirectory(prefix="group-stop-") as tmp, loaded(args.load, Path(tmp) / "load.bin"):
         for i in range(args.stops):
             root = Path(tmp) / f"stop{i}"
@@ -92,12 +101,20 @@ def main() -> None:
             with start_server(prepared.target_dir, prepared.draft_dir, [*prepared.server_args, "--sleep-on-idle"],
                               root / "server.log", env=env) as server:
                 server.generate("Once upon a time", max_new_tokens=32)
+                began = time.monotonic()
+                if args.signal_to == "main":
+                    server.terminate_main()
+            took.append(time.monotonic() - began)  # the signal until the server's processes are gone
             status = _ended(store)
             stored, counted = _steps(store)
             tally[status] += 1
-            print(f"stop {i}: {status}, verify steps stored {stored} of {counted}", flush=True)
+            print(f"stop {i}: {status}, verify steps stored {stored} of {counted}, "
+                  f"stopped in {took[-1]:.1f} s", flush=True)
     ends = ", ".join(f"{n} {status}" for status, n in sorted(tally.items(), key=str))
-    print(f"{args.stops} group stops under load {args.load}, flushed every {args.flush_interval_s} s: {ends}")
+    whom = "process group" if args.signal_to == "group" else "main process"
+    print(f"{args.stops} stops by SIGTERM to the {whom} under load {args.load}, "
+          f"flushed every {args.flush_interval_s} s: {ends}; stopped in {statistics.median(took):.1f} s "
+          f"(median), {max(took):.1f} s at most")
 
 
 if __name__ == "__main__":

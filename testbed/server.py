@@ -229,6 +229,16 @@ class ServerHandle:
         except subprocess.TimeoutExpired:
             pass
 
+    def terminate_main(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM SGLang's main process alone, as ``docker stop`` and Kubernetes do (SGLang drains, asks its
+        schedulers to exit, then ends its children); its exit code, or None if it is still running after
+        ``timeout`` (``stop()`` then ends the group)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def __enter__(self) -> ServerHandle:
         return self
 

@@ -1,8 +1,10 @@
 """On the real CPU SGLang server: the file sink, a SIGTERM stop and a scheduler crash end the trace
-properly (two server starts).
+properly (three server starts).
 
-- SIGTERM to the process group (how the test bed stops servers): the last line of DRAFTSCOPE_FILE holds
-  the run with ``status: "ended"``, and ``draftscope import`` stores the run and its requests.
+- SIGTERM to the process group (how the test bed and systemd stop servers) and to SGLang's main process
+  alone (``docker stop``, Kubernetes: SGLang drains and asks its schedulers to exit, and the tracer's
+  atexit flush sends the run): the last line of DRAFTSCOPE_FILE holds the run with ``status: "ended"``,
+  and ``draftscope import`` stores the run and its requests.
 - ``last-layer-id`` (the scheduler dies of an exception at the first request): ``status: "crashed"``.
 """
 
@@ -30,22 +32,27 @@ def _batches(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_sigterm_ends_the_run_and_the_file_imports(tmp_path):
+@pytest.mark.parametrize("signal_to", ["group", "main"])
+def test_sigterm_ends_the_run_and_the_file_imports(tmp_path, signal_to):
     models = ensure_models()
     trace = tmp_path / "trace.jsonl"
     env = {"DRAFTSCOPE_FILE": str(trace), "DRAFTSCOPE_SAMPLE_RATE": "1", "DRAFTSCOPE_FLUSH_INTERVAL_S": "30"}
     with start_server(models.target, models.draft, IDLE_SLEEP, tmp_path / "server.log", env=env) as server:
         outs = [server.generate(p, max_new_tokens=12) for p in ("The quick brown fox", "Hello world")]
-        t0 = time.monotonic()
-        server.stop()
-        stopped_in = time.monotonic() - t0
-    assert ended_in_file(trace) == "ended"  # the recorder, in a session of its own, may still be writing
+        if signal_to == "group":
+            t0 = time.monotonic()
+            server.stop()
+            # the tracer's handler waits 2 s at most: it must not hold up a stop (SGLang's kill follows within 1 s)
+            assert time.monotonic() - t0 < 15
+        else:  # SGLang's own shutdown: a drain checked every 5 s, then up to 15 s for the schedulers to exit
+            assert server.terminate_main(timeout=120) is not None, "SGLang's main process did not exit"
+    assert ended_in_file(trace) == "ended", (tmp_path / "server.log").read_text()[-3000:]
     batches = _batches(trace)
     final = [b["run"] for b in batches if b["run"]][-1]
     assert final["ended_at"] >= final["started_at"]
     # the flush interval is 30 s: the requests and steps got out only through the SIGTERM flush
     assert {o["meta_info"]["id"] for o in outs} <= {r["rid"] for b in batches for r in b["requests"]}
-    assert sum(len(b["steps"]) for b in batches) > 0 and stopped_in < 15
+    assert sum(len(b["steps"]) for b in batches) > 0
 
     db = tmp_path / "store.db"
     store_db.upgrade(f"sqlite:///{db}")
