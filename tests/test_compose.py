@@ -113,6 +113,8 @@ def test_gpu_profile_config_resolves(docker) -> None:
                                        "--format", "json", env=env).stdout)
     sglang, vllm = config["services"]["sglang"], config["services"]["vllm"]
     assert sglang["build"]["args"]["SGLANG_IMAGE"] == "lmsysorg/sglang:v0.5.23"
+    # docker stop waits for SGLang's drain and the tracer's last flush, not Docker's default 10 s
+    assert sglang["stop_grace_period"] in ("1m0s", "60s", 60_000_000_000), sglang["stop_grace_period"]
     assert sglang["command"][sglang["command"].index("--model-path") + 1] == "/models/t"
     assert sglang["command"][sglang["command"].index("--speculative-draft-model-path") + 1] == "/models/d"
     assert (vllm["build"]["args"]["VLLM_IMAGE"], vllm["build"]["target"]) == ("vllm/vllm-openai:v0.32.0", "gpu-vllm")
