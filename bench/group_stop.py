@@ -22,8 +22,8 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import statistics
 import sqlite3
+import statistics
 import subprocess
 import tempfile
 import time
